@@ -1,0 +1,268 @@
+"""The ``fastdata`` command: a thin shell over the library. Only this module prints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .errors import FastdataError
+
+__all__ = ["main"]
+
+
+class _Group(click.Group):
+    """Turns library errors into one line on stderr and their exit code, without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FastdataError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except OSError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress callback drawing a bar on stderr (None when quiet or stderr is not a tty)."""
+    if quiet:
+        yield None
+        return
+    bars: list[Any] = []
+    seen = [0]
+
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bar = click.progressbar(
+                length=total, label=label, file=sys.stderr, show_pos=True, show_eta=True
+            )
+            bar.__enter__()
+            bars.append(bar)
+        bars[0].update(done - seen[0])
+        seen[0] = done
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.__exit__(None, None, None)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _open(store: str, allow_pickle: bool) -> Any:
+    from .stores import open_store
+
+    return open_store(store, allow_pickle=allow_pickle)
+
+
+_allow_pickle = click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Read a store written by the pickle-based LMDB recipes (only stores you trust).",
+)
+_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fastdata")
+@click.option("--verbose", "-v", is_flag=True, help="Log what the library does.")
+def cli(verbose: bool) -> None:
+    """Pack image folders into LMDB and read them back fast in PyTorch.
+
+    \b
+    Example:
+      fastdata convert ~/data/train train.lmdb
+      fastdata info train.lmdb
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.ERROR,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+@cli.command()
+@click.argument("src", type=click.Path(file_okay=False, path_type=str))
+@click.argument("dst", type=str)
+@click.option("--workers", "-j", type=click.IntRange(1, 256), help="Reader threads.")
+@click.option("--strict", is_flag=True, help="Stop at the first unusable image; don't skip.")
+@click.option("--verify-decode", is_flag=True, help="Also decode every image; skip undecodable.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted conversion into DST.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
+@_quiet
+def convert(
+    src: str,
+    dst: str,
+    workers: int | None,
+    strict: bool,
+    verify_decode: bool,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Convert the image folder SRC (SRC/<class>/<image>) into the LMDB store DST.
+
+    Every image is validated; JPEGs missing their end-of-image marker are repaired; unusable
+    files are skipped and listed (or, with --strict, stop the run). SRC is only read.
+
+    \b
+    Example:
+      fastdata convert ~/data/imagenet/train train.lmdb --workers 8
+    """
+    from .convert import convert as run_convert
+
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite exclude each other")
+    try:
+        with _progress("converting", quiet) as progress:
+            report = run_convert(
+                src,
+                dst,
+                workers=workers,
+                strict=strict,
+                verify_decode=verify_decode,
+                resume=resume,
+                overwrite=overwrite,
+                progress=progress,
+            )
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted; what was committed is kept: run the same command with --resume "
+            f"to finish ({dst})",
+            err=True,
+        )
+        sys.exit(130)
+    click.echo(
+        f"{report.destination}: {report.count} images in {len(report.classes)} classes, "
+        f"{_human(report.total_bytes)}"
+    )
+    if report.resumed_from:
+        click.echo(f"resumed after {report.resumed_from} images already converted")
+    click.echo(
+        f"{report.converted} images in {report.seconds:.1f} s "
+        f"({report.images_per_second:.0f} images/s)"
+    )
+    click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
+    if report.non_image_files:
+        click.echo(f"non-image files ignored: {report.non_image_files}")
+    if report.skipped:
+        click.echo(f"skipped {len(report.skipped)} unusable file(s):")
+        for s in report.skipped:
+            click.echo(f"  {s.name}: {s.reason}")
+
+
+@cli.command()
+@click.argument("store")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_allow_pickle
+def info(store: str, as_json: bool, allow_pickle: bool) -> None:
+    """Show a store's count, classes, sizes, repairs and format version.
+
+    \b
+    Example:
+      fastdata info train.lmdb
+    """
+    from .info import store_info
+
+    facts = store_info(_open(store, allow_pickle))
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    click.echo(f"store:      {facts['location']}")
+    click.echo(f"format:     {facts['format']} v{facts['version']}")
+    click.echo(f"images:     {facts['count']}")
+    click.echo(f"size:       {_human(facts['total_bytes'])} (mean {_human(facts['mean_bytes'])})")
+    click.echo(f"repaired:   {facts['repaired']}")
+    click.echo(f"skipped:    {len(facts['skipped'])}")
+    if facts["source"]:
+        click.echo(f"source:     {facts['source']}")
+    if facts["created"]:
+        click.echo(f"created:    {facts['created']}")
+    counts = facts["images_per_class"]
+    click.echo(f"classes:    {facts['classes']}")
+    shown = list(counts.items())
+    for name, n in shown[:20]:
+        click.echo(f"  {n:>8}  {name}")
+    if len(shown) > 20:
+        click.echo(f"  ... and {len(shown) - 20} more")
+
+
+@cli.command()
+@click.argument("store")
+@click.option("--decode", is_flag=True, help="Also decode every image.")
+@_allow_pickle
+@_quiet
+def verify(store: str, decode: bool, allow_pickle: bool, quiet: bool) -> None:
+    """Check every record's checksum (and with --decode, that it decodes).
+
+    Exits with code 1 and lists the failures when any record fails.
+
+    \b
+    Example:
+      fastdata verify train.lmdb --decode
+    """
+    from .verify import verify_store
+
+    reader = _open(store, allow_pickle)
+    with _progress("verifying", quiet) as progress:
+        report = verify_store(reader, decode=decode, progress=progress)
+    if report.ok:
+        what = "checksums and decoding" if decode else "checksums"
+        click.echo(f"{store}: {report.checked} records OK ({what})")
+        return
+    click.echo(f"{store}: {len(report.failures)} of {report.checked} records failed:")
+    for f in report.failures:
+        click.echo(f"  {f.index} {f.name}: {f.reason}")
+    sys.exit(1)
+
+
+@cli.command()
+@click.argument("store")
+@click.argument("outdir", type=click.Path(file_okay=False, path_type=str))
+@click.option("--repaired", is_flag=True, help="Write the repaired bytes, not the original ones.")
+@click.option("--overwrite", is_flag=True, help="Replace files that exist in OUTDIR.")
+@_allow_pickle
+@_quiet
+def export(
+    store: str, outdir: str, repaired: bool, overwrite: bool, allow_pickle: bool, quiet: bool
+) -> None:
+    """Write the store back out as the folder tree it came from, byte for byte.
+
+    Nothing is written outside OUTDIR, whatever names the store holds.
+
+    \b
+    Example:
+      fastdata export train.lmdb restored/
+    """
+    from .export import export_store
+
+    reader = _open(store, allow_pickle)
+    with _progress("exporting", quiet) as progress:
+        report = export_store(
+            reader, outdir, repaired=repaired, overwrite=overwrite, progress=progress
+        )
+    click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,263 @@
+"""Convert an image folder into a store: read and validate in parallel, write in ordered batches.
+
+``convert`` is everything ``fastdata convert`` does, as one call. Files are read and validated by a
+pool of threads (reading and CRC-32 release the GIL), results are consumed in scan order, and the
+writer commits them in batches together with the progress, so an interrupted run resumes where
+its last commit ended. The source folder is only ever read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, TypeVar, Union
+
+import numpy as np
+
+from .errors import CorruptImageError, SourceError
+from .folder import FolderScan, Sample, scan_folder
+from .jpeg import CheckedImage, checksum, validate_image
+from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
+from .stores import StoreWriter, open_writer
+
+__all__ = ["ConvertReport", "ProgressCallback", "convert", "default_workers"]
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]
+"""Called as ``progress(done, total)`` while converting (samples handled, samples in the folder)."""
+
+COMMIT_RECORDS = 128
+"""Records per committed batch: small batches keep the writer's memory flat."""
+COMMIT_BYTES = 32 << 20
+"""A batch is also committed once it holds this many image bytes."""
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_workers() -> int:
+    """Reader threads for conversion: enough to keep a disk or network file system busy."""
+    return min(16, 2 * (os.cpu_count() or 1))
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion did.
+
+    Attributes:
+        destination: the store written.
+        count: records in the store.
+        repaired: records whose JPEG end-of-image marker was appended.
+        skipped: files left out (unreadable or not decodable), with the reason.
+        non_image_files: files below the class folders ignored for their extension.
+        total_bytes: image bytes stored.
+        seconds: wall time of this run.
+        resumed_from: samples already handled by an earlier run (0 for a fresh one).
+        converted: samples handled by this run.
+    """
+
+    destination: str
+    count: int
+    repaired: int
+    skipped: list[SkippedFile]
+    non_image_files: int
+    total_bytes: int
+    seconds: float
+    resumed_from: int = 0
+    converted: int = 0
+    classes: list[str] = field(default_factory=list)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.converted / self.seconds if self.seconds > 0 else 0.0
+
+
+def _ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], workers: int, window: int
+) -> Iterator[R]:
+    """``map(fn, items)`` on a thread pool, in order, with at most ``window`` items in flight."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastdata-convert")
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for fut in pending:
+            fut.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+Loaded = Union[CheckedImage, SkippedFile]
+
+
+def _loader(scan: FolderScan, verify_decode: bool) -> Callable[[Sample], tuple[Sample, Loaded]]:
+    def load(sample: Sample) -> tuple[Sample, Loaded]:
+        try:
+            with open(scan.path_of(sample), "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            return sample, SkippedFile(sample.name, f"unreadable: {exc.strerror or exc}")
+        try:
+            return sample, validate_image(data, sample.name, decode=verify_decode)
+        except CorruptImageError as exc:
+            return sample, SkippedFile(sample.name, exc.reason)
+
+    return load
+
+
+def _check_destination(scan: FolderScan, destination: object) -> None:
+    if not isinstance(destination, (str, os.PathLike)):
+        return
+    dest = Path(os.path.abspath(destination))
+    root = Path(os.path.abspath(scan.root))
+    if dest == root or root in dest.parents:
+        raise SourceError(
+            f"{destination}: the store would be written inside the source folder {scan.root}; "
+            "choose a destination outside it (the source folder is never written to)"
+        )
+
+
+def convert(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str] | StoreWriter,
+    *,
+    workers: int | None = None,
+    strict: bool = False,
+    verify_decode: bool = False,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+    commit_records: int = COMMIT_RECORDS,
+) -> ConvertReport:
+    """Pack an image folder (``source/<class>/<image>``) into a store.
+
+    Every image is validated (its real format sniffed from its bytes; JPEGs checked for their
+    start-of-image marker, and repaired when only their end-of-image marker is missing). Files
+    that cannot be used are skipped and listed in the report, or, with ``strict``, stop the run.
+
+    Args:
+        source: the image folder.
+        destination: an LMDB folder path, or a :class:`~fastdata.stores.StoreWriter`.
+        workers: reader threads (default :func:`default_workers`).
+        strict: raise on the first unusable file instead of skipping it.
+        verify_decode: also decode every image fully with Pillow and skip those that fail.
+        resume: continue an interrupted conversion into ``destination``.
+        overwrite: replace an existing store at ``destination``.
+        progress: called as ``progress(done, total)`` as samples are handled.
+        commit_records: records per committed batch.
+
+    Returns:
+        A :class:`ConvertReport`.
+
+    Raises:
+        SourceError: the folder is missing, has no classes or no images, or contains the
+            destination.
+        StoreExistsError: the destination holds a store and neither ``resume`` nor ``overwrite``
+            was given.
+        CorruptImageError: with ``strict``, the first unusable file.
+    """
+    started = time.perf_counter()
+    scan = scan_folder(source)
+    _check_destination(scan, destination)
+    total = len(scan.samples)
+    fresh = Progress(source=os.path.abspath(scan.root), fingerprint=scan.fingerprint(), total=total)
+    n_workers = workers if workers is not None else default_workers()
+    with open_writer(destination) as writer:
+        state = writer.start(fresh, overwrite=overwrite, resume=resume)
+        resumed_from = state.next_sample
+        batch: list[Record] = []
+        batch_bytes = 0
+
+        def commit() -> None:
+            nonlocal batch, batch_bytes
+            writer.write(batch, state)
+            batch, batch_bytes = [], 0
+
+        todo = scan.samples[state.next_sample :]
+        load = _loader(scan, verify_decode)
+        window = max(4 * n_workers, 16)
+        for sample, loaded in _ordered_map(load, todo, n_workers, window):
+            if isinstance(loaded, SkippedFile):
+                if strict:
+                    if batch:
+                        commit()
+                    raise CorruptImageError(
+                        str(scan.path_of(sample)),
+                        f"{loaded.reason} (--strict stops at the first unusable file; "
+                        "without it such files are skipped and listed)",
+                    )
+                log.warning("skipping %s: %s", loaded.name, loaded.reason)
+                state.skipped.append(loaded)
+            else:
+                header = RecordHeader(
+                    name=sample.name,
+                    label=sample.label,
+                    size=len(loaded.data),
+                    crc32=checksum(loaded.data),
+                    format=loaded.format,
+                    repaired=loaded.repaired,
+                )
+                batch.append(Record(state.count, header, loaded.data))
+                batch_bytes += header.size
+                state.count += 1
+                state.repairs += loaded.repaired
+                state.total_bytes += header.size
+            state.next_sample += 1
+            if len(batch) >= commit_records or batch_bytes >= COMMIT_BYTES:
+                commit()
+            if progress is not None and (state.next_sample % 32 == 0 or state.next_sample == total):
+                progress(state.next_sample, total)
+        if batch or state.next_sample == resumed_from:
+            commit()
+        if state.count == 0:
+            reasons = "; ".join(f"{s.name}: {s.reason}" for s in state.skipped[:3])
+            raise SourceError(
+                f"{scan.root}: none of its {total} images could be used ({reasons}); "
+                "fix or remove them and convert again"
+            )
+        skipped_names = {s.name for s in state.skipped}
+        labels = np.fromiter(
+            (s.label for s in scan.samples if s.name not in skipped_names),
+            dtype=np.int64,
+            count=state.count,
+        )
+        meta = StoreMeta(
+            count=state.count,
+            classes=list(scan.classes),
+            repairs=state.repairs,
+            total_bytes=state.total_bytes,
+            skipped=list(state.skipped),
+            source=state.source,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        writer.finish(meta, labels)
+        location = writer.location
+    if progress is not None:
+        progress(total, total)
+    return ConvertReport(
+        destination=location,
+        count=state.count,
+        repaired=state.repairs,
+        skipped=list(state.skipped),
+        non_image_files=scan.skipped_files,
+        total_bytes=state.total_bytes,
+        seconds=time.perf_counter() - started,
+        resumed_from=resumed_from,
+        converted=total - resumed_from,
+        classes=list(scan.classes),
+    )

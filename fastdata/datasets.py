@@ -1,0 +1,157 @@
+"""The reader base shared by the LMDB and Mongo datasets: decode, transforms, targets, batches.
+
+A dataset holds a :class:`~fastdata.stores.base.StoreReader` and nothing per sample: keys come
+from the index, labels live in one array. The reader's handle opens lazily in each process, so
+a dataset can be handed to ``DataLoader`` workers under fork or spawn.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Callable, Literal
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from .decode import decode_numpy, decode_pil
+from .errors import CorruptImageError
+from .stores.base import StoreReader
+
+__all__ = ["OUTPUTS", "ImageStoreDataset", "LMDBImageDataset", "Output"]
+
+Output = Literal["pil", "numpy", "bytes"]
+OUTPUTS: tuple[str, ...] = ("pil", "numpy", "bytes")
+
+
+class ImageStoreDataset(Dataset):
+    """A map-style dataset over a store, usable wherever ``torchvision``'s ``ImageFolder`` is.
+
+    ``ds[i]`` is ``(image, label)`` with ``transform`` applied to the image and
+    ``target_transform`` to the label. ``DataLoader`` calls ``__getitems__`` with a whole batch of
+    indices, which the store answers in one transaction or query.
+
+    Args:
+        reader: the store to read.
+        transform: applied to each image (a ``PIL.Image`` by default).
+        target_transform: applied to each label.
+        output: what an image is before ``transform``: ``"pil"`` (RGB ``PIL.Image``),
+            ``"numpy"`` (``HxWx3`` uint8 RGB array) or ``"bytes"`` (the stored encoded bytes).
+    """
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        output: Output = "pil",
+    ) -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+        self.reader = reader
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = output
+
+    # -- ImageFolder-compatible attributes
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names, sorted as the source folder's subfolders were."""
+        return self.reader.meta.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label."""
+        return self.reader.meta.class_to_idx
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Every record's label, as one read-only int64 array (not a list of Python ints)."""
+        return self.reader.labels
+
+    # -- reading
+
+    def _decode(self, data: bytes, index: int) -> Any:
+        if self.output == "bytes":
+            return data
+        try:
+            if self.output == "numpy":
+                return decode_numpy(data)
+            return decode_pil(data)
+        except CorruptImageError as exc:
+            name = self.reader.read_records([index])[0].header.name
+            raise CorruptImageError(
+                f"{self.reader.location}: record {index} ({name})", exc.reason
+            ) from exc
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        """Read and decode a batch of samples with one store round trip."""
+        samples = self.reader.read_samples(indices)
+        out = []
+        for i, (data, label) in zip(indices, samples):
+            image = self._decode(data, int(i))
+            if self.transform is not None:
+                image = self.transform(image)
+            target: Any = label
+            if self.target_transform is not None:
+                target = self.target_transform(label)
+            out.append((image, target))
+        return out
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return self.__getitems__([index])[0]
+
+    def close(self) -> None:
+        """Release this process's store handle (it reopens on the next read)."""
+        self.reader.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.reader.location!r}, {len(self)} records, "
+            f"output={self.output!r})"
+        )
+
+
+class LMDBImageDataset(ImageStoreDataset):
+    """An image dataset read from an LMDB store written by ``fastdata convert``.
+
+    Example::
+
+        ds = LMDBImageDataset("train.lmdb", transform=my_transform)
+        loader = DataLoader(ds, batch_size=64, num_workers=4)
+
+    Args:
+        path: the store folder (or a single-file LMDB written by another tool).
+        transform: applied to each image.
+        target_transform: applied to each label.
+        output: ``"pil"`` (default), ``"numpy"`` or ``"bytes"``; see :class:`ImageStoreDataset`.
+        allow_pickle: read a store written by the pickle-based recipes (its values are unpickled,
+            which can run arbitrary code: only for stores you trust).
+
+    Raises:
+        StoreNotFoundError, IncompleteStoreError, PickleNotAllowedError, StoreError: see
+            :func:`fastdata.stores.lmdb_store.open_lmdb`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        output: Output = "pil",
+        allow_pickle: bool = False,
+    ) -> None:
+        from .stores.lmdb_store import open_lmdb
+
+        super().__init__(
+            open_lmdb(path, allow_pickle=allow_pickle),
+            transform,
+            target_transform,
+            output=output,
+        )

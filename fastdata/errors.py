@@ -1,0 +1,84 @@
+"""The exception tree.
+
+Every error fastdata raises derives from :class:`FastdataError`. Messages name the file, key or URI
+involved and say what to do about it; the CLI prints them as one line and exits with
+:attr:`FastdataError.exit_code`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptImageError",
+    "FastdataError",
+    "IncompleteStoreError",
+    "MissingDependencyError",
+    "PickleNotAllowedError",
+    "RecordError",
+    "SourceError",
+    "StoreError",
+    "StoreExistsError",
+    "StoreNotFoundError",
+    "UnsafePathError",
+]
+
+
+class FastdataError(Exception):
+    """Base of every fastdata error."""
+
+    exit_code = 1
+
+
+class SourceError(FastdataError):
+    """The image folder to convert is missing, empty or unusable."""
+
+    exit_code = 2
+
+
+class CorruptImageError(FastdataError):
+    """An image's bytes are not a usable image.
+
+    Attributes:
+        name: the file or record the bytes came from.
+        reason: a short description of what is wrong.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class StoreError(FastdataError):
+    """A store cannot be opened, read or written."""
+
+
+class StoreNotFoundError(StoreError):
+    """No store exists at the given path or URI."""
+
+    exit_code = 2
+
+
+class StoreExistsError(StoreError):
+    """The destination already holds a store and neither overwrite nor resume was asked for."""
+
+    exit_code = 2
+
+
+class IncompleteStoreError(StoreError):
+    """The store's metadata is missing: a conversion stopped before it finished."""
+
+
+class PickleNotAllowedError(StoreError):
+    """The store holds pickled values and the caller did not pass ``allow_pickle=True``."""
+
+
+class RecordError(StoreError):
+    """One record is missing, malformed or fails its checksum."""
+
+
+class UnsafePathError(StoreError):
+    """A record's name would place a file outside the export folder."""
+
+
+class MissingDependencyError(FastdataError):
+    """An optional dependency is not installed; the message names the ``pip install`` to run."""

@@ -1,0 +1,31 @@
+"""A store's vital statistics, as ``fastdata info`` shows them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .stores.base import StoreReader
+
+__all__ = ["store_info"]
+
+
+def store_info(reader: StoreReader) -> dict[str, Any]:
+    """Count, classes with their sizes, bytes, repairs, skipped files and format version."""
+    meta = reader.meta
+    per_class = np.bincount(reader.labels, minlength=len(meta.classes))
+    return {
+        "location": reader.location,
+        "format": meta.format,
+        "version": meta.version,
+        "count": meta.count,
+        "classes": len(meta.classes),
+        "images_per_class": {c: int(n) for c, n in zip(meta.classes, per_class)},
+        "total_bytes": meta.total_bytes,
+        "mean_bytes": meta.total_bytes // meta.count if meta.count else 0,
+        "repaired": meta.repairs,
+        "skipped": [{"name": s.name, "reason": s.reason} for s in meta.skipped],
+        "source": meta.source,
+        "created": meta.created,
+    }

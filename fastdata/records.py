@@ -1,0 +1,233 @@
+"""The schema both backends share: one record per image, and the store's metadata.
+
+A record is the same thing in LMDB and MongoDB; the backends differ only in where the bytes live.
+The encodings here are plain (JSON and little-endian integers), so any LMDB or Mongo client can read
+a store without fastdata; the format is written down in ``docs/format.md``. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import RecordError, StoreError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "Progress",
+    "Record",
+    "RecordHeader",
+    "SkippedFile",
+    "StoreMeta",
+    "decode_value",
+    "encode_value",
+    "record_key",
+]
+
+FORMAT_NAME = "fastdata"
+FORMAT_VERSION = 1
+KEY_WIDTH = 10
+RECORD_MAGIC = b"FDR1"
+_PREFIX = struct.Struct("<4sI")  # magic, header length
+
+
+def record_key(index: int) -> bytes:
+    """The key of record ``index``: zero-padded decimal, so keys sort in index order."""
+    return b"%010d" % index
+
+
+@dataclass(frozen=True)
+class RecordHeader:
+    """Everything about a record except its image bytes.
+
+    Attributes:
+        name: the image's path relative to the source folder, ``/``-separated.
+        label: its class index.
+        size: length of the stored image bytes.
+        crc32: CRC-32 of the stored image bytes.
+        format: the sniffed image format (``jpeg``, ``png``, ...).
+        repaired: whether ``FF D9`` was appended to a JPEG that lacked it; the original file is
+            then the stored bytes minus their last two.
+    """
+
+    name: str
+    label: int
+    size: int
+    crc32: int
+    format: str
+    repaired: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "record") -> RecordHeader:
+        try:
+            return cls(
+                name=str(d["name"]),
+                label=int(d["label"]),
+                size=int(d["size"]),
+                crc32=int(d["crc32"]),
+                format=str(d["format"]),
+                repaired=bool(d.get("repaired", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"{where}: malformed record header ({exc!r})") from exc
+
+
+@dataclass(frozen=True)
+class Record:
+    """One image as stored: its index, header and bytes."""
+
+    index: int
+    header: RecordHeader
+    data: bytes
+
+    def original_bytes(self) -> bytes:
+        """The bytes of the source file, byte for byte (a repair is undone)."""
+        return self.data[:-2] if self.header.repaired else self.data
+
+
+def encode_value(header: RecordHeader, data: bytes) -> bytes:
+    """Serialise a record for a key-value store: magic, header length, JSON header, image bytes."""
+    head = json.dumps(header.to_dict(), separators=(",", ":")).encode("ascii")
+    return b"".join((_PREFIX.pack(RECORD_MAGIC, len(head)), head, data))
+
+
+def split_value(value: bytes | memoryview, where: str) -> tuple[int, int]:
+    """Return ``(header_start, data_start)`` offsets of an encoded record value.
+
+    Raises:
+        RecordError: the value does not start with the record magic.
+    """
+    if len(value) < _PREFIX.size:
+        raise RecordError(f"{where}: value too short to be a fastdata record")
+    magic, head_len = _PREFIX.unpack_from(value, 0)
+    if magic != RECORD_MAGIC:
+        raise RecordError(f"{where}: not a fastdata record (bad magic {bytes(magic)!r})")
+    return _PREFIX.size, _PREFIX.size + head_len
+
+
+def decode_value(value: bytes | memoryview, where: str) -> tuple[RecordHeader, bytes]:
+    """Parse an encoded record value into its header and image bytes."""
+    start, data_start = split_value(value, where)
+    try:
+        head = json.loads(bytes(value[start:data_start]))
+    except ValueError as exc:
+        raise RecordError(f"{where}: record header is not valid JSON ({exc})") from exc
+    header = RecordHeader.from_dict(head, where)
+    data = bytes(value[data_start:])
+    if len(data) != header.size:
+        raise RecordError(
+            f"{where}: record holds {len(data)} image bytes, header says {header.size}"
+        )
+    return header, data
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A source file left out of the store, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class Progress:
+    """Where a conversion stands; saved with every committed batch so it can resume.
+
+    Attributes:
+        source: the folder being converted.
+        fingerprint: digest of the folder's sample list (see ``FolderScan.fingerprint``).
+        total: samples in the folder.
+        next_sample: samples handled so far (stored or skipped), in scan order.
+        count: records stored so far (their indices are ``0 .. count-1``).
+        repairs: records whose JPEG end-of-image marker was appended.
+        total_bytes: image bytes stored so far.
+        skipped: files left out so far.
+    """
+
+    source: str
+    fingerprint: str
+    total: int
+    next_sample: int = 0
+    count: int = 0
+    repairs: int = 0
+    total_bytes: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode("ascii")
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, where: str) -> Progress:
+        try:
+            d = json.loads(raw)
+            d["skipped"] = [SkippedFile(**s) for s in d.get("skipped", [])]
+            return cls(**d)
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"{where}: unreadable conversion progress ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    """A complete store's metadata. Written last: its presence marks the store complete.
+
+    The labels (one integer per record) are stored beside it as one little-endian int32 array,
+    not inside it; see the backends.
+    """
+
+    count: int
+    classes: list[str]
+    repairs: int = 0
+    total_bytes: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    source: str = ""
+    created: str = ""
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.classes)}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["class_to_idx"] = self.class_to_idx
+        d["checksum"] = "crc32"
+        return d
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict()).encode("ascii")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> StoreMeta:
+        if d.get("format") != FORMAT_NAME:
+            raise StoreError(f"{where}: not a fastdata store (format {d.get('format')!r})")
+        version = int(d.get("version", 0))
+        if version > FORMAT_VERSION:
+            raise StoreError(
+                f"{where}: store format version {version} is newer than this fastdata reads "
+                f"({FORMAT_VERSION}); upgrade fastdata"
+            )
+        return cls(
+            count=int(d["count"]),
+            classes=[str(c) for c in d["classes"]],
+            repairs=int(d.get("repairs", 0)),
+            total_bytes=int(d.get("total_bytes", 0)),
+            skipped=[SkippedFile(**s) for s in d.get("skipped", [])],
+            source=str(d.get("source", "")),
+            created=str(d.get("created", "")),
+            version=version,
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, where: str) -> StoreMeta:
+        try:
+            d = json.loads(raw)
+        except ValueError as exc:
+            raise StoreError(f"{where}: metadata is not valid JSON ({exc})") from exc
+        return cls.from_dict(d, where)

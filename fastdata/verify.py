@@ -1,0 +1,84 @@
+"""Check a store: every record's size and checksum, and optionally that every image decodes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .decode import decode_check
+from .errors import CorruptImageError, FastdataError
+from .jpeg import checksum
+from .stores.base import StoreReader
+
+__all__ = ["Failure", "VerifyReport", "verify_store"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One record that failed verification."""
+
+    index: int
+    name: str
+    reason: str
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_store` found."""
+
+    location: str
+    checked: int = 0
+    decoded: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def verify_store(
+    reader: StoreReader,
+    *,
+    decode: bool = False,
+    batch_size: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
+    """Read every record and check its size and CRC-32 (and, with ``decode``, decode it).
+
+    Records that fail are listed in the report; reading goes on after a failure.
+    """
+    report = VerifyReport(reader.location)
+    total = len(reader)
+    for start in range(0, total, batch_size):
+        indices = range(start, min(total, start + batch_size))
+        try:
+            records = reader.read_records(indices)
+        except FastdataError as exc:
+            records = []
+            for i in indices:  # fall back to one at a time to find the broken ones
+                try:
+                    records.extend(reader.read_records([i]))
+                except FastdataError as one:
+                    report.failures.append(Failure(i, f"record {i}", str(one)))
+            if not records and not report.failures:
+                raise exc
+        for rec in records:
+            report.checked += 1
+            h = rec.header
+            if len(rec.data) != h.size:
+                report.failures.append(
+                    Failure(rec.index, h.name, f"size {len(rec.data)}, expected {h.size}")
+                )
+                continue
+            if checksum(rec.data) != h.crc32:
+                report.failures.append(Failure(rec.index, h.name, "checksum mismatch"))
+                continue
+            if decode:
+                try:
+                    decode_check(rec.data, h.name)
+                    report.decoded += 1
+                except CorruptImageError as exc:
+                    report.failures.append(Failure(rec.index, h.name, exc.reason))
+        if progress is not None:
+            progress(min(total, start + batch_size), total)
+    return report
