@@ -154,8 +154,8 @@ def convert(
     if report.resumed_from:
         click.echo(f"resumed after {report.resumed_from} images already converted")
     click.echo(
-        f"{report.converted} images in {report.seconds:.1f} s "
-        f"({report.images_per_second:.0f} images/s)"
+        f"{report.converted} files read in {report.seconds:.1f} s "
+        f"({report.images_per_second:.0f} files/s)"
     )
     click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
     if report.non_image_files:

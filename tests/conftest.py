@@ -1,0 +1,80 @@
+"""Shared fixtures: tiny image folders built in tmp_path, good and corrupt."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def jpeg_bytes(width: int = 64, height: int = 48, mode: str = "RGB", seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    # smooth gradients plus a little noise: realistic sizes, decodes to known-ish pixels
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // max(1, width - 1), y * 255 // max(1, height - 1), (x + y) % 256], -1)
+    arr = np.clip(base + rng.integers(-20, 20, base.shape), 0, 255).astype(np.uint8)
+    img = Image.fromarray(arr, "RGB")
+    if mode != "RGB":
+        img = img.convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def png_bytes(width: int = 32, height: int = 32, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root, by relative path, with its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def good_folder(tmp_path: Path) -> Path:
+    """Three classes of small, valid images (all the same size, so batches stack)."""
+    root = tmp_path / "good"
+    seed = 0
+    for cls, n in (("cat", 5), ("dog", 4), ("eel", 3)):
+        for i in range(n):
+            write(root / cls / f"{i:03d}.jpg", jpeg_bytes(seed=seed))
+            seed += 1
+    return root
+
+
+@pytest.fixture
+def mixed_folder(tmp_path: Path) -> Path:
+    """A folder with every kind of good, repairable and corrupt file the converter must handle."""
+    root = tmp_path / "mixed"
+    good = jpeg_bytes(seed=1)
+    assert good.endswith(b"\xff\xd9")
+    a = root / "a_class"
+    write(a / "good.jpg", good)
+    write(a / "missing_eoi.jpg", jpeg_bytes(seed=2)[:-2])
+    write(a / "trailing.jpg", jpeg_bytes(seed=3) + b"\x00" * 64 + b"appended data")
+    write(a / "truncated.jpg", good[:120])  # cut inside its headers
+    write(a / "empty.jpg", b"")
+    write(a / "text.jpg", b"this is not an image at all\n")
+    write(a / "png_named.jpg", png_bytes())
+    write(a / "cmyk.jpg", jpeg_bytes(seed=4, mode="CMYK"))
+    write(a / "gray.JPG", jpeg_bytes(seed=5, mode="L"))
+    write(a / "nested" / "deep.jpeg", jpeg_bytes(seed=6))
+    b = root / "b_class"
+    write(b / "chat_é.jpg", jpeg_bytes(seed=7))
+    write(b / "猫.png", png_bytes(seed=8))
+    write(b / "notes.txt", b"not an image, ignored")
+    write(b / ".hidden.jpg", jpeg_bytes(seed=9))
+    write(root / ".cache" / "x.jpg", jpeg_bytes(seed=10))
+    return root

@@ -1,0 +1,181 @@
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from fastdata import convert, export_store, open_store
+from fastdata.errors import (
+    CorruptImageError,
+    IncompleteStoreError,
+    SourceError,
+    StoreError,
+    StoreExistsError,
+)
+from fastdata.stores.lmdb_store import LMDBWriter
+
+from .conftest import jpeg_bytes, snapshot, write
+
+CORRUPT = {"a_class/truncated.jpg", "a_class/empty.jpg", "a_class/text.jpg"}
+
+
+def test_round_trip_is_byte_identical(mixed_folder: Path, tmp_path: Path) -> None:
+    before = snapshot(mixed_folder)
+    report = convert(mixed_folder, tmp_path / "s.lmdb", workers=3)
+    assert snapshot(mixed_folder) == before  # the source folder is never written to
+    assert {s.name for s in report.skipped} == CORRUPT
+    assert report.repaired == 1
+    assert report.non_image_files == 1
+    out = tmp_path / "out"
+    export_store(open_store(tmp_path / "s.lmdb"), out)
+    exported = snapshot(out)
+    expected = {
+        name: data
+        for name, data in before.items()
+        if name not in CORRUPT and not name.endswith(".txt") and "/." not in "/" + name
+    }
+    assert exported == expected
+
+
+def test_repairs_and_formats_recorded_per_record(mixed_folder: Path, tmp_path: Path) -> None:
+    convert(mixed_folder, tmp_path / "s.lmdb")
+    store = open_store(tmp_path / "s.lmdb")
+    records = {r.header.name: r for r in store.iter_records()}
+    fixed = records["a_class/missing_eoi.jpg"]
+    assert fixed.header.repaired and fixed.data.endswith(b"\xff\xd9")
+    assert not records["a_class/trailing.jpg"].header.repaired
+    assert records["a_class/trailing.jpg"].data.endswith(b"appended data")
+    assert records["a_class/png_named.jpg"].header.format == "png"
+    assert store.meta.repairs == 1
+    assert sorted(s.name for s in store.meta.skipped) == sorted(CORRUPT)
+
+
+def test_skipped_reasons_say_what_is_wrong(mixed_folder: Path, tmp_path: Path) -> None:
+    report = convert(mixed_folder, tmp_path / "s.lmdb")
+    reasons = {s.name: s.reason for s in report.skipped}
+    assert "empty" in reasons["a_class/empty.jpg"]
+    assert "not a recognised image format" in reasons["a_class/text.jpg"]
+    assert "truncated" in reasons["a_class/truncated.jpg"]
+
+
+def test_strict_stops_at_first_unusable_file(mixed_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(CorruptImageError, match=r"empty.jpg: empty file"):
+        convert(mixed_folder, tmp_path / "s.lmdb", strict=True)
+
+
+def test_verify_decode_skips_undecodable(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    write(root / "c" / "ok.jpg", jpeg_bytes())
+    # a valid PNG signature and header, cut short: passes the sniff, fails the decode
+    from .conftest import png_bytes
+
+    write(root / "c" / "cut.png", png_bytes()[:60])
+    assert convert(root, tmp_path / "a.lmdb").count == 2
+    report = convert(root, tmp_path / "b.lmdb", verify_decode=True)
+    assert report.count == 1 and [s.name for s in report.skipped] == ["c/cut.png"]
+
+
+def test_existing_store_needs_overwrite(good_folder: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "s.lmdb"
+    convert(good_folder, dst)
+    with pytest.raises(StoreExistsError, match="--overwrite"):
+        convert(good_folder, dst)
+    write(good_folder / "cat" / "extra.jpg", jpeg_bytes(seed=99))
+    assert convert(good_folder, dst, overwrite=True).count == 13
+    assert len(open_store(dst)) == 13
+
+
+def test_refuses_foreign_folder_and_inside_source(good_folder: Path, tmp_path: Path) -> None:
+    write(tmp_path / "busy" / "keep.txt", b"user data")
+    with pytest.raises(StoreExistsError, match="not empty"):
+        convert(good_folder, tmp_path / "busy", overwrite=True)
+    assert (tmp_path / "busy" / "keep.txt").read_bytes() == b"user data"
+    with pytest.raises(SourceError, match="inside the source folder"):
+        convert(good_folder, good_folder / "store.lmdb")
+    assert not (good_folder / "store.lmdb").exists()
+
+
+class Interrupt(Exception):
+    pass
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, commits: int) -> None:
+    real = LMDBWriter.write
+    calls = {"n": 0}
+
+    def write(self, records, progress):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] > commits:
+            raise Interrupt()
+        real(self, records, progress)
+
+    monkeypatch.setattr(LMDBWriter, "write", write)
+
+
+def test_interrupted_conversion_resumes_without_loss_or_duplicates(
+    mixed_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dst = tmp_path / "s.lmdb"
+    interrupt_after(monkeypatch, commits=2)
+    with pytest.raises(Interrupt):
+        convert(mixed_folder, dst, commit_records=2)
+    monkeypatch.undo()
+    with pytest.raises(IncompleteStoreError, match="--resume"):
+        open_store(dst)
+    with pytest.raises(StoreExistsError, match="--resume"):
+        convert(mixed_folder, dst)
+    report = convert(mixed_folder, dst, resume=True, commit_records=2)
+    assert report.resumed_from > 0
+    fresh = convert(mixed_folder, tmp_path / "fresh.lmdb")
+    resumed, whole = open_store(dst), open_store(tmp_path / "fresh.lmdb")
+    assert len(resumed) == len(whole) == fresh.count
+    assert [(r.header, r.data) for r in resumed.iter_records()] == [
+        (r.header, r.data) for r in whole.iter_records()
+    ]
+    assert list(resumed.labels) == list(whole.labels)
+    assert resumed.meta.repairs == whole.meta.repairs
+    assert sorted(s.name for s in resumed.meta.skipped) == sorted(CORRUPT)
+
+
+def test_resume_refuses_changed_source(
+    good_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dst = tmp_path / "s.lmdb"
+    interrupt_after(monkeypatch, commits=1)
+    with pytest.raises(Interrupt):
+        convert(good_folder, dst, commit_records=2)
+    monkeypatch.undo()
+    write(good_folder / "cat" / "000a.jpg", jpeg_bytes(seed=50))
+    with pytest.raises(StoreError, match="changed since"):
+        convert(good_folder, dst, resume=True)
+
+
+def test_resume_of_complete_store_is_a_no_op(good_folder: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "s.lmdb"
+    convert(good_folder, dst)
+    report = convert(good_folder, dst, resume=True)
+    assert report.converted == 0 and report.count == 12
+    assert len(open_store(dst)) == 12
+
+
+def test_map_grows_when_full(good_folder: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "s.lmdb"
+    writer = LMDBWriter(dst, map_size=64 * 1024)  # far too small for 12 images
+    report = convert(good_folder, writer)
+    assert report.count == 12
+    env = lmdb.open(str(dst), readonly=True, lock=False)
+    assert env.info()["map_size"] > 64 * 1024
+    env.close()
+    assert len(open_store(dst).read_data(range(12))) == 12
+
+
+def test_all_images_unusable_is_an_error(tmp_path: Path) -> None:
+    write(tmp_path / "src" / "c" / "a.jpg", b"")
+    with pytest.raises(SourceError, match="none of its 1 images"):
+        convert(tmp_path / "src", tmp_path / "s.lmdb")
+
+
+def test_progress_callback_reaches_total(good_folder: Path, tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    convert(good_folder, tmp_path / "s.lmdb", progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (12, 12)
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
