@@ -17,13 +17,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, TypeVar, Union
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from .errors import CorruptImageError, SourceError
 from .folder import FolderScan, Sample, scan_folder
-from .jpeg import CheckedImage, checksum, validate_image
+from .jpeg import checksum, validate_image
+from .memory import tune_malloc
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
 from .stores import StoreWriter, open_writer
 
@@ -34,10 +35,14 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[int, int], None]
 """Called as ``progress(done, total)`` while converting (samples handled, samples in the folder)."""
 
-COMMIT_RECORDS = 128
-"""Records per committed batch: small batches keep the writer's memory flat."""
+COMMIT_RECORDS = 512
+"""Records per committed batch at most: batches keep the writer's memory flat."""
 COMMIT_BYTES = 32 << 20
 """A batch is also committed once it holds this many image bytes."""
+CHUNK = 8
+"""Samples per task handed to a reader thread."""
+READ_AHEAD = 256
+"""Samples read ahead of the writer (about one commit's worth of typical JPEGs)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -102,20 +107,46 @@ def _ordered_map(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-Loaded = Union[CheckedImage, SkippedFile]
+@dataclass(frozen=True)
+class _Loaded:
+    """A sample read and validated by a worker, ready to be stored."""
+
+    header: RecordHeader
+    data: bytes
 
 
-def _loader(scan: FolderScan, verify_decode: bool) -> Callable[[Sample], tuple[Sample, Loaded]]:
-    def load(sample: Sample) -> tuple[Sample, Loaded]:
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _loader(
+    scan: FolderScan, verify_decode: bool
+) -> Callable[[list[Sample]], list[tuple[Sample, _Loaded | SkippedFile]]]:
+    """The workers' job: read, validate and checksum a chunk of samples (never writes)."""
+
+    def load_one(sample: Sample) -> _Loaded | SkippedFile:
         try:
             with open(scan.path_of(sample), "rb") as f:
                 data = f.read()
         except OSError as exc:
-            return sample, SkippedFile(sample.name, f"unreadable: {exc.strerror or exc}")
+            return SkippedFile(sample.name, f"unreadable: {exc.strerror or exc}")
         try:
-            return sample, validate_image(data, sample.name, decode=verify_decode)
+            checked = validate_image(data, sample.name, decode=verify_decode)
         except CorruptImageError as exc:
-            return sample, SkippedFile(sample.name, exc.reason)
+            return SkippedFile(sample.name, exc.reason)
+        header = RecordHeader(
+            name=sample.name,
+            label=sample.label,
+            size=len(checked.data),
+            crc32=checksum(checked.data),
+            format=checked.format,
+            repaired=checked.repaired,
+        )
+        return _Loaded(header, checked.data)
+
+    def load(chunk: list[Sample]) -> list[tuple[Sample, _Loaded | SkippedFile]]:
+        return [(sample, load_one(sample)) for sample in chunk]
 
     return load
 
@@ -172,6 +203,7 @@ def convert(
         CorruptImageError: with ``strict``, the first unusable file.
     """
     started = time.perf_counter()
+    tune_malloc()
     scan = scan_folder(source)
     _check_destination(scan, destination)
     total = len(scan.samples)
@@ -190,8 +222,12 @@ def convert(
 
         todo = scan.samples[state.next_sample :]
         load = _loader(scan, verify_decode)
-        window = max(4 * n_workers, 16)
-        for sample, loaded in _ordered_map(load, todo, n_workers, window):
+        # Chunks of a few samples keep the per-task overhead small. The window (samples read
+        # ahead) spans about one commit, so the readers keep working while a batch is flushed,
+        # and it bounds memory.
+        window = max(2 * n_workers + 2, READ_AHEAD // CHUNK)
+        chunks = _ordered_map(load, _chunks(todo, CHUNK), n_workers, window=window)
+        for sample, loaded in (pair for chunk in chunks for pair in chunk):
             if isinstance(loaded, SkippedFile):
                 if strict:
                     if batch:
@@ -204,18 +240,11 @@ def convert(
                 log.warning("skipping %s: %s", loaded.name, loaded.reason)
                 state.skipped.append(loaded)
             else:
-                header = RecordHeader(
-                    name=sample.name,
-                    label=sample.label,
-                    size=len(loaded.data),
-                    crc32=checksum(loaded.data),
-                    format=loaded.format,
-                    repaired=loaded.repaired,
-                )
+                header = loaded.header
                 batch.append(Record(state.count, header, loaded.data))
                 batch_bytes += header.size
                 state.count += 1
-                state.repairs += loaded.repaired
+                state.repairs += header.repaired
                 state.total_bytes += header.size
             state.next_sample += 1
             if len(batch) >= commit_records or batch_bytes >= COMMIT_BYTES:

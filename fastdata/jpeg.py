@@ -117,8 +117,9 @@ def inspect_jpeg(data: bytes) -> tuple[JpegState, str]:
         if marker == _SOS:
             break
         pos = end
-    # `end` is where the first scan's entropy-coded data starts.
-    if data.find(EOI, end) >= 0:
+    # `end` is where the first scan's entropy-coded data starts. Searching from the back finds
+    # the marker at once in the usual file that ends with it.
+    if data.rfind(EOI, end) >= 0:
         return JpegState.OK, ""
     return JpegState.MISSING_EOI, "end-of-image marker FF D9 missing"
 

@@ -1,14 +1,14 @@
 """The schema both backends share: one record per image, and the store's metadata.
 
 A record is the same thing in LMDB and MongoDB; the backends differ only in where the bytes live.
-The encodings here are plain (JSON and little-endian integers), so any LMDB or Mongo client can read
-a store without fastdata; the format is written down in ``docs/format.md``. Nothing is pickled.
+Image bytes are stored as they are; everything else is plain JSON or little-endian integers, so any
+LMDB or Mongo client can read a store without fastdata (``docs/format.md`` writes the format down).
+Nothing is pickled.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,16 +22,12 @@ __all__ = [
     "RecordHeader",
     "SkippedFile",
     "StoreMeta",
-    "decode_value",
-    "encode_value",
     "record_key",
 ]
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
 KEY_WIDTH = 10
-RECORD_MAGIC = b"FDR1"
-_PREFIX = struct.Struct("<4sI")  # magic, header length
 
 
 def record_key(index: int) -> bytes:
@@ -60,8 +56,25 @@ class RecordHeader:
     format: str
     repaired: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> bytes:
+        """Compact ASCII JSON (non-ASCII names are escaped, so any name round-trips)."""
+        fields = {
+            "name": self.name,
+            "label": self.label,
+            "size": self.size,
+            "crc32": self.crc32,
+            "format": self.format,
+            "repaired": self.repaired,
+        }
+        return json.dumps(fields, separators=(",", ":")).encode("ascii")
+
+    @classmethod
+    def from_json(cls, raw: bytes | memoryview | str, where: str = "record") -> RecordHeader:
+        try:
+            d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
+        except ValueError as exc:
+            raise RecordError(f"{where}: record header is not valid JSON ({exc})") from exc
+        return cls.from_dict(d, where)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "record") -> RecordHeader:
@@ -89,42 +102,6 @@ class Record:
     def original_bytes(self) -> bytes:
         """The bytes of the source file, byte for byte (a repair is undone)."""
         return self.data[:-2] if self.header.repaired else self.data
-
-
-def encode_value(header: RecordHeader, data: bytes) -> bytes:
-    """Serialise a record for a key-value store: magic, header length, JSON header, image bytes."""
-    head = json.dumps(header.to_dict(), separators=(",", ":")).encode("ascii")
-    return b"".join((_PREFIX.pack(RECORD_MAGIC, len(head)), head, data))
-
-
-def split_value(value: bytes | memoryview, where: str) -> tuple[int, int]:
-    """Return ``(header_start, data_start)`` offsets of an encoded record value.
-
-    Raises:
-        RecordError: the value does not start with the record magic.
-    """
-    if len(value) < _PREFIX.size:
-        raise RecordError(f"{where}: value too short to be a fastdata record")
-    magic, head_len = _PREFIX.unpack_from(value, 0)
-    if magic != RECORD_MAGIC:
-        raise RecordError(f"{where}: not a fastdata record (bad magic {bytes(magic)!r})")
-    return _PREFIX.size, _PREFIX.size + head_len
-
-
-def decode_value(value: bytes | memoryview, where: str) -> tuple[RecordHeader, bytes]:
-    """Parse an encoded record value into its header and image bytes."""
-    start, data_start = split_value(value, where)
-    try:
-        head = json.loads(bytes(value[start:data_start]))
-    except ValueError as exc:
-        raise RecordError(f"{where}: record header is not valid JSON ({exc})") from exc
-    header = RecordHeader.from_dict(head, where)
-    data = bytes(value[data_start:])
-    if len(data) != header.size:
-        raise RecordError(
-            f"{where}: record holds {len(data)} image bytes, header says {header.size}"
-        )
-    return header, data
 
 
 @dataclass(frozen=True)

@@ -71,15 +71,15 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, good_folder: Path
 def test_export_refuses_names_outside_outdir(tmp_path: Path, good_folder: Path) -> None:
     import lmdb
 
-    from fastdata.records import RecordHeader, decode_value, encode_value
+    from fastdata.records import RecordHeader
 
     dst = tmp_path / "s.lmdb"
     run("convert", str(good_folder), str(dst), "-q")
     env = lmdb.open(str(dst), map_size=1 << 24)
     with env.begin(write=True) as txn:
-        header, data = decode_value(txn.get(b"0000000000"), "r")
+        header = RecordHeader.from_json(txn.get(b"#0000000000"))
         evil = RecordHeader("../../escaped.jpg", 0, header.size, header.crc32, "jpeg")
-        txn.put(b"0000000000", encode_value(evil, data))
+        txn.put(b"#0000000000", evil.to_json())
     env.close()
     code, _, stderr = run("export", str(dst), str(tmp_path / "out"), "-q")
     assert code != 0 and "../../escaped.jpg" in stderr and "refusing" in stderr

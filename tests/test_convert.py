@@ -179,3 +179,32 @@ def test_progress_callback_reaches_total(good_folder: Path, tmp_path: Path) -> N
     convert(good_folder, tmp_path / "s.lmdb", progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (12, 12)
     assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+
+
+def test_plain_lmdb_client_reads_the_store(good_folder: Path, tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    dst = tmp_path / "s.lmdb"
+    report = convert(good_folder, dst)
+    # the file holds its content, not the (sparse) map it was written through
+    assert (dst / "data.mdb").stat().st_size < 2 * report.total_bytes + (1 << 20)
+    env = lmdb.open(str(dst), readonly=True, lock=False)
+    with env.begin() as txn:
+        meta = json.loads(txn.get(b"__fastdata__"))
+        assert meta["format"] == "fastdata" and meta["version"] == 1 and meta["count"] == 12
+        assert meta["class_to_idx"] == {"cat": 0, "dog": 1, "eel": 2}
+        labels = np.frombuffer(txn.get(b"__labels__"), dtype="<i4")
+        assert labels.tolist() == [0] * 5 + [1] * 4 + [2] * 3
+        assert int(txn.get(b"__len__")) == 12
+        keys = txn.get(b"__keys__").split(b"\n")
+        assert keys[0] == b"0000000000" and len(keys) == 12
+        assert txn.get(b"0000000006") == (good_folder / "dog" / "001.jpg").read_bytes()
+        header = json.loads(txn.get(b"#0000000006"))
+        assert header["name"] == "dog/001.jpg" and header["label"] == 1
+        cursor = txn.cursor()
+        assert cursor.set_range(b"0")
+        walked = [k for k, _ in cursor][:12]
+    env.close()
+    assert walked == keys  # a cursor walks the records in index order

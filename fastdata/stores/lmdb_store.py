@@ -2,10 +2,12 @@
 
 Layout of a store folder (``data.mdb`` + ``lock.mdb``), documented in ``docs/format.md``:
 
-- ``0000000000`` ... one record per image (see :mod:`fastdata.records`), keys in index order;
+- ``0000000000`` ... ``NNNNNNNNNN``: the image bytes of each record, as they are (plus a JPEG
+  end-of-image repair), keys zero-padded so a cursor walks them in index order;
+- ``#0000000000`` ...: each record's header (JSON: name, label, size, crc32, format, repaired);
 - ``__labels__``: the labels, one little-endian int32 per record;
 - ``__len__``: the record count as ASCII decimal; ``__keys__``: the record keys, newline-separated;
-- ``__progress__``: conversion progress (JSON), saved with every committed batch;
+- ``#progress``: conversion progress (JSON), saved with every committed batch;
 - ``__fastdata__``: the metadata (JSON), written last: a store without it is incomplete.
 
 py-lmdb refuses to open an environment twice in one process, and a child forked from a process that
@@ -37,15 +39,7 @@ from ..errors import (
     StoreExistsError,
     StoreNotFoundError,
 )
-from ..records import (
-    Progress,
-    Record,
-    StoreMeta,
-    decode_value,
-    encode_value,
-    record_key,
-    split_value,
-)
+from ..records import Progress, Record, RecordHeader, StoreMeta, record_key
 from .base import StoreReader, StoreWriter
 
 __all__ = ["LMDBStore", "LMDBWriter", "PickleLMDBStore", "open_lmdb"]
@@ -54,13 +48,23 @@ log = logging.getLogger(__name__)
 
 META_KEY = b"__fastdata__"
 LABELS_KEY = b"__labels__"
-PROGRESS_KEY = b"__progress__"
+PROGRESS_KEY = b"#progress"
 LEN_KEY = b"__len__"
 KEYS_KEY = b"__keys__"
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 INITIAL_MAP_SIZE = 1 << 30
 LABEL_DTYPE = np.dtype("<i4")
+
+
+def header_key(index: int) -> bytes:
+    """The key of record ``index``'s header: ``#`` + its record key.
+
+    Headers and progress sort before the records (``#`` < ``0``) and the metadata after them
+    (``_`` > ``9``), so every record can be appended at the end of the B-tree (``MDB_APPEND``),
+    which writes at the speed of a plain file append.
+    """
+    return b"#" + record_key(index)
 
 
 # --------------------------------------------------------------------------- environment registry
@@ -205,6 +209,8 @@ class LMDBWriter(StoreWriter):
         folder.mkdir(parents=True, exist_ok=True)
         _close_registered(self.path)
         try:
+            # metasync off: each commit still flushes its data, so a crash can at worst undo the
+            # last commit, which a resume then redoes.
             self._env = lmdb.open(
                 self.path,
                 map_size=self._map_size,
@@ -260,12 +266,17 @@ class LMDBWriter(StoreWriter):
                 self._env.set_mapsize(size)
 
     def write(self, records: Sequence[Record], progress: Progress) -> None:
-        values = [(record_key(r.index), encode_value(r.header, r.data)) for r in records]
+        headers = [r.header.to_json() for r in records]
         state = progress.to_json()
 
         def fill(txn: Any) -> None:
-            for key, value in values:
-                txn.put(key, value)
+            for rec, head in zip(records, headers):
+                if not txn.put(record_key(rec.index), rec.data, append=True):
+                    raise StoreError(
+                        f"{self.path}: record {rec.index} exists already; the store is not the "
+                        "one this conversion started, convert again with --overwrite"
+                    )
+                txn.put(header_key(rec.index), head)
             txn.put(PROGRESS_KEY, state)
 
         self._commit(fill)
@@ -285,10 +296,11 @@ class LMDBWriter(StoreWriter):
         self._env.sync(True)
 
     def close(self) -> None:
-        if self._env is not None:
-            self._env.sync(True)
-            self._env.close()
-            self._env = None
+        if self._env is None:
+            return
+        env, self._env = self._env, None
+        env.sync(True)
+        env.close()
 
 
 # --------------------------------------------------------------------------- readers
@@ -364,27 +376,26 @@ class LMDBStore(_LazyEnv, StoreReader):
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
         labels = self._labels
-        out: list[tuple[bytes, int]] = []
-        with self._handle().begin(buffers=True) as txn:
-            for i in idx:
-                key = record_key(i)
-                value = txn.get(key)
+        # Read in key order (file order), so pages that come from disk come in ascending runs.
+        data: dict[int, bytes] = {}
+        with self._handle().begin() as txn:
+            for i in sorted(set(idx)):
+                value = txn.get(record_key(i))
                 if value is None:
-                    raise self._missing(key)
-                _, start = split_value(value, f"{self.path}: record {key.decode()}")
-                out.append((bytes(value[start:]), int(labels[i])))
-        return out
+                    raise self._missing(record_key(i))
+                data[i] = value
+        return [(data[i], int(labels[i])) for i in idx]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
         out = []
-        with self._handle().begin(buffers=True) as txn:
+        with self._handle().begin() as txn:
             for i in idx:
                 key = record_key(i)
-                value = txn.get(key)
-                if value is None:
+                data, head = txn.get(key), txn.get(header_key(i))
+                if data is None or head is None:
                     raise self._missing(key)
-                header, data = decode_value(value, f"{self.path}: record {key.decode()}")
+                header = RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
                 out.append(Record(i, header, data))
         return out
 
@@ -449,7 +460,6 @@ class PickleLMDBStore(_LazyEnv, StoreReader):
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         from ..jpeg import checksum, sniff
-        from ..records import RecordHeader
 
         out = []
         for i, (data, label) in zip(self.check_indices(indices), self.read_samples(indices)):

@@ -1,0 +1,229 @@
+#!/usr/bin/env python
+"""LMDB path benchmark: conversion, random reads (warm and cold) and decoding, side by side.
+
+Prints each fastdata figure next to its baseline measured in the same run, with the ratio and the
+goal. Absolute numbers drift from run to run and machine to machine; the ratios are what count.
+
+    python scripts/bench_lmdb.py                 # ~3,000 JPEGs of 500x375 in a temporary folder
+    python scripts/bench_lmdb.py --images 6000 --workdir /data/bench --keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lmdb
+
+from fastdata import LMDBImageDataset, convert
+from fastdata.decode import decode_pil
+from fastdata.folder import scan_folder
+from fastdata.memory import tune_malloc
+from fastdata.records import record_key
+from fastdata.samples import make_image_folder
+
+BATCH = 64
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def evict(path: Path) -> None:
+    """Drop a file's pages from the page cache (they must not be mapped by this process)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def read_all(paths: Sequence[Path]) -> int:
+    total = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            total += len(f.read())
+    return total
+
+
+def copy_ceiling(paths: Sequence[Path], out: Path) -> None:
+    """Read every file and append it to one file, then fsync: the floor any converter pays."""
+    with open(out, "wb") as sink:
+        for p in paths:
+            with open(p, "rb") as f:
+                sink.write(f.read())
+        sink.flush()
+        os.fsync(sink.fileno())
+
+
+def peak_rss_of_conversion(src: Path, dst: Path) -> float:
+    """Peak RSS in MiB of a fresh process converting ``src``."""
+    code = (
+        "import resource, sys; from fastdata import convert; "
+        "convert(sys.argv[1], sys.argv[2], overwrite=True); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(dst)], check=True, capture_output=True, text=True
+    )
+    return int(out.stdout.split()[-1]) / 1024
+
+
+def row(label: str, ours: float, base: float, goal: str, unit: str = "img/s") -> None:
+    ratio = ours / base if base else float("nan")
+    print(f"  {label:<44} {ours:>10.0f} {unit}  vs {base:>10.0f}  ratio {ratio:5.2f}  {goal}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=3000)
+    ap.add_argument("--workdir", type=Path, help="where to build the folder and stores")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    # Both sides of every comparison run in this process, under the same allocator settings:
+    # those fastdata uses for conversion (see fastdata.memory).
+    tune_malloc()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        run(work, args.images, args.repeat)
+    finally:
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path, n_images: int, repeat: int) -> None:
+    classes = 10
+    src = make_image_folder(work / "images", classes=classes, per_class=n_images // classes)
+    scan = scan_folder(src)
+    paths = [scan.path_of(s) for s in scan.samples]
+    n = len(paths)
+    size = read_all(paths)
+    print(f"{n} JPEGs, {size / n / 1000:.0f} kB mean, in {src}  (cpu count {os.cpu_count()})")
+
+    # ---------------------------------------------------------------- conversion
+    print("\nconversion (warm page cache)")
+    dst = work / "store.lmdb"
+    def convert_fresh() -> float:
+        shutil.rmtree(dst, ignore_errors=True)
+        os.sync()
+        t = time.perf_counter()
+        convert(src, dst)
+        return time.perf_counter() - t
+
+    def ceiling_fresh() -> float:
+        (work / "ceiling.bin").unlink(missing_ok=True)
+        os.sync()
+        t = time.perf_counter()
+        copy_ceiling(paths, work / "ceiling.bin")
+        return time.perf_counter() - t
+
+    # interleaved, so both see the same state of the disk and page cache
+    pairs = [(ceiling_fresh(), convert_fresh()) for _ in range(repeat + 1)]
+    ceiling = min(c for c, _ in pairs)
+    ours = min(v for _, v in pairs)
+    row("convert vs read+append+fsync ceiling", n / ours, n / ceiling, "(goal >= 0.80)")
+
+    third = work / "images-third"
+    if not third.exists():
+        for p in paths[: n // 3]:
+            target = third / p.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(p, target)
+    small_rss = peak_rss_of_conversion(third, work / "third.lmdb")
+    full_rss = peak_rss_of_conversion(src, work / "full.lmdb")
+    print(
+        f"  peak RSS converting {n // 3} images: {small_rss:.0f} MiB; {n} images: "
+        f"{full_rss:.0f} MiB (ratio {full_rss / small_rss:.2f}; goal: flat, ~1.0)"
+    )
+
+    # ---------------------------------------------------------------- random raw reads
+    rng = random.Random(0)
+    order = list(range(n))
+    rng.shuffle(order)
+    batches = [order[i : i + BATCH] for i in range(0, n, BATCH)]
+    keys = [[record_key(i) for i in b] for b in batches]
+
+    # Each reader opens its own handle and closes it after the pass: py-lmdb refuses a second
+    # handle on one environment in a process.
+    def read_ours() -> None:
+        ds = LMDBImageDataset(dst, output="bytes")
+        for b in batches:
+            ds.__getitems__(b)
+        ds.close()
+
+    def read_bare() -> None:
+        env = lmdb.open(str(dst), readonly=True, lock=False)
+        for kb in keys:
+            with env.begin() as txn:
+                batch = [txn.get(k) for k in kb]  # noqa: F841 - a batch is kept, as a loader does
+        env.close()
+
+    def read_files() -> None:
+        for b in batches:
+            batch = []
+            for i in b:
+                with open(paths[i], "rb") as f:
+                    batch.append(f.read())
+
+    readers = (read_ours, read_bare, read_files)
+    print("\nrandom reads of raw bytes, batches of 64, warm page cache")
+    for fn in readers:
+        fn()  # warm
+    t_ours, t_bare, t_files = (best_of(repeat, f) for f in readers)
+    row("LMDBImageDataset vs bare lmdb get loop", n / t_ours, n / t_bare, "(goal >= 0.80)")
+    row("LMDBImageDataset vs files from the folder", n / t_ours, n / t_files, "(goal >= 2.5)")
+
+    print("\nrandom reads of raw bytes, pages evicted from the page cache before each pass")
+
+    def cold(fn: Callable[[], None]) -> float:
+        times = []
+        for _ in range(repeat):
+            evict(dst / "data.mdb")
+            for p in paths:
+                evict(p)
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    c_ours, c_bare, c_files = (cold(f) for f in readers)
+    row("LMDBImageDataset vs bare lmdb get loop", n / c_ours, n / c_bare, "(goal >= 0.80)")
+    row("LMDBImageDataset vs files from the folder", n / c_ours, n / c_files, "(goal >= 1.5)")
+
+    # ---------------------------------------------------------------- decoding
+    print("\ndecoding to RGB PIL images, random order, one process")
+    pil = LMDBImageDataset(dst)
+    blobs = [p.read_bytes() for p in paths]  # the store keeps scan order: none was skipped
+    pil.__getitems__(batches[0])
+
+    def decode_ours() -> None:
+        for b in batches:
+            pil.__getitems__(b)
+
+    def decode_memory() -> None:
+        for b in batches:
+            batch = [decode_pil(blobs[i]) for i in b]  # noqa: F841 - kept, as a loader does
+
+    d_ours, d_mem = best_of(repeat, decode_ours), best_of(repeat, decode_memory)
+    row("LMDBImageDataset vs decoding bytes in memory", n / d_ours, n / d_mem, "(goal >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()
