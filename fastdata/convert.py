@@ -50,7 +50,7 @@ R = TypeVar("R")
 
 def default_workers() -> int:
     """Reader threads for conversion: enough to keep a disk or network file system busy."""
-    return min(16, 2 * (os.cpu_count() or 1))
+    return min(8, 2 * (os.cpu_count() or 1))
 
 
 @dataclass

@@ -125,6 +125,8 @@ class Progress:
         repairs: records whose JPEG end-of-image marker was appended.
         total_bytes: image bytes stored so far.
         skipped: files left out so far.
+        boot_id: the boot of the machine that saved this progress (a writer may refuse to resume
+            after a restart).
     """
 
     source: str
@@ -135,6 +137,7 @@ class Progress:
     repairs: int = 0
     total_bytes: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
+    boot_id: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode("ascii")

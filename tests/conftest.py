@@ -14,7 +14,9 @@ def jpeg_bytes(width: int = 64, height: int = 48, mode: str = "RGB", seed: int =
     rng = np.random.default_rng(seed)
     # smooth gradients plus a little noise: realistic sizes, decodes to known-ish pixels
     y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // max(1, width - 1), y * 255 // max(1, height - 1), (x + y) % 256], -1)
+    base = np.stack(
+        [x * 255 // max(1, width - 1), y * 255 // max(1, height - 1), (x + y) % 256], -1
+    )
     arr = np.clip(base + rng.integers(-20, 20, base.shape), 0, 255).astype(np.uint8)
     img = Image.fromarray(arr, "RGB")
     if mode != "RGB":

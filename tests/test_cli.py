@@ -35,9 +35,10 @@ def test_convert_info_verify_export(mixed_folder: Path, tmp_path: Path) -> None:
 
     code, stdout, _ = run("export", dst, out, "--quiet")
     assert code == 0 and "wrote 9 files" in stdout
-    assert snapshot(Path(out))["a_class/missing_eoi.jpg"] == (
-        mixed_folder / "a_class" / "missing_eoi.jpg"
-    ).read_bytes()
+    assert (
+        snapshot(Path(out))["a_class/missing_eoi.jpg"]
+        == (mixed_folder / "a_class" / "missing_eoi.jpg").read_bytes()
+    )
 
 
 def test_verify_lists_failures_and_exits_1(good_folder: Path, tmp_path: Path) -> None:

@@ -208,3 +208,19 @@ def test_plain_lmdb_client_reads_the_store(good_folder: Path, tmp_path: Path) ->
         walked = [k for k, _ in cursor][:12]
     env.close()
     assert walked == keys  # a cursor walks the records in index order
+
+
+def test_resume_after_machine_restart_is_refused(
+    good_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fastdata.stores.lmdb_store as lmdb_store
+
+    dst = tmp_path / "s.lmdb"
+    interrupt_after(monkeypatch, commits=1)
+    with pytest.raises(Interrupt):
+        convert(good_folder, dst, commit_records=2)
+    monkeypatch.undo()
+    monkeypatch.setattr(lmdb_store, "boot_id", lambda: "another-boot")
+    with pytest.raises(StoreError, match="machine restarted"):
+        convert(good_folder, dst, resume=True)
+    assert convert(good_folder, dst, overwrite=True).count == 12

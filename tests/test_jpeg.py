@@ -69,5 +69,5 @@ def test_validate_returns_real_format_and_repair_flag() -> None:
 def test_validate_decode_rejects_what_pillow_cannot_decode() -> None:
     cut_png = png_bytes()[:60]
     validate_image(cut_png, "b.png")  # the signature alone passes
-    with pytest.raises(CorruptImageError, match="b.png: cannot decode"):
+    with pytest.raises(CorruptImageError, match=r"b\.png: cannot decode"):
         validate_image(cut_png, "b.png", decode=True)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install what the tests need into .venv (exact versions from constraints.txt) and run the
+# checks: ruff and mypy on fastdata/, then pytest. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_venv.sh
+ensure_venv ".[test,turbo]"
+.venv/bin/ruff check fastdata
+.venv/bin/ruff format --check fastdata
+.venv/bin/mypy fastdata
+exec .venv/bin/python -m pytest "$@"
