@@ -80,3 +80,15 @@ def mixed_folder(tmp_path: Path) -> Path:
     write(b / ".hidden.jpg", jpeg_bytes(seed=9))
     write(root / ".cache" / "x.jpg", jpeg_bytes(seed=10))
     return root
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip gpu-marked tests where there is no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,146 @@
+"""PrefetchLoader: the next batch is copied to the device and normalised while this one trains.
+
+On CUDA the copy runs on one side stream per loader (not per epoch), stream-correct:
+
+1. before copying batch k+1, the side stream waits for the consumer's stream, so the copy never
+   overtakes work the consumer queued earlier;
+2. the copy is ``non_blocking`` from pinned memory, and normalisation runs on the side stream;
+3. before batch k+1 is handed over, the consumer's stream waits for the side stream, and every
+   tensor handed over is ``record_stream``-ed on the consumer's stream, so the caching allocator
+   does not reuse its memory while the consumer may still use it.
+
+Without CUDA the same loader runs on the CPU (or any other device) synchronously and makes no
+CUDA call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .batches import default_device, map_tensors, record_stream
+from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
+
+__all__ = ["PrefetchLoader"]
+
+
+class PrefetchLoader:
+    """Wrap an iterable of batches; yield them on ``device``, normalised, one batch ahead.
+
+    Example::
+
+        loader = PrefetchLoader(DataLoader(ds, batch_size=256, pin_memory=True), normalize=True)
+        for images, targets in loader:   # float32 on the GPU, ImageNet-normalised
+            ...
+
+    Args:
+        loader: any iterable of batches (tensor, tuple, list, namedtuple, dict, nested).
+        device: where batches go; None picks the current accelerator, else the CPU.
+        mean: per-channel mean in 0-1 units. Giving ``mean`` or ``std`` (or ``normalize=True``)
+            normalises uint8 image batches; the other defaults to the ImageNet constants.
+        std: per-channel standard deviation in 0-1 units.
+        dtype: floating-point type of the images (float32 when normalising and not given;
+            float16 and bfloat16 on request). With neither ``dtype`` nor normalisation, images
+            keep their dtype.
+        channels_last: give image batches the ``channels_last`` memory format on the device.
+        normalize: normalise with the ImageNet constants (or ``mean``/``std`` when given).
+
+    Only uint8 4-D tensors (``N x C x H x W`` images) are converted; every other tensor (targets)
+    is only moved, and other leaves (strings, ints, None) pass through untouched.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        device: torch.device | str | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        dtype: torch.dtype | None = None,
+        channels_last: bool = False,
+        *,
+        normalize: bool = False,
+    ) -> None:
+        self.loader = loader
+        self.device = torch.device(device) if device is not None else default_device()
+        if normalize or mean is not None or std is not None:
+            mean = tuple(mean) if mean is not None else IMAGENET_MEAN
+            std = tuple(std) if std is not None else IMAGENET_STD
+        self.normalizer = Normalizer(mean, std, dtype, channels_last)
+        self._constants = self.normalizer.constants(self.device)
+        self._stream: Any = None  # one side stream for the loader's lifetime, made on first use
+
+    # -- pass-through to the wrapped loader
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset  # type: ignore[attr-defined]
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler  # type: ignore[attr-defined]
+
+    @property
+    def batch_size(self) -> Any:
+        return self.loader.batch_size  # type: ignore[attr-defined]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward to the loader's ``set_epoch``, or its sampler's (``DistributedSampler``)."""
+        target: Any = self.loader
+        if not hasattr(target, "set_epoch"):
+            target = getattr(target, "sampler", None)
+        if target is None or not hasattr(target, "set_epoch"):
+            raise AttributeError(f"{type(self.loader).__name__} has no set_epoch (nor its sampler)")
+        target.set_epoch(epoch)
+
+    # -- iteration
+
+    def _prepare(self, batch: Any, non_blocking: bool) -> Any:
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if non_blocking and t.device.type == "cpu" and not t.is_pinned():
+                t = t.pin_memory()  # an async copy needs page-locked memory
+            t = t.to(self.device, non_blocking=non_blocking)
+            return self.normalizer.apply(t, self._constants)
+
+        return map_tensors(batch, move)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type == "cuda":
+            return self._iter_cuda()
+        return (self._prepare(batch, non_blocking=False) for batch in self.loader)
+
+    def _iter_cuda(self) -> Iterator[Any]:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        stream = self._stream
+        source = iter(self.loader)
+
+        def preload() -> tuple[bool, Any, BaseException | None]:
+            try:
+                batch = next(source)
+            except StopIteration:
+                return False, None, None
+            except BaseException as exc:  # handed to the caller after the batch before it
+                return False, None, exc
+            consumer = torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(stream):
+                stream.wait_stream(consumer)
+                return True, self._prepare(batch, non_blocking=True), None
+
+        ok, pending, error = preload()
+        while ok:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(stream)
+            batch = pending
+            record_stream(batch, consumer)
+            ok, pending, error = preload()  # the next copy overlaps the caller's work on this one
+            yield batch
+        if error is not None:
+            raise error
+
+    def __repr__(self) -> str:
+        return f"PrefetchLoader({self.loader!r}, device={str(self.device)!r})"

@@ -1,0 +1,142 @@
+from collections import OrderedDict, namedtuple
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastdata.loaders import IMAGENET_MEAN, IMAGENET_STD, PrefetchLoader
+
+Pair = namedtuple("Pair", "images targets")
+
+
+def image_batches(
+    n: int = 5, batch: int = 4, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randint(0, 256, (batch, 3, 8, 6), dtype=torch.uint8, generator=g),
+            torch.arange(i * batch, (i + 1) * batch),
+        )
+        for i in range(n)
+    ]
+
+
+def reference(x: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    m = torch.tensor(mean).view(1, -1, 1, 1)
+    s = torch.tensor(std).view(1, -1, 1, 1)
+    return (x.double() / 255 - m.double()) / s.double()
+
+
+def test_every_batch_once_in_order_last_included() -> None:
+    batches = image_batches(n=7)
+    out = list(PrefetchLoader(batches, device="cpu"))
+    assert len(out) == 7
+    for (x, y), (ox, oy) in zip(batches, out):
+        assert torch.equal(x, ox) and torch.equal(y, oy)  # no dtype asked: moved only
+
+
+def test_normalization_matches_reference_for_each_dtype() -> None:
+    batches = image_batches()
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        loader = PrefetchLoader(batches, device="cpu", dtype=dtype, normalize=True)
+        for (x, y), (ox, oy) in zip(batches, loader):
+            assert ox.dtype == dtype and oy.dtype == torch.int64
+            err = (ox.double() - reference(x)).abs() / reference(x).abs().clamp(min=1)
+            assert err.max().item() < tol, dtype
+            assert torch.equal(oy, y)  # targets only moved
+
+
+def test_custom_mean_std_and_plain_scaling() -> None:
+    ((x, _),) = image_batches(n=1)
+    ((ox, _),) = PrefetchLoader([(x, 0)], device="cpu", mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1.0))
+    torch.testing.assert_close(ox.double(), reference(x, (0.5,) * 3, (0.25, 0.5, 1.0)))
+    ((oz, _),) = PrefetchLoader([(x, 0)], device="cpu", dtype=torch.float32)
+    torch.testing.assert_close(oz, x.float() / 255)
+
+
+def test_channels_last_on_device() -> None:
+    ((x, _),) = image_batches(n=1)
+    ((ox, _),) = PrefetchLoader([(x, 0)], device="cpu", normalize=True, channels_last=True)
+    assert ox.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_nested_structures_and_non_tensor_leaves() -> None:
+    ((x, y),) = image_batches(n=1)
+    batch = {
+        "pair": Pair(x, y),
+        "meta": OrderedDict(names=["a", "b"], count=2, missing=None),
+        "list": [x[:1], "text", (y, 3.5)],
+        "mask": torch.ones(4, 8, 6, dtype=torch.uint8),  # uint8 but 3-D: not an image batch
+    }
+    (out,) = PrefetchLoader([batch], device="cpu", normalize=True)
+    assert isinstance(out["pair"], Pair) and out["pair"].images.dtype == torch.float32
+    assert torch.equal(out["pair"].targets, y)
+    assert isinstance(out["meta"], OrderedDict) and out["meta"]["names"] == ["a", "b"]
+    assert out["meta"]["count"] == 2 and out["meta"]["missing"] is None
+    assert out["list"][1] == "text" and out["list"][2][1] == 3.5
+    assert out["list"][0].dtype == torch.float32
+    assert out["mask"].dtype == torch.uint8
+
+
+def test_empty_loader_yields_nothing() -> None:
+    assert list(PrefetchLoader([], device="cpu", normalize=True)) == []
+
+
+def test_passes_through_loader_attributes_and_epochs() -> None:
+    ds = TensorDataset(torch.zeros(10, 3, 2, 2, dtype=torch.uint8), torch.arange(10))
+    sampler = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=2, rank=0)
+    dl = DataLoader(ds, batch_size=3, sampler=sampler)
+    pl = PrefetchLoader(dl, device="cpu", normalize=True)
+    assert len(pl) == len(dl) == 2
+    assert pl.dataset is ds and pl.sampler is sampler and pl.batch_size == 3
+    pl.set_epoch(1)
+    assert sampler.epoch == 1
+    first = [y.tolist() for _, y in pl]
+    second = [y.tolist() for _, y in pl]  # iterating again starts a new epoch
+    assert first == second and sum(len(b) for b in first) == 5
+    with pytest.raises(AttributeError):
+        PrefetchLoader([], device="cpu").set_epoch(0)
+
+
+def test_loader_exception_reaches_caller_unchanged_after_earlier_batches() -> None:
+    class Boom(RuntimeError):
+        pass
+
+    def gen():  # type: ignore[no-untyped-def]
+        yield image_batches(n=1)[0]
+        raise Boom("disk on fire")
+
+    seen = []
+    with pytest.raises(Boom, match="disk on fire"):
+        for batch in PrefetchLoader(gen(), device="cpu", normalize=True):
+            seen.append(batch)
+    assert len(seen) == 1
+
+
+def test_default_device_on_cpu_machine_makes_no_cuda_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+
+    def forbidden(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("CUDA call on a CPU-only machine")
+
+    monkeypatch.setattr(torch.cuda, "Stream", forbidden)
+    monkeypatch.setattr(torch.cuda, "current_stream", forbidden)
+    pl = PrefetchLoader(image_batches(), normalize=True)
+    assert pl.device.type == "cpu"
+    assert len(list(pl)) == 5
+    assert not torch.cuda.is_initialized()
+
+
+def test_mismatched_channels_is_a_clear_error() -> None:
+    gray = torch.zeros(2, 1, 4, 4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="3 channels but the image batch has 1"):
+        list(PrefetchLoader([gray], device="cpu", normalize=True))
+
+
+def test_with_dataloader_workers() -> None:
+    ds = TensorDataset(torch.randint(0, 255, (20, 3, 4, 4), dtype=torch.uint8), torch.arange(20))
+    dl = DataLoader(ds, batch_size=6, num_workers=2)
+    got = torch.cat([y for _, y in PrefetchLoader(dl, device="cpu", normalize=True)])
+    assert got.tolist() == list(range(20))
