@@ -19,6 +19,7 @@ __all__ = [
     "IncompleteStoreError",
     "LMDBImageDataset",
     "MissingDependencyError",
+    "MongoImageDataset",
     "PickleNotAllowedError",
     "RecordError",
     "SourceError",
@@ -40,6 +41,7 @@ _LOCATIONS = {
     "convert": "convert",
     "ImageStoreDataset": "datasets",
     "LMDBImageDataset": "datasets",
+    "MongoImageDataset": "datasets",
     "export_store": "export",
     "open_store": "stores",
     "scan_folder": "folder",
@@ -65,7 +67,7 @@ _LOCATIONS = {
 
 if TYPE_CHECKING:
     from .convert import ConvertReport, convert
-    from .datasets import ImageStoreDataset, LMDBImageDataset
+    from .datasets import ImageStoreDataset, LMDBImageDataset, MongoImageDataset
     from .errors import (
         CorruptImageError,
         FastdataError,

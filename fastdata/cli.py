@@ -65,17 +65,34 @@ def _human(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def _open(store: str, allow_pickle: bool) -> Any:
+def _open(store: str, options: dict[str, Any]) -> Any:
     from .stores import open_store
 
-    return open_store(store, allow_pickle=allow_pickle)
+    return open_store(
+        store,
+        allow_pickle=options["allow_pickle"],
+        collection=options["collection"],
+        index_file=options["index_file"],
+    )
 
 
-_allow_pickle = click.option(
-    "--allow-pickle",
-    is_flag=True,
-    help="Read a store written by the pickle-based LMDB recipes (only stores you trust).",
-)
+def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every command that reads a store takes."""
+    fn = click.option(
+        "--allow-pickle",
+        is_flag=True,
+        help="Read an LMDB store written by the pickle-based recipes (only stores you trust).",
+    )(fn)
+    fn = click.option(
+        "--index-file",
+        type=click.Path(dir_okay=False, exists=True),
+        help="JSON index of a Mongo collection in the img_name/bson_img layout.",
+    )(fn)
+    return click.option(
+        "--collection", "-c", help="The collection, when STORE is a mongodb:// URI."
+    )(fn)
+
+
 _quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 
 
@@ -104,10 +121,14 @@ def cli(verbose: bool) -> None:
 @click.option("--verify-decode", is_flag=True, help="Also decode every image; skip undecodable.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted conversion into DST.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
+@click.option(
+    "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
+)
 @_quiet
 def convert(
     src: str,
     dst: str,
+    collection: str | None,
     workers: int | None,
     strict: bool,
     verify_decode: bool,
@@ -115,14 +136,17 @@ def convert(
     overwrite: bool,
     quiet: bool,
 ) -> None:
-    """Convert the image folder SRC (SRC/<class>/<image>) into the LMDB store DST.
+    """Convert the image folder SRC (SRC/<class>/<image>) into the store DST.
 
-    Every image is validated; JPEGs missing their end-of-image marker are repaired; unusable
-    files are skipped and listed (or, with --strict, stop the run). SRC is only read.
+    DST is an LMDB folder, or a MongoDB URI (mongodb://host:port/DB, credentials in the URI or
+    in FASTDATA_MONGO_USER / FASTDATA_MONGO_PASSWORD). Every image is validated; JPEGs missing
+    their end-of-image marker are repaired; unusable files are skipped and listed (or, with
+    --strict, stop the run). SRC is only read.
 
     \b
     Example:
       fastdata convert ~/data/imagenet/train train.lmdb --workers 8
+      fastdata convert ~/data/imagenet/train mongodb://db1:27017/images -c train
     """
     from .convert import convert as run_convert
 
@@ -139,6 +163,7 @@ def convert(
                 resume=resume,
                 overwrite=overwrite,
                 progress=progress,
+                collection=collection,
             )
     except KeyboardInterrupt:
         click.echo(
@@ -169,17 +194,20 @@ def convert(
 @cli.command()
 @click.argument("store")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@_allow_pickle
-def info(store: str, as_json: bool, allow_pickle: bool) -> None:
+@_store_options
+def info(store: str, as_json: bool, **options: Any) -> None:
     """Show a store's count, classes, sizes, repairs and format version.
+
+    STORE is an LMDB path or a mongodb:// URI with --collection.
 
     \b
     Example:
       fastdata info train.lmdb
+      fastdata info mongodb://db1:27017/images --collection train
     """
     from .info import store_info
 
-    facts = store_info(_open(store, allow_pickle))
+    facts = store_info(_open(store, options))
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -205,12 +233,13 @@ def info(store: str, as_json: bool, allow_pickle: bool) -> None:
 @cli.command()
 @click.argument("store")
 @click.option("--decode", is_flag=True, help="Also decode every image.")
-@_allow_pickle
+@_store_options
 @_quiet
-def verify(store: str, decode: bool, allow_pickle: bool, quiet: bool) -> None:
+def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
     """Check every record's checksum (and with --decode, that it decodes).
 
-    Exits with code 1 and lists the failures when any record fails.
+    Exits with code 1 and lists the failures when any record fails. STORE is an LMDB path or a
+    mongodb:// URI with --collection.
 
     \b
     Example:
@@ -218,14 +247,14 @@ def verify(store: str, decode: bool, allow_pickle: bool, quiet: bool) -> None:
     """
     from .verify import verify_store
 
-    reader = _open(store, allow_pickle)
+    reader = _open(store, options)
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress)
     if report.ok:
         what = "checksums and decoding" if decode else "checksums"
-        click.echo(f"{store}: {report.checked} records OK ({what})")
+        click.echo(f"{report.location}: {report.checked} records OK ({what})")
         return
-    click.echo(f"{store}: {len(report.failures)} of {report.checked} records failed:")
+    click.echo(f"{report.location}: {len(report.failures)} of {report.checked} records failed:")
     for f in report.failures:
         click.echo(f"  {f.index} {f.name}: {f.reason}")
     sys.exit(1)
@@ -236,14 +265,15 @@ def verify(store: str, decode: bool, allow_pickle: bool, quiet: bool) -> None:
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=str))
 @click.option("--repaired", is_flag=True, help="Write the repaired bytes, not the original ones.")
 @click.option("--overwrite", is_flag=True, help="Replace files that exist in OUTDIR.")
-@_allow_pickle
+@_store_options
 @_quiet
 def export(
-    store: str, outdir: str, repaired: bool, overwrite: bool, allow_pickle: bool, quiet: bool
+    store: str, outdir: str, repaired: bool, overwrite: bool, quiet: bool, **options: Any
 ) -> None:
     """Write the store back out as the folder tree it came from, byte for byte.
 
-    Nothing is written outside OUTDIR, whatever names the store holds.
+    Nothing is written outside OUTDIR, whatever names the store holds. STORE is an LMDB path or
+    a mongodb:// URI with --collection.
 
     \b
     Example:
@@ -251,7 +281,7 @@ def export(
     """
     from .export import export_store
 
-    reader = _open(store, allow_pickle)
+    reader = _open(store, options)
     with _progress("exporting", quiet) as progress:
         report = export_store(
             reader, outdir, repaired=repaired, overwrite=overwrite, progress=progress

@@ -27,6 +27,7 @@ from .jpeg import checksum, validate_image
 from .memory import tune_malloc
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
 from .stores import StoreWriter, open_writer
+from .stores.mongo_store import is_mongo_uri
 
 __all__ = ["ConvertReport", "ProgressCallback", "convert", "default_workers"]
 
@@ -152,7 +153,7 @@ def _loader(
 
 
 def _check_destination(scan: FolderScan, destination: object) -> None:
-    if not isinstance(destination, (str, os.PathLike)):
+    if not isinstance(destination, (str, os.PathLike)) or is_mongo_uri(destination):
         return
     dest = Path(os.path.abspath(destination))
     root = Path(os.path.abspath(scan.root))
@@ -174,6 +175,7 @@ def convert(
     overwrite: bool = False,
     progress: ProgressCallback | None = None,
     commit_records: int = COMMIT_RECORDS,
+    collection: str | None = None,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``) into a store.
 
@@ -183,7 +185,8 @@ def convert(
 
     Args:
         source: the image folder.
-        destination: an LMDB folder path, or a :class:`~fastdata.stores.StoreWriter`.
+        destination: an LMDB folder path, a ``mongodb://host:port/DB`` URI, or a
+            :class:`~fastdata.stores.StoreWriter`.
         workers: reader threads (default :func:`default_workers`).
         strict: raise on the first unusable file instead of skipping it.
         verify_decode: also decode every image fully with Pillow and skip those that fail.
@@ -191,6 +194,7 @@ def convert(
         overwrite: replace an existing store at ``destination``.
         progress: called as ``progress(done, total)`` as samples are handled.
         commit_records: records per committed batch.
+        collection: the Mongo collection (default: the source folder's name).
 
     Returns:
         A :class:`ConvertReport`.
@@ -209,7 +213,7 @@ def convert(
     total = len(scan.samples)
     fresh = Progress(source=os.path.abspath(scan.root), fingerprint=scan.fingerprint(), total=total)
     n_workers = workers if workers is not None else default_workers()
-    with open_writer(destination) as writer:
+    with open_writer(destination, collection=collection or scan.root.resolve().name) as writer:
         state = writer.start(fresh, overwrite=overwrite, resume=resume)
         resumed_from = state.next_sample
         batch: list[Record] = []

@@ -18,7 +18,7 @@ from .decode import decode_numpy, decode_pil
 from .errors import CorruptImageError
 from .stores.base import StoreReader
 
-__all__ = ["OUTPUTS", "ImageStoreDataset", "LMDBImageDataset", "Output"]
+__all__ = ["OUTPUTS", "ImageStoreDataset", "LMDBImageDataset", "MongoImageDataset", "Output"]
 
 Output = Literal["pil", "numpy", "bytes"]
 OUTPUTS: tuple[str, ...] = ("pil", "numpy", "bytes")
@@ -151,6 +151,61 @@ class LMDBImageDataset(ImageStoreDataset):
 
         super().__init__(
             open_lmdb(path, allow_pickle=allow_pickle),
+            transform,
+            target_transform,
+            output=output,
+        )
+
+
+class MongoImageDataset(ImageStoreDataset):
+    """An image dataset read from a MongoDB collection written by ``fastdata convert``, or from
+    a collection in the common ``img_name``/``bson_img`` layout (give its ``index_file``).
+
+    Example::
+
+        ds = MongoImageDataset("mongodb://db1:27017/images", "train",
+                               read_preference="secondaryPreferred", transform=my_transform)
+
+    Args:
+        uri: ``mongodb://[user:password@]host:port/DB``; credentials may also come from the
+            ``FASTDATA_MONGO_USER`` and ``FASTDATA_MONGO_PASSWORD`` environment variables.
+        collection: the collection.
+        transform: applied to each image.
+        target_transform: applied to each label.
+        output: ``"pil"`` (default), ``"numpy"`` or ``"bytes"``.
+        database: the database, when the URI names none.
+        index_file: the JSON index of a collection in the common layout.
+        read_preference: e.g. ``"secondaryPreferred"``.
+        timeout_s: server selection and connection timeout of one attempt.
+        retry_budget_s: how long transient network errors are retried before an error.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        output: Output = "pil",
+        database: str | None = None,
+        index_file: str | os.PathLike[str] | None = None,
+        read_preference: str | None = None,
+        timeout_s: float = 10.0,
+        retry_budget_s: float = 60.0,
+    ) -> None:
+        from .stores import open_store
+
+        super().__init__(
+            open_store(
+                uri,
+                collection=collection,
+                database=database,
+                index_file=index_file,
+                read_preference=read_preference,
+                timeout_s=timeout_s,
+                retry_budget_s=retry_budget_s,
+            ),
             transform,
             target_transform,
             output=output,

@@ -92,3 +92,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mongo_base_uri():  # type: ignore[no-untyped-def]
+    """``mongodb://host:port`` of a server for the whole session (started here when needed)."""
+    import os
+
+    from .mongo_server import URI_ENV, SecantusServer
+
+    if os.environ.get(URI_ENV):
+        yield os.environ[URI_ENV].rstrip("/")
+        return
+    server = SecantusServer().start()
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def mongo_uri(mongo_base_uri: str):  # type: ignore[no-untyped-def]
+    """A URI naming a fresh database, dropped after the test."""
+    import uuid
+
+    import pymongo
+
+    name = f"fastdata_test_{uuid.uuid4().hex[:12]}"
+    yield f"{mongo_base_uri}/{name}"
+    client = pymongo.MongoClient(mongo_base_uri, serverSelectionTimeoutMS=5000)
+    try:
+        client.drop_database(name)
+    except pymongo.errors.PyMongoError:
+        pass
+    finally:
+        client.close()
