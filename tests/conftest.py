@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def mongo_base_uri():  # type: ignore[no-untyped-def]
+def mongo_base_uri(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """``mongodb://host:port`` of a server for the whole session (started here when needed)."""
     import os
 
@@ -104,7 +104,8 @@ def mongo_base_uri():  # type: ignore[no-untyped-def]
     if os.environ.get(URI_ENV):
         yield os.environ[URI_ENV].rstrip("/")
         return
-    server = SecantusServer().start()
+    # on disk: the in-memory mode's cache fills up with a few hundred MB of images
+    server = SecantusServer(tmp_path_factory.mktemp("secantus")).start()
     try:
         yield server.uri
     finally:

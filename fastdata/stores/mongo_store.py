@@ -272,7 +272,6 @@ class MongoWriter(StoreWriter):
                 f"{self.location}: the collection holds documents; pass --overwrite to replace "
                 "it (it is dropped) or choose another --collection"
             )
-        self._run("creating the index on name", lambda: db[self.collection].create_index("name"))
         if resume and saved is not None:
             saved.pop("_id", None)
             restored = Progress.from_json(json.dumps(saved), self.location)
@@ -304,13 +303,12 @@ class MongoWriter(StoreWriter):
         """The records' documents; images over GRIDFS_THRESHOLD are uploaded to GridFS here."""
         from bson import Binary
 
-        db = self._conn.db()
-        bucket = _gridfs(db, self.collection)
         docs = []
         for rec in records:
             doc: dict[str, Any] = {"_id": rec.index, **asdict(rec.header)}
             if len(rec.data) > GRIDFS_THRESHOLD:
                 file_id = _gridfs_id(self.collection, rec.index)
+                bucket = _gridfs(self._conn.db(), self.collection)
                 self._run(
                     f"uploading record {rec.index} to GridFS",
                     functools.partial(self._upload, bucket, file_id, rec.data),
@@ -361,6 +359,8 @@ class MongoWriter(StoreWriter):
             doc["labels_gridfs_id"] = file_id
         else:
             doc["labels"] = Binary(raw)
+        # One index build over the finished collection costs less than maintaining it per insert.
+        self._run("creating the index on name", lambda: db[self.collection].create_index("name"))
         self._run(
             "writing metadata",
             lambda: db[META_COLLECTION].replace_one({"_id": self.collection}, doc, upsert=True),

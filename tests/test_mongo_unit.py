@@ -1,0 +1,58 @@
+"""Fast unit tests of the Mongo backend's logic, on mongomock (no server)."""
+
+from pathlib import Path
+
+import mongomock
+import numpy as np
+import pytest
+
+from fastdata import convert, open_store
+from fastdata.errors import StoreError
+from fastdata.stores import mongo_store
+from fastdata.stores.mongo_store import _legacy_classes, is_mongo_uri, mask_uri
+
+
+@pytest.mark.parametrize(
+    "uri, masked",
+    [
+        ("mongodb://u:p@h:1/db", "mongodb://u:***@h:1/db"),
+        (
+            "mongodb+srv://user:p%40ss@cluster.x.net/db?tls=true",
+            "mongodb+srv://user:***@cluster.x.net/db?tls=true",
+        ),
+        ("mongodb://h:1/db", "mongodb://h:1/db"),
+        ("mongodb://onlyuser@h/db", "mongodb://onlyuser@h/db"),
+    ],
+)
+def test_mask_uri(uri: str, masked: str) -> None:
+    assert mask_uri(uri) == masked
+
+
+def test_is_mongo_uri() -> None:
+    assert is_mongo_uri("mongodb://h/db") and is_mongo_uri("mongodb+srv://h/db")
+    assert not is_mongo_uri("train.lmdb") and not is_mongo_uri(Path("mongodb:"))
+
+
+def test_legacy_classes_from_paths_or_numbers() -> None:
+    labels = np.array([0, 0, 1])
+    assert _legacy_classes(["cat/a.jpg", "cat/b.jpg", "dog/c.jpg"], labels) == ["cat", "dog"]
+    assert _legacy_classes(["a.jpg", "b.jpg", "c.jpg"], labels) == ["0", "1"]
+    assert _legacy_classes(["cat/a", "dog/b", "dog/c"], labels) == ["0", "1"]  # inconsistent
+
+
+def test_collection_and_database_are_required() -> None:
+    with pytest.raises(StoreError, match="name the collection"):
+        open_store("mongodb://h:1/db")
+    with pytest.raises(StoreError, match="no database named"):
+        open_store("mongodb://h:1", collection="c")
+
+
+def test_convert_and_read_on_mongomock(good_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = mongomock.MongoClient()
+    monkeypatch.setattr(mongo_store, "_make_client", lambda uri, options: client)
+    monkeypatch.setattr(mongo_store._Connection, "close", lambda self: None)
+    report = convert(good_folder, "mongodb://mock/db", collection="g", workers=1)
+    assert report.count == 12
+    store = open_store("mongodb://mock/db", collection="g")
+    assert store.read_samples([3])[0] == ((good_folder / "cat" / "003.jpg").read_bytes(), 0)
+    assert [r.header.name for r in store.read_records([11, 0])] == ["eel/002.jpg", "cat/000.jpg"]
