@@ -12,24 +12,32 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackgroundGenerator",
     "ConvertReport",
     "CorruptImageError",
+    "EvalPipeline",
     "FastdataError",
     "ImageStoreDataset",
     "IncompleteStoreError",
     "LMDBImageDataset",
+    "Loader",
     "MissingDependencyError",
     "MongoImageDataset",
     "PickleNotAllowedError",
+    "PrefetchLoader",
     "RecordError",
     "SourceError",
     "StoreError",
     "StoreExistsError",
     "StoreNotFoundError",
+    "TrainPipeline",
     "UnsafePathError",
     "__version__",
+    "background",
     "convert",
+    "create_loader",
     "export_store",
+    "fast_collate",
     "open_store",
     "scan_folder",
     "store_info",
@@ -37,6 +45,14 @@ __all__ = [
 ]
 
 _LOCATIONS = {
+    "BackgroundGenerator": "loaders",
+    "EvalPipeline": "pipelines",
+    "Loader": "loaders",
+    "PrefetchLoader": "loaders",
+    "TrainPipeline": "pipelines",
+    "background": "loaders",
+    "create_loader": "loaders",
+    "fast_collate": "loaders",
     "ConvertReport": "convert",
     "convert": "convert",
     "ImageStoreDataset": "datasets",
@@ -84,6 +100,15 @@ if TYPE_CHECKING:
     from .export import export_store
     from .folder import scan_folder
     from .info import store_info
+    from .loaders import (
+        BackgroundGenerator,
+        Loader,
+        PrefetchLoader,
+        background,
+        create_loader,
+        fast_collate,
+    )
+    from .pipelines import EvalPipeline, TrainPipeline
     from .stores import open_store
     from .verify import verify_store
 

@@ -7,6 +7,7 @@ a dataset can be handed to ``DataLoader`` workers under fork or spawn.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from typing import Any, Callable, Literal
@@ -16,6 +17,7 @@ from torch.utils.data import Dataset
 
 from .decode import decode_numpy, decode_pil
 from .errors import CorruptImageError
+from .pipelines import Pipeline
 from .stores.base import StoreReader
 
 __all__ = ["OUTPUTS", "ImageStoreDataset", "LMDBImageDataset", "MongoImageDataset", "Output"]
@@ -37,6 +39,8 @@ class ImageStoreDataset(Dataset):
         target_transform: applied to each label.
         output: what an image is before ``transform``: ``"pil"`` (RGB ``PIL.Image``),
             ``"numpy"`` (``HxWx3`` uint8 RGB array) or ``"bytes"`` (the stored encoded bytes).
+        pipeline: a :class:`~fastdata.pipelines.Pipeline` that turns the stored bytes straight
+            into a uint8 array (decode, crop, resize, flip); used when ``transform`` is None.
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class ImageStoreDataset(Dataset):
         target_transform: Callable[[int], Any] | None = None,
         *,
         output: Output = "pil",
+        pipeline: Pipeline | None = None,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}")
@@ -53,6 +58,7 @@ class ImageStoreDataset(Dataset):
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
+        self.pipeline = pipeline
 
     # -- ImageFolder-compatible attributes
 
@@ -76,10 +82,12 @@ class ImageStoreDataset(Dataset):
 
     # -- reading
 
-    def _decode(self, data: bytes, index: int) -> Any:
-        if self.output == "bytes":
-            return data
+    def _decode(self, data: bytes, index: int, seed: int | None) -> Any:
         try:
+            if self.pipeline is not None and self.transform is None:
+                return self.pipeline(data, seed)
+            if self.output == "bytes":
+                return data
             if self.output == "numpy":
                 return decode_numpy(data)
             return decode_pil(data)
@@ -89,12 +97,19 @@ class ImageStoreDataset(Dataset):
                 f"{self.reader.location}: record {index} ({name})", exc.reason
             ) from exc
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        """Read and decode a batch of samples with one store round trip."""
-        samples = self.reader.read_samples(indices)
+    def __getitems__(self, keys: Sequence[Any]) -> list[tuple[Any, Any]]:
+        """Read and decode a batch of samples with one store round trip.
+
+        Args:
+            keys: indices, or ``(index, seed)`` pairs giving each sample's augmentation seed
+                (what ``create_loader``'s sampler yields), so that a sample's crop and flip do
+                not depend on which worker decodes it.
+        """
+        pairs = [(int(k[0]), int(k[1])) if isinstance(k, tuple) else (int(k), None) for k in keys]
+        samples = self.reader.read_samples([i for i, _ in pairs])
         out = []
-        for i, (data, label) in zip(indices, samples):
-            image = self._decode(data, int(i))
+        for (i, seed), (data, label) in zip(pairs, samples):
+            image = self._decode(data, i, seed)
             if self.transform is not None:
                 image = self.transform(image)
             target: Any = label
@@ -103,8 +118,15 @@ class ImageStoreDataset(Dataset):
             out.append((image, target))
         return out
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
+    def __getitem__(self, index: Any) -> tuple[Any, Any]:
         return self.__getitems__([index])[0]
+
+    def with_pipeline(self, pipeline: Pipeline | None) -> ImageStoreDataset:
+        """A copy of this dataset that turns records into arrays with ``pipeline`` (when it has
+        no ``transform`` of its own); the copy shares the store's reader."""
+        clone = copy.copy(self)
+        clone.pipeline = pipeline
+        return clone
 
     def close(self) -> None:
         """Release this process's store handle (it reopens on the next read)."""
@@ -130,6 +152,7 @@ class LMDBImageDataset(ImageStoreDataset):
         transform: applied to each image.
         target_transform: applied to each label.
         output: ``"pil"`` (default), ``"numpy"`` or ``"bytes"``; see :class:`ImageStoreDataset`.
+        pipeline: decode-crop-resize straight to uint8 arrays; see :class:`ImageStoreDataset`.
         allow_pickle: read a store written by the pickle-based recipes (its values are unpickled,
             which can run arbitrary code: only for stores you trust).
 
@@ -145,6 +168,7 @@ class LMDBImageDataset(ImageStoreDataset):
         target_transform: Callable[[int], Any] | None = None,
         *,
         output: Output = "pil",
+        pipeline: Pipeline | None = None,
         allow_pickle: bool = False,
     ) -> None:
         from .stores.lmdb_store import open_lmdb
@@ -154,6 +178,7 @@ class LMDBImageDataset(ImageStoreDataset):
             transform,
             target_transform,
             output=output,
+            pipeline=pipeline,
         )
 
 
@@ -173,6 +198,7 @@ class MongoImageDataset(ImageStoreDataset):
         transform: applied to each image.
         target_transform: applied to each label.
         output: ``"pil"`` (default), ``"numpy"`` or ``"bytes"``.
+        pipeline: decode-crop-resize straight to uint8 arrays; see :class:`ImageStoreDataset`.
         database: the database, when the URI names none.
         index_file: the JSON index of a collection in the common layout.
         read_preference: e.g. ``"secondaryPreferred"``.
@@ -188,6 +214,7 @@ class MongoImageDataset(ImageStoreDataset):
         target_transform: Callable[[int], Any] | None = None,
         *,
         output: Output = "pil",
+        pipeline: Pipeline | None = None,
         database: str | None = None,
         index_file: str | os.PathLike[str] | None = None,
         read_preference: str | None = None,
@@ -209,4 +236,5 @@ class MongoImageDataset(ImageStoreDataset):
             transform,
             target_transform,
             output=output,
+            pipeline=pipeline,
         )

@@ -1,0 +1,47 @@
+"""Batch collation that keeps images as uint8: normalisation happens later, on the device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["fast_collate"]
+
+
+def _chw(image: Any) -> torch.Tensor:
+    if isinstance(image, torch.Tensor):
+        if image.dim() != 3:
+            raise ValueError(f"expected a 3-D image tensor (C x H x W), got shape {image.shape}")
+        return image
+    arr = np.asarray(image)  # numpy HWC, or a PIL image
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.ndim != 3:
+        raise ValueError(f"expected an H x W x C image, got shape {arr.shape}")
+    return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[(image, label), ...]`` -> ``(uint8 N x C x H x W tensor, int64 labels)``.
+
+    Images may be ``H x W x C`` uint8 arrays (what the pipelines produce), PIL images or
+    ``C x H x W`` uint8 tensors, all of one size. They are copied once, straight into the batch
+    tensor; nothing is converted to float on the CPU.
+    """
+    if not batch:
+        raise ValueError("cannot collate an empty batch")
+    images = [_chw(image) for image, _ in batch]
+    first = images[0]
+    out = torch.empty((len(images), *first.shape), dtype=torch.uint8)
+    for i, image in enumerate(images):
+        if image.shape != first.shape:
+            raise ValueError(
+                f"images of one batch must have one size: {tuple(first.shape)} and "
+                f"{tuple(image.shape)} (C x H x W); resize or crop them first"
+            )
+        out[i].copy_(image)
+    labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
+    return out, labels

@@ -1,0 +1,318 @@
+"""create_loader: the training loader in one call, tuned, deterministic, resumable."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Union
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from .batches import default_device
+from .collate import fast_collate
+from .normalize import IMAGENET_MEAN, IMAGENET_STD
+from .prefetch import PrefetchLoader
+from .sampler import EpochSampler
+
+__all__ = ["Loader", "create_loader", "pick_workers"]
+
+log = logging.getLogger(__name__)
+
+Workers = Union[int, str]
+
+
+def _worker_init(worker_id: int) -> None:
+    from ..memory import tune_malloc
+
+    # torch seeds each worker from the loader's generator; the other generators follow it, so a
+    # user transform that draws from random or numpy is reproducible for a given worker count.
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+    tune_malloc()
+
+
+def _distributed(distributed: bool | None) -> tuple[int, int]:
+    available = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed is None:
+        distributed = available
+    if not distributed:
+        return 0, 1
+    if not available:
+        raise RuntimeError(
+            "distributed=True but no torch.distributed process group is initialised; call "
+            "torch.distributed.init_process_group first"
+        )
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def pick_workers(
+    make_loader: Callable[[int], Any],
+    *,
+    batch_size: int,
+    seconds: float = 1.0,
+    candidates: Sequence[int] | None = None,
+) -> tuple[int, dict[int, float]]:
+    """Measure a few worker counts on the real data and return the fewest within 5% of the best.
+
+    Each candidate runs for about ``seconds`` after its first batch. Returns the choice and the
+    measured images/s per count.
+    """
+    from ..bench import choose_workers, measure_workers, worker_candidates
+
+    started = time.perf_counter()
+    rates = measure_workers(
+        make_loader,
+        list(candidates or worker_candidates()),
+        batch_size=batch_size,
+        seconds=seconds,
+    )
+    chosen = choose_workers(rates)
+    log.info(
+        "num_workers=auto: measured %s images/s in %.1f s; chose %d (the fewest within 5%% of "
+        "the best)",
+        ", ".join(f"{w}: {r:.0f}" for w, r in sorted(rates.items())),
+        time.perf_counter() - started,
+        chosen,
+    )
+    return chosen, rates
+
+
+class Loader:
+    """What :func:`create_loader` returns: iterate it for device batches, epoch after epoch.
+
+    Every ``for`` loop over it is one epoch; the epoch number advances by itself (reshuffling,
+    also across ranks) without a call to ``set_epoch``. ``state_dict()`` taken between batches and
+    given to ``load_state_dict()`` of a new loader (same dataset, batch size, seed and ranks)
+    makes its next epoch exactly the batches not yet seen.
+    """
+
+    def __init__(
+        self,
+        dataloader: DataLoader[Any],
+        sampler: EpochSampler,
+        device_loader: PrefetchLoader,
+        *,
+        seed: int,
+        worker_rates: dict[int, float] | None = None,
+    ) -> None:
+        self.dataloader = dataloader
+        self.sampler = sampler
+        self.device_loader = device_loader
+        self.seed = seed
+        self.worker_rates = worker_rates or {}
+        self.epoch = 0
+        self._skip = 0  # batches of self.epoch already consumed
+        self._consumed = 0
+
+    @property
+    def dataset(self) -> Any:
+        return self.dataloader.dataset
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.dataloader.batch_size or 1)
+
+    @property
+    def num_workers(self) -> int:
+        return self.dataloader.num_workers
+
+    @property
+    def device(self) -> torch.device:
+        return self.device_loader.device
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at ``epoch`` (from its beginning)."""
+        self.epoch, self._skip, self._consumed = epoch, 0, 0
+
+    def __len__(self) -> int:
+        """Batches in the next (or current) epoch for this rank."""
+        per_rank = self.sampler.per_rank() - self._skip * self.batch_size
+        if self.dataloader.drop_last:
+            return per_rank // self.batch_size
+        return -(-per_rank // self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.sampler.set_epoch(self.epoch)
+        self.sampler.start = self._skip * self.batch_size
+        self._consumed = self._skip
+        for batch in self.device_loader:
+            self._consumed += 1
+            yield batch
+        self.epoch += 1
+        self._skip = self._consumed = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: the epoch and the batches of it already handed out."""
+        return {
+            "epoch": self.epoch,
+            "batches": self._consumed,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": self.sampler.world_size,
+            "rank": self.sampler.rank,
+            "samples": self.sampler.n,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields the rest of its epoch.
+
+        Raises:
+            ValueError: the state comes from a loader with another seed, batch size, rank
+                layout or dataset length, whose remaining batches would not be the same.
+        """
+        mine = self.state_dict()
+        for key in ("seed", "batch_size", "world_size", "rank", "samples"):
+            if key in state and state[key] != mine[key]:
+                raise ValueError(
+                    f"cannot resume: the saved loader had {key}={state[key]}, this one has "
+                    f"{mine[key]}; create the loader with the same settings"
+                )
+        self.epoch = int(state["epoch"])
+        self._skip = self._consumed = int(state["batches"])
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({len(self.dataset)} samples, batch_size={self.batch_size}, "
+            f"num_workers={self.num_workers}, device={str(self.device)!r}, epoch={self.epoch})"
+        )
+
+
+def create_loader(
+    dataset: Dataset[Any],
+    batch_size: int,
+    *,
+    train: bool = True,
+    image_size: int = 224,
+    num_workers: Workers = "auto",
+    device: torch.device | str | None = None,
+    mean: Sequence[float] | None = IMAGENET_MEAN,
+    std: Sequence[float] | None = IMAGENET_STD,
+    dtype: torch.dtype | None = None,
+    channels_last: bool = False,
+    seed: int = 0,
+    drop_last: bool | None = None,
+    distributed: bool | None = None,
+    pipeline: Any = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool | None = None,
+    persistent_workers: bool = True,
+    prefetch_factor: int | None = None,
+    auto_seconds: float = 1.0,
+    multiprocessing_context: str | None = None,
+) -> Loader:
+    """A loader that yields ``(images, labels)`` batches on the device, normalised there.
+
+    For a fastdata dataset without a ``transform`` of its own, images go through the built-in
+    pipelines (``TrainPipeline`` when ``train``, else ``EvalPipeline``, at ``image_size``), with
+    each sample's augmentation drawn from ``(seed, epoch, index)``: the same ``seed`` gives the
+    same order and the same crops on every run, for any ``num_workers``. Any other dataset (or
+    one with a ``transform``) is used as it is and collated with ``fast_collate``.
+
+    Args:
+        dataset: an ``LMDBImageDataset``/``MongoImageDataset``, or any map-style dataset of
+            ``(image, label)`` with same-size uint8 images.
+        batch_size: samples per batch (per rank).
+        train: shuffle, augment and drop the last partial batch (unless ``drop_last`` says).
+        image_size: output side of the built-in pipelines.
+        num_workers: worker processes, or ``"auto"`` to measure a few counts briefly on this
+            dataset and take the fewest within 5% of the best (logged).
+        device: where batches go; None picks the current accelerator, else the CPU.
+        mean, std: normalisation in 0-1 units (None for both: no normalisation, images become
+            ``dtype`` scaled to 0-1 if a ``dtype`` is given, else stay uint8).
+        dtype: image dtype on the device (float32 by default when normalising).
+        channels_last: ``channels_last`` memory format on the device.
+        seed: the seed of the order and the augmentation.
+        drop_last: drop each rank's last partial batch (default: ``train``).
+        distributed: shard across ``torch.distributed`` ranks; None detects an initialised
+            process group.
+        pipeline: a pipeline to use instead of the built-in ones.
+        collate_fn: instead of ``fast_collate``.
+        pin_memory: default: when batches go to an accelerator.
+        persistent_workers: keep the workers between epochs.
+        prefetch_factor: batches each worker prepares ahead (default: 4 for up to 2 workers,
+            else 2).
+        auto_seconds: how long ``"auto"`` measures each candidate count.
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ... for the workers.
+
+    Returns:
+        A :class:`Loader`.
+    """
+    from ..datasets import ImageStoreDataset
+    from ..pipelines import EvalPipeline, TrainPipeline
+
+    with_seeds = False
+    if isinstance(dataset, ImageStoreDataset) and dataset.transform is None:
+        chosen = pipeline or (TrainPipeline(image_size) if train else EvalPipeline(image_size))
+        dataset = dataset.with_pipeline(chosen)
+        with_seeds = True
+    rank, world = _distributed(distributed)
+    drop = train if drop_last is None else drop_last
+    sampler = EpochSampler(
+        len(dataset),  # type: ignore[arg-type]
+        shuffle=train,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+        with_seeds=with_seeds,
+    )
+    target = torch.device(device) if device is not None else default_device()
+    pin = target.type == "cuda" if pin_memory is None else pin_memory
+    collate = collate_fn or fast_collate
+
+    def build(workers: int, batch_sampler_source: Any, persistent: bool) -> DataLoader[Any]:
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra["prefetch_factor"] = prefetch_factor or (4 if workers <= 2 else 2)
+            extra["persistent_workers"] = persistent
+            extra["worker_init_fn"] = _worker_init
+            if multiprocessing_context:
+                extra["multiprocessing_context"] = multiprocessing_context
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=batch_sampler_source,
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=pin,
+            drop_last=drop,
+            generator=torch.Generator().manual_seed(seed),
+            **extra,
+        )
+
+    rates: dict[int, float] = {}
+    if num_workers == "auto":
+        probe = RandomSampler(dataset, replacement=True, num_samples=1 << 30)  # type: ignore[arg-type]
+        workers, rates = pick_workers(
+            lambda w: build(w, probe, persistent=False),
+            batch_size=batch_size,
+            seconds=auto_seconds,
+        )
+    elif isinstance(num_workers, int) and num_workers >= 0:
+        workers = num_workers
+    else:
+        raise ValueError(f"num_workers must be 'auto' or an integer >= 0, got {num_workers!r}")
+    dataloader = build(workers, sampler, persistent=persistent_workers)
+    normalizing = mean is not None or std is not None
+    device_loader = PrefetchLoader(
+        dataloader,
+        target,
+        mean=mean if normalizing else None,
+        std=std if normalizing else None,
+        dtype=dtype,
+        channels_last=channels_last,
+    )
+    log.info(
+        "loader: %d samples, batch %d, %d workers, rank %d of %d, device %s",
+        len(dataset),  # type: ignore[arg-type]
+        batch_size,
+        workers,
+        rank,
+        world,
+        target,
+    )
+    return Loader(dataloader, sampler, device_loader, seed=seed, worker_rates=rates)

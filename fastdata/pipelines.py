@@ -1,0 +1,213 @@
+"""Image pipelines without torchvision: encoded bytes to ``H x W x 3`` uint8 arrays.
+
+``TrainPipeline`` is random-resized-crop (the usual scale and aspect-ratio ranges) plus horizontal
+flip; ``EvalPipeline`` resizes the short side and takes the center crop. Both decode JPEGs with
+libjpeg-turbo (``simplejpeg``) when it is installed, and at a reduced size when the region they
+keep is at least twice the output (the decoder scales by 1/2, 1/4 or 1/8 in the DCT domain, which
+is cheaper than decoding everything; other factors cost more than they save). Resizing uses
+torch's antialiased uint8 kernel.
+
+Randomness comes from a per-sample seed, so a sample gets the same crop and flip whichever worker
+process decodes it: ``create_loader`` derives the seed from its own seed, the epoch and the index.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .decode import has_turbo
+from .errors import CorruptImageError
+
+__all__ = ["EvalPipeline", "Pipeline", "TrainPipeline", "sample_crop"]
+
+try:
+    import simplejpeg as _simplejpeg
+except ImportError:  # pragma: no cover - depends on the environment
+    _simplejpeg = None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    if _simplejpeg is None or data[:2] != b"\xff\xd8":
+        return None
+    try:
+        h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+        return int(h), int(w)
+    except ValueError:
+        return None
+
+
+def _decode(data: bytes, shrink: int, fast: bool) -> np.ndarray:
+    """Decode at ``1/shrink`` of the full size (``shrink`` a power of two; JPEG only)."""
+    if _simplejpeg is not None and data[:2] == b"\xff\xd8":
+        try:
+            if shrink > 1:
+                h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+                return _simplejpeg.decode_jpeg(
+                    data,
+                    colorspace="RGB",
+                    fastdct=fast,
+                    fastupsample=fast,
+                    min_height=-(-h // shrink),
+                    min_width=-(-w // shrink),
+                )
+            return _simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast)
+        except (ValueError, RuntimeError):
+            pass  # CMYK and other JPEGs outside the fast path: Pillow below
+    from PIL import Image
+
+    try:
+        source = Image.open(io.BytesIO(data))
+        if shrink > 1 and source.format == "JPEG":
+            source.draft("RGB", (-(-source.width // shrink), -(-source.height // shrink)))
+        return np.asarray(source.convert("RGB"))
+    except Exception as exc:
+        raise CorruptImageError("<bytes>", f"cannot decode image: {exc}") from exc
+
+
+def _size(data: bytes) -> tuple[int, int]:
+    found = _jpeg_size(data)
+    if found is not None:
+        return found
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.height, img.width
+    except Exception as exc:
+        raise CorruptImageError("<bytes>", f"cannot read image size: {exc}") from exc
+
+
+def _shrink_for(kept_h: float, kept_w: float, out_h: int, out_w: int) -> int:
+    """The largest power-of-two reduction (at most 8) that keeps the region >= the output."""
+    shrink = 1
+    while shrink < 8 and kept_h / (shrink * 2) >= out_h and kept_w / (shrink * 2) >= out_w:
+        shrink *= 2
+    return shrink
+
+
+def _resize(region: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    # channels_last in, channels_last out: the kernel's fast path, and the result is already HWC
+    x = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
+    x = x.contiguous(memory_format=torch.channels_last)
+    if x.shape[2] != out_h or x.shape[3] != out_w:
+        x = F.interpolate(x, size=(out_h, out_w), mode="bilinear", antialias=True)
+    hwc = x[0].permute(1, 2, 0)
+    if flip:
+        hwc = hwc.flip(1)
+    return np.ascontiguousarray(hwc.numpy())
+
+
+def sample_crop(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+) -> tuple[int, int, int, int]:
+    """A random crop ``(top, left, h, w)`` covering a ``scale`` fraction of the area with an
+    aspect ratio in ``ratio`` (log-uniform), as RandomResizedCrop draws it; after ten misses, the
+    largest centered crop within ``ratio``."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        h, w = height, round(height * ratio[1])
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class Pipeline:
+    """Encoded image bytes -> ``size x size x 3`` uint8 RGB array (subclasses: ``__call__``)."""
+
+    size: int
+
+    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TrainPipeline(Pipeline):
+    """Random-resized-crop to ``size`` and a horizontal flip with probability ``hflip``.
+
+    Args:
+        size: output side.
+        scale: range of the crop's share of the image area.
+        ratio: range of the crop's aspect ratio.
+        hflip: probability of a horizontal flip.
+        fast_decode: libjpeg-turbo's fast integer IDCT and chroma upsampling (slightly less exact
+            pixels, invisible under augmentation).
+    """
+
+    size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    fast_decode: bool = True
+
+    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        height, width = _size(data)
+        top, left, h, w = sample_crop(rng, height, width, self.scale, self.ratio)
+        flip = bool(rng.random() < self.hflip)
+        shrink = _shrink_for(h, w, self.size, self.size)
+        img = _decode(data, shrink, self.fast_decode)
+        fy, fx = img.shape[0] / height, img.shape[1] / width
+        y0, x0 = int(top * fy), int(left * fx)
+        y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))
+        x1 = max(x0 + 1, min(img.shape[1], round((left + w) * fx)))
+        return _resize(img[y0:y1, x0:x1], self.size, self.size, flip)
+
+
+@dataclass(frozen=True)
+class EvalPipeline(Pipeline):
+    """Resize the short side to ``size / crop_pct``, then take the central ``size`` square.
+
+    Args:
+        size: output side.
+        crop_pct: the share of the resized short side kept (0.875: resize to 256, crop 224).
+        fast_decode: see :class:`TrainPipeline` (off by default for evaluation).
+    """
+
+    size: int = 224
+    crop_pct: float = 0.875
+    fast_decode: bool = False
+
+    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+        height, width = _size(data)
+        short = min(height, width)
+        resized = self.size / self.crop_pct
+        # the central square of the source that ends up in the output
+        side = short * self.size / resized
+        top, left = (height - side) / 2, (width - side) / 2
+        shrink = _shrink_for(side, side, self.size, self.size)
+        img = _decode(data, shrink, self.fast_decode)
+        fy, fx = img.shape[0] / height, img.shape[1] / width
+        y0, x0 = round(top * fy), round(left * fx)
+        y1 = max(y0 + 1, min(img.shape[0], round((top + side) * fy)))
+        x1 = max(x0 + 1, min(img.shape[1], round((left + side) * fx)))
+        return _resize(img[y0:y1, x0:x1], self.size, self.size, False)
+
+
+def describe() -> dict[str, Any]:
+    """Which decoder the pipelines use here."""
+    return {"jpeg_decoder": "libjpeg-turbo (simplejpeg)" if has_turbo() else "Pillow"}
