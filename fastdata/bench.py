@@ -13,11 +13,14 @@ from typing import Any
 
 __all__ = [
     "BenchReport",
+    "bench_store",
     "choose_workers",
     "input_bound",
     "measure_loader",
     "measure_pipeline",
     "measure_reads",
+    "measure_workers",
+    "plot_report",
     "worker_candidates",
 ]
 
@@ -156,3 +159,109 @@ def measure_workers(
         rates[w] = measure_loader(make_loader, w, seconds=seconds, batch_size=batch_size)
         log.debug("%d workers: %.0f images/s", w, rates[w])
     return rates
+
+
+def bench_store(
+    store: str,
+    *,
+    batch_size: int = 64,
+    workers: int | str = "auto",
+    step_ms: float | None = None,
+    seconds: float = 1.0,
+    image_size: int = 224,
+    **open_options: Any,
+) -> BenchReport:
+    """Measure a store on this machine: raw reads, decode+pipeline per process, and the loader
+    for several worker counts; with ``step_ms``, say whether training would wait for data.
+
+    Args:
+        store: an LMDB path or a Mongo URI (``collection=...`` among ``open_options``).
+        batch_size: loader batch size.
+        workers: ``"auto"`` to choose among the measured counts, or a count to mark as chosen
+            (it is measured too).
+        step_ms: the training step time, for the verdict.
+        seconds: measuring time of each figure.
+        image_size: output side of the train pipeline.
+    """
+    from .datasets import ImageStoreDataset
+    from .decode import has_turbo
+    from .loaders import create_loader
+    from .pipelines import TrainPipeline
+    from .stores import open_store
+
+    reader = open_store(store, **open_options)
+    dataset = ImageStoreDataset(reader, pipeline=TrainPipeline(image_size))
+    report = BenchReport(
+        store=reader.location,
+        records=len(reader),
+        batch_size=batch_size,
+        reads_per_s=measure_reads(reader, batch_size=batch_size, seconds=seconds),
+        pipeline_per_s=measure_pipeline(dataset, seconds=seconds),
+        step_ms=step_ms,
+        decoder="libjpeg-turbo (simplejpeg)" if has_turbo() else "Pillow",
+    )
+    candidates = worker_candidates()
+    if isinstance(workers, int):
+        candidates = sorted({*candidates, workers})
+
+    def make_loader(w: int) -> Iterable[Any]:
+        # uint8 batches on the CPU: the device copy and normalisation are the GPU's work
+        return create_loader(
+            dataset,
+            batch_size,
+            num_workers=w,
+            device="cpu",
+            mean=None,
+            std=None,
+            persistent_workers=False,
+            drop_last=False,
+        )
+
+    report.loader_per_s = measure_workers(
+        make_loader, candidates, batch_size=batch_size, seconds=seconds
+    )
+    report.chosen_workers = (
+        workers if isinstance(workers, int) else choose_workers(report.loader_per_s)
+    )
+    if step_ms is not None:
+        rate = report.loader_per_s[report.chosen_workers]
+        report.verdict = input_bound(rate, batch_size, step_ms)
+    reader.close()
+    return report
+
+
+def plot_report(report: BenchReport, path: str) -> None:
+    """Draw loader throughput against worker count into ``path`` (PNG, ...).
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "--plot needs matplotlib: pip install 'fastdata[plot]'"
+        ) from exc
+    workers = sorted(report.loader_per_s)
+    rates = [report.loader_per_s[w] for w in workers]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(workers, rates, marker="o", label="loader")
+    ax.axhline(report.pipeline_per_s, linestyle=":", color="gray", label="one process, decode")
+    chosen = report.chosen_workers
+    ax.plot([chosen], [report.loader_per_s[chosen]], "r*", markersize=14, label="chosen")
+    if report.step_ms:
+        needed = report.batch_size / report.step_ms * 1000
+        ax.axhline(needed, linestyle="--", color="green", label="needed by training")
+    ax.set_xlabel("worker processes")
+    ax.set_ylabel("images / s")
+    ax.set_title(report.store, fontsize=8)
+    ax.set_xticks(workers)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -289,6 +289,85 @@ def export(
     click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
 
 
+@cli.command()
+@click.argument("store")
+@click.option("--batch-size", "-b", type=click.IntRange(1), default=64, show_default=True)
+@click.option(
+    "--workers",
+    "-j",
+    default="auto",
+    show_default=True,
+    help="'auto' to choose among the measured counts, or a count to mark.",
+)
+@click.option("--step-ms", type=click.FloatRange(0, min_open=True), help="Training step time.")
+@click.option("--seconds", type=click.FloatRange(0.1), default=1.0, show_default=True)
+@click.option("--image-size", type=click.IntRange(8), default=224, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw images/s per worker count.")
+@_store_options
+def bench(
+    store: str,
+    batch_size: int,
+    workers: str,
+    step_ms: float | None,
+    seconds: float,
+    image_size: int,
+    as_json: bool,
+    plot: str | None,
+    **options: Any,
+) -> None:
+    """Measure whether training on STORE would wait for data on this machine.
+
+    Prints raw record reads/s, decode+pipeline images/s in one process, loader images/s for
+    several worker counts (the chosen one marked) and, given --step-ms, whether a training step
+    of that length would wait for data and for what share of its time.
+
+    \b
+    Example:
+      fastdata bench train.lmdb --batch-size 256 --step-ms 120
+    """
+    from .bench import bench_store, plot_report
+
+    if workers != "auto" and not workers.isdigit():
+        raise click.BadParameter("'auto' or a whole number", param_hint="--workers")
+    report = bench_store(
+        store,
+        batch_size=batch_size,
+        workers="auto" if workers == "auto" else int(workers),
+        step_ms=step_ms,
+        seconds=seconds,
+        image_size=image_size,
+        **{k: v for k, v in options.items() if v is not None and v is not False},
+    )
+    if plot:
+        plot_report(report, plot)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    click.echo(f"store:          {report.store} ({report.records} records)")
+    click.echo(f"raw reads:      {report.reads_per_s:10.0f} records/s")
+    click.echo(f"decode+crop:    {report.pipeline_per_s:10.0f} images/s in one process")
+    click.echo(f"                ({report.decoder}, {image_size} px train pipeline)")
+    click.echo(f"loader, batch {report.batch_size}:")
+    for w, rate in sorted(report.loader_per_s.items()):
+        mark = "  <- chosen" if w == report.chosen_workers else ""
+        click.echo(f"  {w:>3} workers {rate:10.0f} images/s{mark}")
+    if report.verdict is not None:
+        v = report.verdict
+        if v["wait_ms"] > 0:
+            click.echo(
+                f"input-bound: a batch takes {v['data_ms']:.1f} ms to load, the step "
+                f"{report.step_ms:g} ms; training would wait {v['wait_fraction']:.0%} of the time"
+            )
+        else:
+            click.echo(
+                f"keeps up: a batch takes {v['data_ms']:.1f} ms to load, the step "
+                f"{report.step_ms:g} ms; training would not wait for data"
+            )
+    if plot:
+        click.echo(f"plot: {plot}")
+
+
 def main() -> None:
     """Console-script entry point."""
     cli()

@@ -64,7 +64,7 @@ def _decode(data: bytes, shrink: int, fast: bool) -> np.ndarray:
         source = Image.open(io.BytesIO(data))
         if shrink > 1 and source.format == "JPEG":
             source.draft("RGB", (-(-source.width // shrink), -(-source.height // shrink)))
-        return np.asarray(source.convert("RGB"))
+        return np.array(source.convert("RGB"))  # a writable copy: torch takes it as it is
     except Exception as exc:
         raise CorruptImageError("<bytes>", f"cannot decode image: {exc}") from exc
 

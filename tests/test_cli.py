@@ -88,7 +88,7 @@ def test_export_refuses_names_outside_outdir(tmp_path: Path, good_folder: Path) 
     assert not list(tmp_path.parent.glob("escaped.jpg"))
 
 
-@pytest.mark.parametrize("command", ["convert", "info", "verify", "export"])
+@pytest.mark.parametrize("command", ["convert", "info", "verify", "export", "bench"])
 def test_every_command_has_help_with_example(command: str) -> None:
     code, stdout, _ = run(command, "--help")
     assert code == 0 and "Example:" in stdout and "fastdata " + command in stdout
@@ -108,3 +108,23 @@ def test_help_and_import_do_not_load_torch() -> None:
     )
     assert "convert" in out.stdout
     assert " torch" not in out.stderr.replace("torch.", "")
+
+
+def test_bench_reports_throughput_and_verdict(good_folder: Path, tmp_path: Path) -> None:
+    dst = str(tmp_path / "s.lmdb")
+    run("convert", str(good_folder), dst, "-q")
+    plot = tmp_path / "workers.png"
+    code, stdout, stderr = run(
+        "bench", dst, "-b", "4", "--seconds", "0.2", "--step-ms", "0.01", "--plot", str(plot)
+    )
+    assert code == 0, stderr
+    assert "raw reads:" in stdout and "decode+crop:" in stdout and "<- chosen" in stdout
+    assert "input-bound" in stdout and "would wait" in stdout  # a 10 us step always waits
+    assert plot.stat().st_size > 1000 and plot.read_bytes()[:4] == b"\x89PNG"
+    code, stdout, _ = run("bench", dst, "-b", "4", "--seconds", "0.2", "-j", "1", "--json")
+    facts = json.loads(stdout)
+    assert facts["chosen_workers"] == 1 and facts["records"] == 12
+    assert facts["reads_per_s"] > 0 and facts["pipeline_per_s"] > 0
+    assert set(facts["loader_per_s"]) >= {"1"}
+    code, _, stderr = run("bench", dst, "-j", "lots")
+    assert code != 0 and "--workers" in stderr
