@@ -24,18 +24,18 @@ def test_crops_stay_inside_the_image(height: int, width: int) -> None:
     for seed in range(300):
         rng = np.random.default_rng(seed)
         top, left, h, w = sample_crop(rng, height, width, (0.08, 1.0), (3 / 4, 4 / 3))
-        assert 0 <= top and 0 <= left and h > 0 and w > 0
+        assert top >= 0 and left >= 0 and h > 0 and w > 0
         assert top + h <= height and left + w <= width
 
 
 def test_crop_area_and_ratio_follow_the_ranges() -> None:
     areas, ratios = [], []
     for seed in range(500):
-        top, left, h, w = sample_crop(np.random.default_rng(seed), 400, 400, (0.25, 0.5), (0.5, 2))
+        _, _, h, w = sample_crop(np.random.default_rng(seed), 400, 400, (0.25, 0.5), (0.5, 2))
         areas.append(h * w / 160000)
         ratios.append(w / h)
-    assert 0.24 <= min(areas) and max(areas) <= 0.51
-    assert 0.49 <= min(ratios) and max(ratios) <= 2.05
+    assert min(areas) >= 0.24 and max(areas) <= 0.51
+    assert min(ratios) >= 0.49 and max(ratios) <= 2.05
 
 
 @pytest.mark.parametrize(
@@ -79,8 +79,9 @@ def test_train_crop_content_comes_from_inside_the_crop() -> None:
     for seed in range(20):
         out = p(data, seed)
         top, left, h, w = sample_crop(np.random.default_rng(seed), 200, 240, p.scale, p.ratio)
-        ys = out[:, :, 0].astype(int)
+        ys, xs = out[:, :, 0].astype(int), out[:, :, 1].astype(int)  # width 240 < 256
         assert top - 2 <= ys.min() and ys.max() <= top + h + 2
+        assert left - 2 <= xs.min() and xs.max() <= left + w + 2
 
 
 def test_flip_mirrors() -> None:
