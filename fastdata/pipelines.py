@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,7 @@ def _resize(region: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.ndarra
 
 
 def sample_crop(
-    rng: np.random.Generator,
+    rng: random.Random,
     height: int,
     width: int,
     scale: tuple[float, float],
@@ -123,8 +124,8 @@ def sample_crop(
         w = round(math.sqrt(target * aspect))
         h = round(math.sqrt(target / aspect))
         if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
             return top, left, h, w
     in_ratio = width / height
     if in_ratio < ratio[0]:
@@ -165,7 +166,7 @@ class TrainPipeline(Pipeline):
     fast_decode: bool = True
 
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
-        rng = np.random.default_rng(seed)
+        rng = random.Random(seed)  # cheap to create per sample, unlike numpy's generators
         height, width = _size(data)
         top, left, h, w = sample_crop(rng, height, width, self.scale, self.ratio)
         flip = bool(rng.random() < self.hflip)

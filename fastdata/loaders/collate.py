@@ -11,37 +11,40 @@ import torch
 __all__ = ["fast_collate"]
 
 
-def _chw(image: Any) -> torch.Tensor:
+def _hwc(image: Any) -> torch.Tensor:
     if isinstance(image, torch.Tensor):
         if image.dim() != 3:
             raise ValueError(f"expected a 3-D image tensor (C x H x W), got shape {image.shape}")
-        return image
+        return image.permute(1, 2, 0)
     arr = np.asarray(image)  # numpy HWC, or a PIL image
     if arr.ndim == 2:
         arr = arr[:, :, None]
     if arr.ndim != 3:
         raise ValueError(f"expected an H x W x C image, got shape {arr.shape}")
-    return torch.from_numpy(arr).permute(2, 0, 1)
+    return torch.from_numpy(arr)
 
 
 def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """``[(image, label), ...]`` -> ``(uint8 N x C x H x W tensor, int64 labels)``.
 
     Images may be ``H x W x C`` uint8 arrays (what the pipelines produce), PIL images or
-    ``C x H x W`` uint8 tensors, all of one size. They are copied once, straight into the batch
-    tensor; nothing is converted to float on the CPU.
+    ``C x H x W`` uint8 tensors, all of one size. Each is copied once, as it lies in memory, into
+    an ``N x H x W x C`` buffer; the batch is that buffer seen as ``N x C x H x W`` (the
+    ``channels_last`` layout). Nothing is converted to float on the CPU.
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
-    images = [_chw(image) for image, _ in batch]
+    images = [_hwc(image) for image, _ in batch]
     first = images[0]
+    # Plain (reused) heap memory: measured faster than allocating fresh shared memory per batch,
+    # whose pages fault in one by one, even though the batch is then copied once to be sent.
     out = torch.empty((len(images), *first.shape), dtype=torch.uint8)
     for i, image in enumerate(images):
         if image.shape != first.shape:
             raise ValueError(
                 f"images of one batch must have one size: {tuple(first.shape)} and "
-                f"{tuple(image.shape)} (C x H x W); resize or crop them first"
+                f"{tuple(image.shape)} (H x W x C); resize or crop them first"
             )
         out[i].copy_(image)
     labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
-    return out, labels
+    return out.permute(0, 3, 1, 2), labels

@@ -54,11 +54,13 @@ class Normalizer:
         """Normalise one tensor if it is an image batch; return it unchanged otherwise."""
         if not is_image_batch(t):
             return t
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if self.converts:
             dtype = self.dtype or torch.float32
             # Arithmetic in float32 (exact for 0..255), then one cast: float16 and bfloat16
-            # results match the float32 reference to their own precision.
-            x = t.to(torch.float32)
+            # results match the float32 reference to their own precision. The first copy also
+            # gives the result its memory format (batches may arrive channels_last).
+            x = t.to(dtype=torch.float32, memory_format=layout)
             if constants is not None:
                 mean, inv_std = constants
                 if t.shape[1] != mean.shape[1]:
@@ -69,7 +71,5 @@ class Normalizer:
                 x = x.sub_(mean).mul_(inv_std)
             else:
                 x = x.mul_(1.0 / 255.0)
-            t = x if dtype == torch.float32 else x.to(dtype)
-        if self.channels_last:
-            t = t.contiguous(memory_format=torch.channels_last)
-        return t
+            return x if dtype == torch.float32 else x.to(dtype)
+        return t.contiguous(memory_format=layout) if self.channels_last else t

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Training loader benchmark: create_loader against a plain DataLoader and against the ceiling.
+
+On a generated folder of ~3,000 JPEGs of 500x375 converted to LMDB, with 2 workers, batch 64 and
+the train pipeline at 224 px, prints side by side in one run:
+
+- ``create_loader`` images/s against a plain ``DataLoader`` over the folder that decodes with
+  Pillow and draws the same random-resized-crop and flip (goal: at least 1.5x);
+- against the two-process ceiling: the same pipeline on the same bytes held in memory, in two
+  processes (goal: at least 0.9);
+- the workers' resident memory at the start and at the end of an epoch (goal: flat).
+
+    python scripts/bench_loader.py [--images 3000] [--workers 2] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from fastdata import LMDBImageDataset, create_loader
+from fastdata.folder import scan_folder
+from fastdata.pipelines import TrainPipeline, sample_crop
+from fastdata.samples import make_image_folder
+
+
+class PillowFolder(Dataset):  # type: ignore[type-arg]
+    """What people write today: ImageFolder-style files, Pillow decode, the same crop and flip."""
+
+    def __init__(self, root: Path, size: int) -> None:
+        scan = scan_folder(root)
+        self.paths = [str(scan.path_of(s)) for s in scan.samples]
+        self.labels = [s.label for s in scan.samples]
+        self.size = size
+        self.pipeline = TrainPipeline(size)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        img = Image.open(self.paths[i]).convert("RGB")
+        rng = random.Random()
+        p = self.pipeline
+        top, left, h, w = sample_crop(rng, img.height, img.width, p.scale, p.ratio)
+        img = img.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + w, top + h))
+        if rng.random() < p.hflip:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        return np.asarray(img), self.labels[i]
+
+
+def rss_mib(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(status["VmRSS"].split()[0]) // 1024, int(status["RssAnon"].split()[0]) // 1024
+
+
+def run_epoch(loader: Any, workers_of: Any = None) -> tuple[float, list[Any]]:
+    """Images/s after the first batch; worker memory at the first and the last batch."""
+    it = iter(loader)
+    first = next(it)
+    memory = []
+    if workers_of is not None:
+        memory.append([rss_mib(p) for p in workers_of()])
+    n, start = 0, time.perf_counter()
+    for batch in it:
+        n += len(batch[1])
+    rate = n / (time.perf_counter() - start)
+    if workers_of is not None:
+        memory.append([rss_mib(p) for p in workers_of()])
+    del first
+    return rate, memory
+
+
+def _ceiling_worker(args: tuple[str, list[int], int, Any]) -> tuple[int, float]:
+    store, indices, size, barrier = args
+    torch.set_num_threads(1)
+    ds = LMDBImageDataset(store, output="bytes")
+    blobs = [data for data, _ in ds.__getitems__(indices)]
+    pipeline = TrainPipeline(size)
+    barrier.wait()
+    start = time.perf_counter()
+    for i, data in enumerate(blobs):
+        pipeline(data, i)
+    return len(blobs), time.perf_counter() - start
+
+
+def ceiling(store: Path, n: int, processes: int, size: int) -> float:
+    """The pipeline on bytes already in memory, in ``processes`` processes: images/s."""
+    ctx = mp.get_context("fork")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(processes)
+        shares = [list(range(n))[p::processes] for p in range(processes)]
+        with ctx.Pool(processes) as pool:
+            results = pool.map(_ceiling_worker, [(str(store), s, size, barrier) for s in shares])
+    return sum(k for k, _ in results) / max(t for _, t in results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=3000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--epochs", type=int, default=3, help="epochs timed (best counts)")
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-bench-loader-"))
+    try:
+        src = make_image_folder(work / "images", classes=10, per_class=args.images // 10)
+        store = work / "images.lmdb"
+        if not (store / "data.mdb").exists():
+            # in a process of its own, so the workers fork from a lean parent
+            subprocess.run(
+                [sys.executable, "-m", "fastdata", "convert", str(src), str(store), "-q"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        n = args.images // 10 * 10
+        size, bs, w = args.image_size, args.batch_size, args.workers
+        print(f"{n} JPEGs of 500x375, batch {bs}, {w} workers, train pipeline at {size} px")
+
+        ours = create_loader(
+            LMDBImageDataset(store),
+            bs,
+            num_workers=w,
+            image_size=size,
+            device="cpu",
+            mean=None,
+            std=None,  # uint8 batches: the same work as the plain loader
+        )
+
+        def workers() -> list[int]:
+            return [p.pid for p in ours.dataloader._iterator._workers]  # type: ignore[union-attr]
+
+        runs = [run_epoch(ours, workers) for _ in range(args.epochs)]
+        ours_rate = max(r for r, _ in runs)
+        memory = runs[-1][1]
+
+        plain = DataLoader(
+            PillowFolder(src, size),
+            batch_size=bs,
+            shuffle=True,
+            num_workers=w,
+            drop_last=True,
+            persistent_workers=True,
+        )
+        plain_rate = max(run_epoch(plain)[0] for _ in range(args.epochs))
+        top = ceiling(store, n, w, size)
+
+        print(f"  create_loader                 {ours_rate:8.0f} img/s")
+        print(
+            f"  plain DataLoader, Pillow      {plain_rate:8.0f} img/s   "
+            f"ratio {ours_rate / plain_rate:5.2f}  (goal >= 1.5)"
+        )
+        print(
+            f"  {w}-process ceiling, in memory {top:8.0f} img/s   "
+            f"ratio {ours_rate / top:5.2f}  (goal >= 0.9)"
+        )
+        start, end = memory
+        print("  worker memory, first -> last batch of an epoch (RSS / anonymous MiB):")
+        for i, (a, b) in enumerate(zip(start, end)):
+            print(f"    worker {i}: {a[0]} / {a[1]} -> {b[0]} / {b[1]}")
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
