@@ -6,6 +6,7 @@ photographs (about 115 kB at 500x375 and quality 90) rather than flat colour or 
 
 from __future__ import annotations
 
+import colorsys
 import io
 import os
 from pathlib import Path
@@ -16,9 +17,17 @@ __all__ = ["make_image_folder", "synthetic_jpeg"]
 
 
 def synthetic_jpeg(
-    width: int = 500, height: int = 375, *, seed: int = 0, quality: int = 90
+    width: int = 500,
+    height: int = 375,
+    *,
+    seed: int = 0,
+    quality: int = 90,
+    hue: float | None = None,
 ) -> bytes:
-    """One photograph-like JPEG (deterministic for a seed)."""
+    """One photograph-like JPEG (deterministic for a seed).
+
+    With ``hue`` (0-1), its shapes take colours near that hue, which makes classes learnable.
+    """
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
@@ -36,7 +45,11 @@ def synthetic_jpeg(
     for _ in range(12):
         x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
         x1, y1 = x0 + int(rng.integers(10, width // 2)), y0 + int(rng.integers(10, height // 2))
-        fill = tuple(int(c) for c in rng.integers(0, 256, 3))
+        if hue is None:
+            fill = tuple(int(c) for c in rng.integers(0, 256, 3))
+        else:
+            r, g, b = colorsys.hsv_to_rgb((hue + rng.normal(0, 0.02)) % 1.0, 0.9, 0.9)
+            fill = (int(r * 255), int(g * 255), int(b * 255))
         if rng.random() < 0.5:
             draw.ellipse((x0, y0, x1, y1), fill=fill)
         else:
@@ -57,8 +70,8 @@ def make_image_folder(
     height: int = 375,
     seed: int = 0,
 ) -> Path:
-    """Write ``root/class_XX/img_XXXXX.jpg``; files already there are kept (the call is cheap
-    the second time).
+    """Write ``root/class_XX/img_XXXXX.jpg``, each class with shapes of its own hue; files already
+    there are kept (the call is cheap the second time).
 
     Returns:
         The root folder.
@@ -71,6 +84,9 @@ def make_image_folder(
         for i in range(per_class):
             path = folder / f"img_{i:05d}.jpg"
             if not path.exists():
-                path.write_bytes(synthetic_jpeg(width, height, seed=seed * 1_000_003 + n))
+                image = synthetic_jpeg(
+                    width, height, seed=seed * 1_000_003 + n, hue=c / max(1, classes)
+                )
+                path.write_bytes(image)
             n += 1
     return out
