@@ -17,11 +17,9 @@ import io
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from .decode import has_turbo
 from .errors import CorruptImageError
 
 __all__ = ["EvalPipeline", "Pipeline", "TrainPipeline", "sample_crop"]
@@ -106,6 +104,26 @@ def _resize(region: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.ndarra
     return np.ascontiguousarray(hwc.numpy())
 
 
+def _region(
+    data: bytes,
+    full: tuple[int, int],
+    box: tuple[float, float, float, float],
+    size: int,
+    fast: bool,
+    flip: bool = False,
+) -> np.ndarray:
+    """Decode (reduced where the box allows), cut ``box`` = (top, left, h, w) of the full-size
+    image, resize it to ``size`` square, flip it if asked."""
+    height, width = full
+    top, left, h, w = box
+    img = _decode(data, _shrink_for(h, w, size, size), fast)
+    fy, fx = img.shape[0] / height, img.shape[1] / width
+    y0, x0 = int(top * fy), int(left * fx)
+    y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))
+    x1 = max(x0 + 1, min(img.shape[1], round((left + w) * fx)))
+    return _resize(img[y0:y1, x0:x1], size, size, flip)
+
+
 def sample_crop(
     rng: random.Random,
     height: int,
@@ -170,13 +188,7 @@ class TrainPipeline(Pipeline):
         height, width = _size(data)
         top, left, h, w = sample_crop(rng, height, width, self.scale, self.ratio)
         flip = bool(rng.random() < self.hflip)
-        shrink = _shrink_for(h, w, self.size, self.size)
-        img = _decode(data, shrink, self.fast_decode)
-        fy, fx = img.shape[0] / height, img.shape[1] / width
-        y0, x0 = int(top * fy), int(left * fx)
-        y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))
-        x1 = max(x0 + 1, min(img.shape[1], round((left + w) * fx)))
-        return _resize(img[y0:y1, x0:x1], self.size, self.size, flip)
+        return _region(data, (height, width), (top, left, h, w), self.size, self.fast_decode, flip)
 
 
 @dataclass(frozen=True)
@@ -200,15 +212,4 @@ class EvalPipeline(Pipeline):
         # the central square of the source that ends up in the output
         side = short * self.size / resized
         top, left = (height - side) / 2, (width - side) / 2
-        shrink = _shrink_for(side, side, self.size, self.size)
-        img = _decode(data, shrink, self.fast_decode)
-        fy, fx = img.shape[0] / height, img.shape[1] / width
-        y0, x0 = round(top * fy), round(left * fx)
-        y1 = max(y0 + 1, min(img.shape[0], round((top + side) * fy)))
-        x1 = max(x0 + 1, min(img.shape[1], round((left + side) * fx)))
-        return _resize(img[y0:y1, x0:x1], self.size, self.size, False)
-
-
-def describe() -> dict[str, Any]:
-    """Which decoder the pipelines use here."""
-    return {"jpeg_decoder": "libjpeg-turbo (simplejpeg)" if has_turbo() else "Pillow"}
+        return _region(data, (height, width), (top, left, side, side), self.size, self.fast_decode)

@@ -77,19 +77,23 @@ class StoreReader(abc.ABC):
     location: str
     """The store's path or URI (password masked), for messages."""
 
-    @abc.abstractmethod
+    # Readers of fastdata stores load both when they open; readers of other layouts override.
+    _meta: StoreMeta
+    _labels: np.ndarray
+
     def __len__(self) -> int:
         """The number of records."""
+        return self._meta.count
 
     @property
-    @abc.abstractmethod
     def meta(self) -> StoreMeta:
         """The store's metadata (count, classes, repairs, ...)."""
+        return self._meta
 
     @property
-    @abc.abstractmethod
     def labels(self) -> np.ndarray:
-        """One int64 label per record, in index order."""
+        """One int64 label per record, in index order (read-only)."""
+        return self._labels
 
     @abc.abstractmethod
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:

@@ -384,17 +384,6 @@ class LMDBStore(_LazyEnv, StoreReader):
         labels.setflags(write=False)
         self._labels = labels
 
-    def __len__(self) -> int:
-        return self._meta.count
-
-    @property
-    def meta(self) -> StoreMeta:
-        return self._meta
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self._labels
-
     def _missing(self, key: bytes) -> RecordError:
         return RecordError(
             f"{self.path}: record {key.decode()} is missing; the store is damaged, "
@@ -468,8 +457,8 @@ class PickleLMDBStore(_LazyEnv, StoreReader):
             raise StoreError(f"{self.path}: cannot unpickle __keys__ ({exc})") from exc
         # One fixed-width byte array instead of a list of Python objects in every worker.
         self._keys = np.array([bytes(k) for k in keys], dtype=np.bytes_)
-        self._labels: np.ndarray | None = None
-        self._meta: StoreMeta | None = None
+        self._lazy_labels: np.ndarray | None = None
+        self._lazy_meta: StoreMeta | None = None
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -499,29 +488,29 @@ class PickleLMDBStore(_LazyEnv, StoreReader):
 
     @property
     def labels(self) -> np.ndarray:
-        if self._labels is None:
+        if self._lazy_labels is None:
             n = len(self)
             labels = np.empty(n, dtype=np.int64)
             with self._handle().begin() as txn:
                 for i in range(n):
                     labels[i] = self._get(txn, i)[1]
             labels.setflags(write=False)
-            self._labels = labels
-        return self._labels
+            self._lazy_labels = labels
+        return self._lazy_labels
 
     @property
     def meta(self) -> StoreMeta:
-        if self._meta is None:
+        if self._lazy_meta is None:
             labels = self.labels
             n_classes = int(labels.max()) + 1 if len(labels) else 0
-            self._meta = StoreMeta(
+            self._lazy_meta = StoreMeta(
                 count=len(self),
                 classes=[str(c) for c in range(n_classes)],
                 source=self.path,
                 format="pickle-lmdb",
                 version=0,
             )
-        return self._meta
+        return self._lazy_meta
 
 
 def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> StoreReader:

@@ -211,10 +211,31 @@ def _gridfs_id(collection: str, index: int) -> str:
     return f"{collection}:{index}"
 
 
+class _MongoTarget:
+    """A collection on a server, as the writer and the readers address it."""
+
+    location: str
+
+    def _target(
+        self, uri: str, collection: str, database: str | None, options: MongoOptions | None
+    ) -> None:
+        self.uri = uri
+        self.collection = collection
+        self.options = options or MongoOptions()
+        self._conn = _Connection(uri, database, self.options)
+        self.location = _location(uri, collection)
+
+    def _run(self, what: str, fn: Callable[[], T], *, first: bool = False) -> T:
+        return self._conn.retry(what, self.location, fn, first=first)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 # --------------------------------------------------------------------------- writer
 
 
-class MongoWriter(StoreWriter):
+class MongoWriter(_MongoTarget, StoreWriter):
     """Writes a fastdata store into a MongoDB collection.
 
     Batches go in as unordered ``insert_many`` calls with integer ``_id``s, so a resumed
@@ -235,14 +256,7 @@ class MongoWriter(StoreWriter):
         database: str | None = None,
         options: MongoOptions | None = None,
     ) -> None:
-        self.uri = uri
-        self.collection = collection
-        self.options = options or MongoOptions()
-        self._conn = _Connection(uri, database, self.options)
-        self.location = _location(uri, collection)
-
-    def _run(self, what: str, fn: Callable[[], T], *, first: bool = False) -> T:
-        return self._conn.retry(what, self.location, fn, first=first)
+        self._target(uri, collection, database, options)
 
     def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress:
         db = self._conn.db()
@@ -366,14 +380,11 @@ class MongoWriter(StoreWriter):
             lambda: db[META_COLLECTION].replace_one({"_id": self.collection}, doc, upsert=True),
         )
 
-    def close(self) -> None:
-        self._conn.close()
-
 
 # --------------------------------------------------------------------------- readers
 
 
-class MongoStore(StoreReader):
+class MongoStore(_MongoTarget, StoreReader):
     """Reads a complete fastdata store from a MongoDB collection.
 
     Args:
@@ -396,14 +407,10 @@ class MongoStore(StoreReader):
         database: str | None = None,
         options: MongoOptions | None = None,
     ) -> None:
-        self.uri = uri
-        self.collection = collection
-        self.options = options or MongoOptions()
-        self._conn = _Connection(uri, database, self.options)
-        self.location = _location(uri, collection)
+        self._target(uri, collection, database, options)
         try:
-            self._meta, self._labels = self._conn.retry(
-                "reading the metadata", self.location, self._load_meta, first=True
+            self._meta, self._labels = self._run(
+                "reading the metadata", self._load_meta, first=True
             )
         finally:
             self._conn.close()  # nothing that cannot cross a fork stays open after __init__
@@ -438,17 +445,6 @@ class MongoStore(StoreReader):
         labels.setflags(write=False)
         return meta, labels
 
-    def __len__(self) -> int:
-        return self._meta.count
-
-    @property
-    def meta(self) -> StoreMeta:
-        return self._meta
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self._labels
-
     def _fetch(self, indices: list[int], fields: dict[str, int] | None) -> list[dict[str, Any]]:
         def query() -> list[dict[str, Any]]:
             db = self._conn.db()
@@ -469,7 +465,7 @@ class MongoStore(StoreReader):
             return [found[i] for i in indices]
 
         span = f"{min(indices)}-{max(indices)}" if indices else "none"
-        return self._conn.retry(f"reading records {span}", self.location, query)
+        return self._run(f"reading records {span}", query)
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
@@ -484,11 +480,8 @@ class MongoStore(StoreReader):
             out.append(Record(i, header, bytes(doc["data"])))
         return out
 
-    def close(self) -> None:
-        self._conn.close()
 
-
-class LegacyMongoStore(StoreReader):
+class LegacyMongoStore(_MongoTarget, StoreReader):
     """Reads collections in the common layout written by other tools, without converting them.
 
     Documents hold ``img_name`` (the image's path) and ``bson_img`` (its bytes); a JSON index file
@@ -510,11 +503,7 @@ class LegacyMongoStore(StoreReader):
         database: str | None = None,
         options: MongoOptions | None = None,
     ) -> None:
-        self.uri = uri
-        self.collection = collection
-        self.options = options or MongoOptions()
-        self._conn = _Connection(uri, database, self.options)
-        self.location = _location(uri, collection)
+        self._target(uri, collection, database, options)
         path = Path(index_file)
         try:
             index = json.loads(path.read_text(encoding="utf-8"))
@@ -540,17 +529,6 @@ class LegacyMongoStore(StoreReader):
             version=0,
         )
 
-    def __len__(self) -> int:
-        return len(self._names)
-
-    @property
-    def meta(self) -> StoreMeta:
-        return self._meta
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self._labels
-
     def _fetch(self, idx: list[int]) -> list[tuple[str, bytes, bool]]:
         from ..jpeg import JpegState, inspect_jpeg
 
@@ -564,7 +542,7 @@ class LegacyMongoStore(StoreReader):
             return {d["img_name"]: bytes(d["bson_img"]) for d in docs}
 
         span = f"{min(idx)}-{max(idx)}" if idx else "none"
-        found = self._conn.retry(f"reading images {span}", self.location, query)
+        found = self._run(f"reading images {span}", query)
         out = []
         for name in names:
             if name not in found:
@@ -594,9 +572,6 @@ class LegacyMongoStore(StoreReader):
             )
             out.append(Record(i, header, data))
         return out
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 def _legacy_classes(paths: Sequence[str], labels: np.ndarray) -> list[str]:
