@@ -58,15 +58,13 @@ class RecordHeader:
 
     def to_json(self) -> bytes:
         """Compact ASCII JSON (non-ASCII names are escaped, so any name round-trips)."""
-        fields = {
-            "name": self.name,
-            "label": self.label,
-            "size": self.size,
-            "crc32": self.crc32,
-            "format": self.format,
-            "repaired": self.repaired,
-        }
-        return json.dumps(fields, separators=(",", ":")).encode("ascii")
+        # formatted directly (one per image, on the conversion's hot path); only the name needs
+        # JSON escaping, and the format is one of sniff()'s plain names
+        return (
+            f'{{"name":{json.dumps(self.name)},"label":{int(self.label)},"size":{int(self.size)},'
+            f'"crc32":{int(self.crc32)},"format":{json.dumps(self.format)},'
+            f'"repaired":{"true" if self.repaired else "false"}}}'
+        ).encode("ascii")
 
     @classmethod
     def from_json(cls, raw: bytes | memoryview | str, where: str = "record") -> RecordHeader:

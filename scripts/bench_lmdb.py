@@ -23,12 +23,14 @@ from pathlib import Path
 
 import lmdb
 
-from fastdata import LMDBImageDataset, convert
-from fastdata.decode import decode_pil
+from fastdata import convert
 from fastdata.folder import scan_folder
 from fastdata.memory import tune_malloc
 from fastdata.records import record_key
 from fastdata.samples import make_image_folder
+
+# LMDBImageDataset (and with it torch) is imported in run(): the memory-measuring child process
+# runs this file too, and must weigh what a conversion weighs, not what torch does.
 
 BATCH = 64
 
@@ -137,6 +139,9 @@ def main() -> None:
 
 
 def run(work: Path, n_images: int, repeat: int) -> None:
+    from fastdata import LMDBImageDataset
+    from fastdata.decode import decode_pil
+
     classes = 10
     src = make_image_folder(work / "images", classes=classes, per_class=n_images // classes)
     scan = scan_folder(src)

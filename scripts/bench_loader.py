@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from fastdata import LMDBImageDataset, create_loader
 from fastdata.folder import scan_folder
 from fastdata.pipelines import TrainPipeline, sample_crop
 from fastdata.samples import make_image_folder
+
+# the plain loader's Pillow arrays are read-only; torch warns once when it wraps them
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 class PillowFolder(Dataset):  # type: ignore[type-arg]
