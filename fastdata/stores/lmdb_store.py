@@ -321,7 +321,6 @@ class LMDBWriter(StoreWriter):
             txn.put(META_KEY, meta.to_json())
 
         self._commit(fill)
-        self._env.sync(True)
 
     def close(self) -> None:
         if self._env is None:
