@@ -27,7 +27,6 @@ __all__ = [
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
-KEY_WIDTH = 10
 
 
 def record_key(index: int) -> bytes:

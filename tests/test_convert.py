@@ -111,14 +111,21 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, commits: int) -> None:
     monkeypatch.setattr(LMDBWriter, "write", write)
 
 
+def convert_interrupted(
+    monkeypatch: pytest.MonkeyPatch, source: Path, dst: Path, *, commits: int
+) -> None:
+    """Convert, dying after ``commits`` committed batches of 2 records."""
+    interrupt_after(monkeypatch, commits=commits)
+    with pytest.raises(Interrupt):
+        convert(source, dst, commit_records=2)
+    monkeypatch.undo()
+
+
 def test_interrupted_conversion_resumes_without_loss_or_duplicates(
     mixed_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dst = tmp_path / "s.lmdb"
-    interrupt_after(monkeypatch, commits=2)
-    with pytest.raises(Interrupt):
-        convert(mixed_folder, dst, commit_records=2)
-    monkeypatch.undo()
+    convert_interrupted(monkeypatch, mixed_folder, dst, commits=2)
     with pytest.raises(IncompleteStoreError, match="--resume"):
         open_store(dst)
     with pytest.raises(StoreExistsError, match="--resume"):
@@ -140,10 +147,7 @@ def test_resume_refuses_changed_source(
     good_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dst = tmp_path / "s.lmdb"
-    interrupt_after(monkeypatch, commits=1)
-    with pytest.raises(Interrupt):
-        convert(good_folder, dst, commit_records=2)
-    monkeypatch.undo()
+    convert_interrupted(monkeypatch, good_folder, dst, commits=1)
     write(good_folder / "cat" / "000a.jpg", jpeg_bytes(seed=50))
     with pytest.raises(StoreError, match="changed since"):
         convert(good_folder, dst, resume=True)
@@ -216,10 +220,7 @@ def test_resume_after_machine_restart_is_refused(
     import fastdata.stores.lmdb_store as lmdb_store
 
     dst = tmp_path / "s.lmdb"
-    interrupt_after(monkeypatch, commits=1)
-    with pytest.raises(Interrupt):
-        convert(good_folder, dst, commit_records=2)
-    monkeypatch.undo()
+    convert_interrupted(monkeypatch, good_folder, dst, commits=1)
     monkeypatch.setattr(lmdb_store, "boot_id", lambda: "another-boot")
     with pytest.raises(StoreError, match="machine restarted"):
         convert(good_folder, dst, resume=True)

@@ -214,10 +214,13 @@ def _gridfs_id(collection: str, index: int) -> str:
 class _MongoTarget:
     """A collection on a server, as the writer and the readers address it."""
 
-    location: str
-
-    def _target(
-        self, uri: str, collection: str, database: str | None, options: MongoOptions | None
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        *,
+        database: str | None = None,
+        options: MongoOptions | None = None,
     ) -> None:
         self.uri = uri
         self.collection = collection
@@ -247,16 +250,6 @@ class MongoWriter(_MongoTarget, StoreWriter):
         database: the database, when the URI names none.
         options: timeouts and retries.
     """
-
-    def __init__(
-        self,
-        uri: str,
-        collection: str,
-        *,
-        database: str | None = None,
-        options: MongoOptions | None = None,
-    ) -> None:
-        self._target(uri, collection, database, options)
 
     def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress:
         db = self._conn.db()
@@ -407,7 +400,7 @@ class MongoStore(_MongoTarget, StoreReader):
         database: str | None = None,
         options: MongoOptions | None = None,
     ) -> None:
-        self._target(uri, collection, database, options)
+        super().__init__(uri, collection, database=database, options=options)
         try:
             self._meta, self._labels = self._run(
                 "reading the metadata", self._load_meta, first=True
@@ -503,7 +496,7 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         database: str | None = None,
         options: MongoOptions | None = None,
     ) -> None:
-        self._target(uri, collection, database, options)
+        super().__init__(uri, collection, database=database, options=options)
         path = Path(index_file)
         try:
             index = json.loads(path.read_text(encoding="utf-8"))
