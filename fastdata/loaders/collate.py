@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .slots import batch_buffer, finish
+
 __all__ = ["fast_collate"]
 
 
@@ -30,15 +32,14 @@ def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.
     Images may be ``H x W x C`` uint8 arrays (what the pipelines produce), PIL images or
     ``C x H x W`` uint8 tensors, all of one size. Each is copied once, as it lies in memory, into
     an ``N x H x W x C`` buffer; the batch is that buffer seen as ``N x C x H x W`` (the
-    ``channels_last`` layout). Nothing is converted to float on the CPU.
+    ``channels_last`` layout). Nothing is converted to float on the CPU. In a ``DataLoader``
+    worker the buffer is shared memory reused batch after batch (:mod:`fastdata.loaders.slots`).
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
     images = [_hwc(image) for image, _ in batch]
     first = images[0]
-    # Plain (reused) heap memory: measured faster than allocating fresh shared memory per batch,
-    # whose pages fault in one by one, even though the batch is then copied once to be sent.
-    out = torch.empty((len(images), *first.shape), dtype=torch.uint8)
+    out, owner = batch_buffer((len(images), *first.shape))
     for i, image in enumerate(images):
         if image.shape != first.shape:
             raise ValueError(
@@ -47,4 +48,4 @@ def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.
             )
         out[i].copy_(image)
     labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
-    return out.permute(0, 3, 1, 2), labels
+    return finish(out.permute(0, 3, 1, 2), labels, owner)

@@ -1,0 +1,201 @@
+"""Batches from ``DataLoader`` workers to the main process through reused shared memory.
+
+PyTorch sends a tensor from a worker by moving its storage into a fresh shared-memory file: per
+batch of 64 images at 224 px that is 9.6 MB allocated, zeroed, faulted in page by page, handed
+over through a socket and unmapped again, about 10 ms of CPU (measured here), an eighth of the
+time it takes to decode the batch. A worker that ``fast_collate`` runs in instead keeps a few
+batch-sized slots of shared memory and writes each batch into a free one. The main process maps a
+slot once, the first time it arrives, and after that gets only its number: the batch tensor is a
+view of the mapping, and when the last reference to it goes, the slot is marked free for its
+worker to fill again.
+
+A slot stays busy for as long as the batch that came in it is referenced, so batches can be kept
+as long as the caller likes; a worker with no free slot (and its quota of slots made) falls back to
+PyTorch's own path for that batch. Linux only (``memfd_create``); elsewhere every batch takes
+PyTorch's path.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import secrets
+import threading
+import weakref
+from multiprocessing.reduction import DupFd
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SLOTS_PER_WORKER", "SlotBatch", "batch_buffer", "finish"]
+
+SLOTS_PER_WORKER = 8
+_HEADER = 64  # bytes before the data: the slot's state, an int32
+_FREE, _BUSY = 0, 1
+
+
+def _state(mapping: mmap.mmap) -> np.ndarray:
+    return np.frombuffer(mapping, dtype=np.int32, count=1)
+
+
+class _Slot:
+    """One shared-memory buffer of a worker."""
+
+    def __init__(self, number: int, capacity: int) -> None:
+        self.number = number
+        self.capacity = capacity
+        self.fd = os.memfd_create(f"fastdata-batch-{number}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, _HEADER + capacity)
+        self.mapping = mmap.mmap(self.fd, _HEADER + capacity)
+        self.state = _state(self.mapping)
+        self.sent = False  # whether the main process has been given the file descriptor
+
+    def view(self, shape: tuple[int, ...]) -> torch.Tensor:
+        count = math.prod(shape)
+        array = np.frombuffer(self.mapping, dtype=np.uint8, count=count, offset=_HEADER)
+        return torch.from_numpy(array).view(shape)
+
+
+class _Pool:
+    """The slots of this worker process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.token = secrets.token_hex(8)
+        self.slots: list[_Slot] = []
+
+    def acquire(self, nbytes: int) -> _Slot | None:
+        for slot in self.slots:
+            if slot.capacity >= nbytes and slot.state[0] == _FREE:
+                slot.state[0] = _BUSY
+                return slot
+        if len(self.slots) >= SLOTS_PER_WORKER:
+            return None
+        slot = _Slot(len(self.slots), nbytes)
+        slot.state[0] = _BUSY
+        self.slots.append(slot)
+        return slot
+
+
+_pool: _Pool | None = None
+
+
+def _worker_pool() -> _Pool | None:
+    global _pool
+    if not hasattr(os, "memfd_create"):
+        return None
+    if _pool is None or _pool.pid != os.getpid():
+        _pool = _Pool()
+    return _pool
+
+
+class SlotBatch(tuple):
+    """``(images, labels)`` whose images live in a worker's slot; pickles as the slot's number
+    (and, the first time, its file descriptor) rather than as the pixels."""
+
+    pool: _Pool
+    slot: _Slot
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        images, labels = self
+        handle = None if self.slot.sent else DupFd(self.slot.fd)
+        self.slot.sent = True
+        return (
+            _rebuild,
+            (
+                self.pool.token,
+                self.pool.pid,
+                self.slot.number,
+                self.slot.capacity,
+                handle,
+                tuple(images.shape),
+                tuple(images.stride()),
+                labels.tolist(),  # a few ints: cheaper as a list than as shared memory
+            ),
+        )
+
+
+def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
+    """A uint8 buffer of ``shape`` for a batch, and what :func:`finish` needs to send it.
+
+    In a ``DataLoader`` worker the buffer is a free shared-memory slot when there is one, else
+    fresh shared memory (PyTorch then sends it without a copy); elsewhere, plain memory.
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8), None
+    pool = _worker_pool()
+    slot = pool.acquire(math.prod(shape)) if pool is not None else None
+    if slot is None:
+        storage = torch.UntypedStorage._new_shared(math.prod(shape))
+        return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape), None
+    return slot.view(shape), (pool, slot)
+
+
+def finish(images: torch.Tensor, labels: torch.Tensor, owner: Any) -> tuple[Any, Any]:
+    """The batch ``(images, labels)``; a :class:`SlotBatch` when ``images`` is in a slot."""
+    if owner is None:
+        return images, labels
+    batch = SlotBatch((images, labels))
+    batch.pool, batch.slot = owner
+    return batch
+
+
+# -- the main process's side
+
+_mapped: dict[tuple[str, int], tuple[int, mmap.mmap]] = {}
+_lock = threading.Lock()
+
+
+def _forget_exited_workers() -> None:
+    """Drop the mappings of workers that are gone (batches still referenced keep theirs)."""
+    for pid in {pid for pid, _ in _mapped.values()}:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            for key in [k for k, (p, _) in _mapped.items() if p == pid]:
+                del _mapped[key]
+        except PermissionError:
+            pass
+
+
+def _release(state: np.ndarray, pid: int) -> None:
+    # Only in the process the batch was delivered to: a forked child that drops its inherited
+    # copy of the batch must not free a slot the parent is still using.
+    if os.getpid() == pid:
+        state[0] = _FREE
+
+
+def _rebuild(
+    token: str,
+    pid: int,
+    number: int,
+    capacity: int,
+    handle: Any,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    labels: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (token, number)
+    with _lock:
+        entry = _mapped.get(key)
+        if entry is None or handle is not None:
+            if handle is None:
+                raise RuntimeError(
+                    f"a batch arrived in shared-memory slot {number} of worker {pid}, which this "
+                    "process never mapped; batches from fastdata's collate must be received by "
+                    "the process that started the workers"
+                )
+            fd = handle.detach()
+            try:
+                mapping = mmap.mmap(fd, _HEADER + capacity)
+            finally:
+                os.close(fd)
+            _forget_exited_workers()
+            entry = _mapped[key] = (pid, mapping)
+    mapping = entry[1]
+    array = np.frombuffer(mapping, dtype=np.uint8, count=math.prod(shape), offset=_HEADER)
+    weakref.finalize(array, _release, _state(mapping), os.getpid()).atexit = False
+    flat = torch.from_numpy(array)
+    return flat.as_strided(shape, stride), torch.tensor(labels, dtype=torch.int64)

@@ -1,0 +1,96 @@
+"""Batches that fast_collate sends from workers through reused shared-memory slots."""
+
+import gc
+import multiprocessing
+import weakref
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fastdata import fast_collate
+from fastdata.loaders import slots
+
+
+class Pixels(Dataset):  # type: ignore[type-arg]
+    """Sample i is an 8x8 RGB image filled with i % 251, labelled i."""
+
+    def __len__(self) -> int:
+        return 240
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.full((3, 8, 8), i % 251, dtype=torch.uint8), i
+
+
+def loader(workers: int = 2, **kw) -> DataLoader:  # type: ignore[no-untyped-def, type-arg]
+    return DataLoader(Pixels(), batch_size=4, num_workers=workers, collate_fn=fast_collate, **kw)
+
+
+def intact(batch: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    images, labels = batch
+    expected = (labels % 251).to(torch.uint8).view(-1, 1, 1, 1).expand_as(images)
+    return images.shape == (len(labels), 3, 8, 8) and torch.equal(images, expected)
+
+
+def worker_pids() -> set[int]:
+    return {pid for pid, _ in slots._mapped.values()}
+
+
+def test_batches_kept_by_the_caller_are_never_overwritten() -> None:
+    # 60 batches kept at once: far more than the slots, so most take PyTorch's own path
+    kept = list(loader())
+    assert len(kept) == 60 and all(intact(b) for b in kept)
+    assert sorted(int(i) for _, y in kept for i in y) == list(range(240))
+
+
+def test_slots_are_reused_across_batches_and_epochs() -> None:
+    persistent = loader(persistent_workers=True)
+    for _ in range(3):
+        for batch in persistent:
+            assert intact(batch)
+    pids = {w.pid for w in persistent._iterator._workers}  # type: ignore[union-attr]
+    mine = [key for key, (pid, _) in slots._mapped.items() if pid in pids]
+    # 180 batches went through a handful of slots per worker
+    assert 2 <= len(mine) <= 2 * slots.SLOTS_PER_WORKER
+
+
+def test_mappings_of_exited_workers_are_dropped() -> None:
+    it = iter(loader())
+    old = {w.pid for w in it._workers}  # type: ignore[attr-defined]
+    assert all(intact(b) for b in it)
+    assert old <= worker_pids()
+    del it  # its workers exit
+    gc.collect()
+    assert all(intact(b) for b in loader())  # the next workers' first slots sweep the old ones
+    assert not worker_pids() & old
+
+
+def _drop_inherited_batches() -> None:
+    # what happens when a forked child lets go of the batches it inherited
+    for finalizer in [o for o in gc.get_objects() if isinstance(o, weakref.finalize)]:
+        finalizer()
+
+
+def test_a_forked_child_dropping_a_batch_does_not_free_its_slot() -> None:
+    it = iter(loader(workers=1, persistent_workers=True))
+    held = next(it)
+    snapshot = held[0].clone()
+    child = multiprocessing.get_context("fork").Process(target=_drop_inherited_batches)
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    for batch in it:  # the worker cycles through its slots; the held one must stay out
+        assert intact(batch)
+    assert torch.equal(held[0], snapshot)
+
+
+@pytest.mark.slow
+def test_spawned_workers_send_through_slots() -> None:
+    spawned = loader(multiprocessing_context="spawn", persistent_workers=True)
+    for _ in range(2):
+        assert sum(intact(b) for b in spawned) == 60
+
+
+def test_in_the_main_process_batches_are_plain_tensors() -> None:
+    images, labels = fast_collate([(torch.zeros((3, 2, 2), dtype=torch.uint8), 5)])
+    assert type(images) is torch.Tensor and labels.tolist() == [5]
