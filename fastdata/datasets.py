@@ -105,6 +105,8 @@ class ImageStoreDataset(Dataset):
                 (what ``create_loader``'s sampler yields), so that a sample's crop and flip do
                 not depend on which worker decodes it.
         """
+        if self.output == "bytes" and self._plain and not any(isinstance(k, tuple) for k in keys):
+            return self.reader.read_samples([int(k) for k in keys])  # nothing to apply
         pairs = [(int(k[0]), int(k[1])) if isinstance(k, tuple) else (int(k), None) for k in keys]
         samples = self.reader.read_samples([i for i, _ in pairs])
         out = []
@@ -117,6 +119,11 @@ class ImageStoreDataset(Dataset):
                 target = self.target_transform(label)
             out.append((image, target))
         return out
+
+    @property
+    def _plain(self) -> bool:
+        """No pipeline and no transforms: samples are what the store gives."""
+        return self.pipeline is None and self.transform is None and self.target_transform is None
 
     def __getitem__(self, index: Any) -> tuple[Any, Any]:
         return self.__getitems__([index])[0]

@@ -391,16 +391,18 @@ class LMDBStore(_LazyEnv, StoreReader):
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        labels = self._labels
+        labels = self._labels[idx].tolist()
         # Read in key order (file order), so pages that come from disk come in ascending runs.
         data: dict[int, bytes] = {}
         with self._handle().begin() as txn:
+            get = txn.get
             for i in sorted(set(idx)):
-                value = txn.get(record_key(i))
+                key = record_key(i)
+                value = get(key)
                 if value is None:
-                    raise self._missing(record_key(i))
+                    raise self._missing(key)
                 data[i] = value
-        return [(data[i], int(labels[i])) for i in idx]
+        return list(zip([data[i] for i in idx], labels))
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
