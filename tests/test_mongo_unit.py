@@ -56,3 +56,33 @@ def test_convert_and_read_on_mongomock(good_folder: Path, monkeypatch: pytest.Mo
     store = open_store("mongodb://mock/db", collection="g")
     assert store.read_samples([3])[0] == ((good_folder / "cat" / "003.jpg").read_bytes(), 0)
     assert [r.header.name for r in store.read_records([11, 0])] == ["eel/002.jpg", "cat/000.jpg"]
+
+
+def test_insert_groups_respect_count_and_bytes() -> None:
+    docs = [{"_id": i, "data": b"x" * 6} for i in range(300)]
+    groups = list(mongo_store._insert_groups(docs))
+    assert [len(g) for g in groups] == [128, 128, 44]
+    assert [d["_id"] for g in groups for d in g] == list(range(300))
+    big = [{"_id": i, "data": b"x" * (mongo_store.INSERT_BYTES // 2 + 1)} for i in range(3)]
+    assert [len(g) for g in mongo_store._insert_groups(big)] == [1, 1, 1]
+
+
+def test_a_failed_insert_in_the_background_stops_the_conversion(
+    good_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pymongo.errors import BulkWriteError
+
+    client = mongomock.MongoClient()
+    monkeypatch.setattr(mongo_store, "_make_client", lambda uri, options: client)
+    monkeypatch.setattr(mongo_store._Connection, "close", lambda self: None)
+
+    def refuse(self, docs, ordered=True):  # type: ignore[no-untyped-def]
+        raise BulkWriteError({"writeErrors": [{"code": 121, "errmsg": "validation failed"}]})
+
+    monkeypatch.setattr(mongomock.collection.Collection, "insert_many", refuse)
+    with pytest.raises(StoreError, match="writing records failed: validation failed"):
+        convert(good_folder, "mongodb://mock/db", collection="g", workers=1, commit_records=4)
+    # the store is not marked complete, and no progress past the failed batch was saved
+    meta = client["db"][mongo_store.META_COLLECTION]
+    assert meta.find_one({"_id": "g"}) is None
+    assert meta.find_one({"_id": "g:progress"}) is None
