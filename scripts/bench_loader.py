@@ -8,7 +8,7 @@ the train pipeline at 224 px, prints side by side in one run:
   Pillow and draws the same random-resized-crop and flip (goal: at least 1.5x);
 - against the two-process ceiling: the same pipeline on the same bytes held in memory, in two
   processes (goal: at least 0.9);
-- the workers' resident memory at the start and at the end of an epoch (goal: flat).
+- the workers' memory at the end of every epoch (goal: flat).
 
     python scripts/bench_loader.py [--images 3000] [--workers 2] [--batch-size 64]
 """
@@ -65,27 +65,24 @@ class PillowFolder(Dataset):  # type: ignore[type-arg]
         return np.asarray(img), self.labels[i]
 
 
-def rss_mib(pid: int) -> tuple[int, int]:
+def memory_mib(pid: int) -> tuple[int, int, int]:
+    """Anonymous, file-backed (the store's mapped pages: page cache) and shared-memory (batch
+    slots) resident MiB of a process."""
     with open(f"/proc/{pid}/status") as f:
         status = dict(line.split(":", 1) for line in f if ":" in line)
-    return int(status["VmRSS"].split()[0]) // 1024, int(status["RssAnon"].split()[0]) // 1024
+    return tuple(int(status[k].split()[0]) // 1024 for k in ("RssAnon", "RssFile", "RssShmem"))  # type: ignore[return-value]
 
 
-def run_epoch(loader: Any, workers_of: Any = None) -> tuple[float, list[Any]]:
-    """Images/s after the first batch; worker memory at the first and the last batch."""
+def run_epoch(loader: Any) -> float:
+    """Images/s after the first batch."""
     it = iter(loader)
     first = next(it)
-    memory = []
-    if workers_of is not None:
-        memory.append([rss_mib(p) for p in workers_of()])
     n, start = 0, time.perf_counter()
     for batch in it:
         n += len(batch[1])
     rate = n / (time.perf_counter() - start)
-    if workers_of is not None:
-        memory.append([rss_mib(p) for p in workers_of()])
     del first
-    return rate, memory
+    return rate
 
 
 def _ceiling_worker(args: tuple[str, list[int], int, Any]) -> tuple[int, float]:
@@ -118,7 +115,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=224)
-    ap.add_argument("--epochs", type=int, default=3, help="epochs timed (best counts)")
+    ap.add_argument("--epochs", type=int, default=4, help="rounds timed (best counts)")
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-bench-loader-"))
@@ -149,10 +146,6 @@ def main() -> None:
         def workers() -> list[int]:
             return [p.pid for p in ours.dataloader._iterator._workers]  # type: ignore[union-attr]
 
-        runs = [run_epoch(ours, workers) for _ in range(args.epochs)]
-        ours_rate = max(r for r, _ in runs)
-        memory = runs[-1][1]
-
         plain = DataLoader(
             PillowFolder(src, size),
             batch_size=bs,
@@ -161,8 +154,16 @@ def main() -> None:
             drop_last=True,
             persistent_workers=True,
         )
-        plain_rate = max(run_epoch(plain)[0] for _ in range(args.epochs))
-        top = ceiling(store, n, w, size)
+        # Rounds of the three side by side, so that all see the machine in the same state; the
+        # best epoch of each counts.
+        rates: dict[str, list[float]] = {"ours": [], "plain": [], "ceiling": []}
+        memory = []
+        for _ in range(args.epochs):
+            rates["ours"].append(run_epoch(ours))
+            memory.append([memory_mib(p) for p in workers()])
+            rates["plain"].append(run_epoch(plain))
+            rates["ceiling"].append(ceiling(store, n, w, size))
+        ours_rate, plain_rate, top = (max(rates[k]) for k in ("ours", "plain", "ceiling"))
 
         print(f"  create_loader                 {ours_rate:8.0f} img/s")
         print(
@@ -173,10 +174,10 @@ def main() -> None:
             f"  {w}-process ceiling, in memory {top:8.0f} img/s   "
             f"ratio {ours_rate / top:5.2f}  (goal >= 0.9)"
         )
-        start, end = memory
-        print("  worker memory, first -> last batch of an epoch (RSS / anonymous MiB):")
-        for i, (a, b) in enumerate(zip(start, end)):
-            print(f"    worker {i}: {a[0]} / {a[1]} -> {b[0]} / {b[1]}")
+        print("  worker memory at the end of each epoch (anonymous / file-backed / shared MiB):")
+        for i in range(w):
+            line = "  ->  ".join("{} / {} / {}".format(*epoch[i]) for epoch in memory)
+            print(f"    worker {i}: {line}")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
