@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import FastdataError
+
 __all__ = ["SLOTS_PER_WORKER", "SlotBatch", "batch_buffer", "finish"]
 
 SLOTS_PER_WORKER = 8
@@ -182,10 +184,10 @@ def _rebuild(
         entry = _mapped.get(key)
         if entry is None or handle is not None:
             if handle is None:
-                raise RuntimeError(
-                    f"a batch arrived in shared-memory slot {number} of worker {pid}, which this "
-                    "process never mapped; batches from fastdata's collate must be received by "
-                    "the process that started the workers"
+                raise FastdataError(
+                    f"a batch arrived in shared-memory slot {number} of DataLoader worker {pid}, "
+                    "which this process never mapped; batches collated by fast_collate must be "
+                    "received by the process that started the workers"
                 )
             fd = handle.detach()
             try:
