@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """MongoDB path benchmark, side by side against the same server in one run.
 
-- batched reads (``MongoImageDataset.__getitems__`` on batches of 64, ``$in`` queries) against
+- batched reads (``MongoImageDataset.__getitems__``, one ``$in`` query per batch of 64) against
   one ``find_one`` per image (goal: at least 2x);
 - conversion images/s against a bare ``insert_many`` loop of the same documents (goal: 0.8).
 

@@ -609,15 +609,12 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
 
         names = [bytes(self._names[i]).decode("utf-8") for i in idx]
 
-        def find(part: list[str]) -> list[dict[str, Any]]:
-            coll = self._conn.db()[self.collection]
-            return list(coll.find({"img_name": {"$in": part}}, {"img_name": 1, "bson_img": 1}))
-
         def query() -> dict[str, bytes]:
-            wanted = sorted(set(names))
-            parts = [wanted[i : i + QUERY_PART] for i in range(0, len(wanted), QUERY_PART)]
-            found = self._conn.map(find, parts)
-            return {d["img_name"]: bytes(d["bson_img"]) for docs in found for d in docs}
+            coll = self._conn.db()[self.collection]
+            docs = coll.find(
+                {"img_name": {"$in": sorted(set(names))}}, {"img_name": 1, "bson_img": 1}
+            )
+            return {d["img_name"]: bytes(d["bson_img"]) for d in docs}
 
         span = f"{min(idx)}-{max(idx)}" if idx else "none"
         found = self._run(f"reading images {span}", query)
