@@ -19,7 +19,6 @@ from torch.utils.data import DataLoader
 from fastdata import MongoImageDataset, convert, export_store, open_store, verify_store
 from fastdata.cli import cli
 from fastdata.errors import IncompleteStoreError, StoreError, StoreExistsError
-from fastdata.stores import mongo_store
 from fastdata.stores.mongo_store import MongoWriter
 
 from .conftest import jpeg_bytes, snapshot, write
@@ -135,9 +134,7 @@ def test_dataloader_workers(good_folder: Path, mongo_uri: str, context: str) -> 
     assert labels.tolist() == list(ds.targets)
 
 
-def test_batch_comes_back_in_requested_order(
-    good_folder: Path, mongo_uri: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_batch_is_one_query_in_requested_order(good_folder: Path, mongo_uri: str) -> None:
     convert(good_folder, mongo_uri, collection="g")
     ds = MongoImageDataset(mongo_uri, "g", output="bytes")
     batch = ds.__getitems__([9, 0, 4, 9])
@@ -145,10 +142,6 @@ def test_batch_comes_back_in_requested_order(
     assert batch[0] == (files[0].read_bytes(), 2) and batch[1] == (files[1].read_bytes(), 0)
     assert batch[3] == batch[0]
     assert ds.classes == ["cat", "dog", "eel"] and ds.class_to_idx["dog"] == 1
-    # a batch larger than one query's share: several queries at once, one answer in order
-    monkeypatch.setattr(mongo_store, "QUERY_PART", 5)
-    order = [7, 3, 11, 0, 5, 5, 10, 1, 8, 2, 6, 4, 9]
-    assert ds.__getitems__(order) == [ds[i] for i in order]
 
 
 def test_unreachable_server_is_a_clear_error_within_timeout() -> None:

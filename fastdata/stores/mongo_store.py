@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,11 +61,6 @@ INSERT_DOCS = 128
 INSERT_BYTES = 16 << 20
 """One insert request carries at most this many documents and bytes of images: measured, one
 request per 32 MiB batch took 1.3x as long as requests of 128 documents."""
-QUERY_PART = 32
-QUERY_THREADS = 3
-"""A batch is read with one ``$in`` query per QUERY_PART documents, up to QUERY_THREADS + 1 of them
-at once, so the server works on several (measured on one batch of 64: 1.1x the images/s of a
-single query)."""
 LABELS_INLINE_MAX = 8 << 20
 """Label arrays larger than this are stored in GridFS instead of the metadata document."""
 LABEL_DTYPE = np.dtype("<i4")
@@ -73,7 +68,6 @@ USER_ENV = "FASTDATA_MONGO_USER"
 PASSWORD_ENV = "FASTDATA_MONGO_PASSWORD"
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
 def is_mongo_uri(target: object) -> bool:
@@ -145,7 +139,6 @@ class _Connection:
         self.options = options
         self._client: Any = None
         self._pid = -1
-        self._pool: ThreadPoolExecutor | None = None
 
     def db(self) -> Any:
         if self._client is None or self._pid != os.getpid():
@@ -154,34 +147,14 @@ class _Connection:
             self._pid = os.getpid()
         return self._client[self.database]
 
-    def map(self, fn: Callable[[R], T], items: Sequence[R]) -> list[T]:
-        """``[fn(x) for x in items]``, the items after the first in this process's helper
-        threads (at most QUERY_THREADS at a time), all finished before it returns or raises."""
-        if len(items) <= 1:
-            return [fn(x) for x in items]
-        if self._pool is None or self._pid != os.getpid():
-            self.db()  # the client of this process, made once, before the threads use it
-            self._pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="fastdata-mongo")
-        futures = [self._pool.submit(fn, x) for x in items[1:]]
-        try:
-            first = fn(items[0])
-        finally:
-            wait(futures)
-        return [first, *(f.result() for f in futures)]
-
     def close(self) -> None:
-        if self._pid == os.getpid():
-            if self._pool is not None:
-                self._pool.shutdown()
-            if self._client is not None:
-                self._client.close()
+        if self._client is not None and self._pid == os.getpid():
+            self._client.close()
         self._client = None
-        self._pool = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client"] = None
-        state["_pool"] = None
         state["_pid"] = -1
         return state
 
@@ -519,14 +492,12 @@ class MongoStore(_MongoTarget, StoreReader):
         return meta, labels
 
     def _fetch(self, indices: list[int], fields: dict[str, int] | None) -> list[dict[str, Any]]:
-        def find(ids: list[int]) -> list[dict[str, Any]]:
-            return list(self._conn.db()[self.collection].find({"_id": {"$in": ids}}, fields))
-
         def query() -> list[dict[str, Any]]:
             db = self._conn.db()
             wanted = sorted(set(indices))
-            parts = [wanted[i : i + QUERY_PART] for i in range(0, len(wanted), QUERY_PART)]
-            found = {d["_id"]: d for docs in self._conn.map(find, parts) for d in docs}
+            found = {
+                d["_id"]: d for d in db[self.collection].find({"_id": {"$in": wanted}}, fields)
+            }
             missing = [i for i in wanted if i not in found]
             if missing:
                 raise RecordError(
