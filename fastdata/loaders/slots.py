@@ -69,15 +69,14 @@ class _Pool:
         self.slots: list[_Slot] = []
 
     def acquire(self, nbytes: int) -> _Slot | None:
-        for slot in self.slots:
-            if slot.capacity >= nbytes and slot.state[0] == _FREE:
-                slot.state[0] = _BUSY
-                return slot
-        if len(self.slots) >= SLOTS_PER_WORKER:
-            return None
-        slot = _Slot(len(self.slots), nbytes)
+        """A free slot of at least ``nbytes``, marked busy; a new one while under the quota."""
+        slot = next((s for s in self.slots if s.capacity >= nbytes and s.state[0] == _FREE), None)
+        if slot is None:
+            if len(self.slots) >= SLOTS_PER_WORKER:
+                return None
+            slot = _Slot(len(self.slots), nbytes)
+            self.slots.append(slot)
         slot.state[0] = _BUSY
-        self.slots.append(slot)
         return slot
 
 
@@ -119,7 +118,10 @@ class SlotBatch(tuple):
         )
 
 
-def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
+Owner = tuple[_Pool, _Slot]
+
+
+def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Owner | None]:
     """A uint8 buffer of ``shape`` for a batch, and what :func:`finish` needs to send it.
 
     In a ``DataLoader`` worker the buffer is a free shared-memory slot when there is one, else
@@ -127,15 +129,16 @@ def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
     """
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8), None
+    nbytes = math.prod(shape)
     pool = _worker_pool()
-    slot = pool.acquire(math.prod(shape)) if pool is not None else None
-    if slot is None:
-        storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    slot = pool.acquire(nbytes) if pool is not None else None
+    if pool is None or slot is None:
+        storage = torch.UntypedStorage._new_shared(nbytes)
         return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape), None
     return slot.view(shape), (pool, slot)
 
 
-def finish(images: torch.Tensor, labels: torch.Tensor, owner: Any) -> tuple[Any, Any]:
+def finish(images: torch.Tensor, labels: torch.Tensor, owner: Owner | None) -> tuple[Any, Any]:
     """The batch ``(images, labels)``; a :class:`SlotBatch` when ``images`` is in a slot."""
     if owner is None:
         return images, labels
