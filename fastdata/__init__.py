@@ -29,7 +29,9 @@ __all__ = [
     "SourceError",
     "StoreError",
     "StoreExistsError",
+    "StoreLockedError",
     "StoreNotFoundError",
+    "StoreReplacedError",
     "TrainPipeline",
     "UnsafePathError",
     "__version__",
@@ -75,7 +77,9 @@ _LOCATIONS = {
             "SourceError",
             "StoreError",
             "StoreExistsError",
+            "StoreLockedError",
             "StoreNotFoundError",
+            "StoreReplacedError",
             "UnsafePathError",
         )
     },
@@ -94,7 +98,9 @@ if TYPE_CHECKING:
         SourceError,
         StoreError,
         StoreExistsError,
+        StoreLockedError,
         StoreNotFoundError,
+        StoreReplacedError,
         UnsafePathError,
     )
     from .export import export_store

@@ -27,7 +27,6 @@ from .jpeg import checksum, validate_image
 from .memory import tune_malloc
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
 from .stores import StoreWriter, open_writer
-from .stores.mongo_store import is_mongo_uri
 
 __all__ = ["ConvertReport", "ProgressCallback", "convert", "default_workers"]
 
@@ -161,14 +160,17 @@ def _loader(
     return load
 
 
-def _check_destination(scan: FolderScan, destination: object) -> None:
-    if not isinstance(destination, (str, os.PathLike)) or is_mongo_uri(destination):
-        return
-    dest = Path(os.path.abspath(destination))
-    root = Path(os.path.abspath(scan.root))
+def _check_destination(scan: FolderScan, writer: StoreWriter) -> None:
+    """Refuse a store inside the source folder, comparing paths with links resolved."""
+    target = getattr(writer, "path", None)
+    if not isinstance(target, str):
+        return  # not on the file system
+    dest = Path(os.path.realpath(target))
+    root = Path(os.path.realpath(scan.root))
     if dest == root or root in dest.parents:
         raise SourceError(
-            f"{destination}: the store would be written inside the source folder {scan.root}; "
+            f"{target}: the store would be written inside the source folder {scan.root}"
+            f"{f' (it resolves to {dest})' if str(dest) != os.path.abspath(target) else ''}; "
             "choose a destination outside it (the source folder is never written to)"
         )
 
@@ -218,12 +220,23 @@ def convert(
     started = time.perf_counter()
     tune_malloc()
     scan = scan_folder(source)
-    _check_destination(scan, destination)
     total = len(scan.samples)
-    fresh = Progress(source=os.path.abspath(scan.root), fingerprint=scan.fingerprint(), total=total)
+    fresh = Progress(
+        source=os.path.realpath(scan.root),
+        fingerprint=scan.fingerprint(),
+        total=total,
+        verify_decode=verify_decode,
+    )
     n_workers = workers if workers is not None else default_workers()
-    with open_writer(destination, collection=collection or scan.root.resolve().name) as writer:
+    writer = open_writer(
+        destination, collection=collection, default_collection=scan.root.resolve().name
+    )
+    _check_destination(scan, writer)
+    with writer:
         state = writer.start(fresh, overwrite=overwrite, resume=resume)
+        if state is None:
+            assert writer.completed is not None, "start() returns None only for a complete store"
+            return _complete_report(writer.completed, writer.location, scan, started)
         resumed_from = state.next_sample
         batch: list[Record] = []
         batch_bytes = 0
@@ -286,6 +299,8 @@ def convert(
             skipped=list(state.skipped),
             source=state.source,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            id=state.store_id,
+            fingerprint=state.fingerprint,
         )
         writer.finish(meta, labels)
         location = writer.location
@@ -302,4 +317,23 @@ def convert(
         resumed_from=resumed_from,
         converted=total - resumed_from,
         classes=list(scan.classes),
+    )
+
+
+def _complete_report(
+    meta: StoreMeta, location: str, scan: FolderScan, started: float
+) -> ConvertReport:
+    """The report of a ``resume`` that found the same conversion already complete."""
+    log.info("%s: the conversion is complete already; nothing to do", location)
+    return ConvertReport(
+        destination=location,
+        count=meta.count,
+        repaired=meta.repairs,
+        skipped=list(meta.skipped),
+        non_image_files=scan.skipped_files,
+        total_bytes=meta.total_bytes,
+        seconds=time.perf_counter() - started,
+        resumed_from=len(scan.samples),
+        converted=0,
+        classes=list(meta.classes),
     )

@@ -17,7 +17,9 @@ __all__ = [
     "SourceError",
     "StoreError",
     "StoreExistsError",
+    "StoreLockedError",
     "StoreNotFoundError",
+    "StoreReplacedError",
     "UnsafePathError",
 ]
 
@@ -62,6 +64,15 @@ class StoreExistsError(StoreError):
     """The destination already holds a store and neither overwrite nor resume was asked for."""
 
     exit_code = 2
+
+
+class StoreLockedError(StoreError):
+    """Another writer holds the store; the message names it (host, PID, since when)."""
+
+
+class StoreReplacedError(StoreError):
+    """The store was replaced (``--overwrite``) after this reader opened it; its records would
+    no longer match the labels the reader holds."""
 
 
 class IncompleteStoreError(StoreError):

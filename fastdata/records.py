@@ -9,6 +9,8 @@ Nothing is pickled.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,11 +24,18 @@ __all__ = [
     "RecordHeader",
     "SkippedFile",
     "StoreMeta",
+    "check_labels",
+    "new_store_id",
     "record_key",
 ]
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
+
+
+def new_store_id() -> str:
+    """A fresh store identity: 32 random hex digits."""
+    return uuid.uuid4().hex
 
 
 def record_key(index: int) -> bytes:
@@ -74,18 +83,28 @@ class RecordHeader:
         return cls.from_dict(d, where)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "record") -> RecordHeader:
-        try:
-            return cls(
-                name=str(d["name"]),
-                label=int(d["label"]),
-                size=int(d["size"]),
-                crc32=int(d["crc32"]),
-                format=str(d["format"]),
-                repaired=bool(d.get("repaired", False)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RecordError(f"{where}: malformed record header ({exc!r})") from exc
+    def from_dict(cls, d: Any, where: str = "record") -> RecordHeader:
+        """Check every field's type before trusting it (a damaged header is a RecordError)."""
+        if not isinstance(d, dict):
+            raise RecordError(f"{where}: malformed record header (not an object)")
+        types = {"name": str, "label": int, "size": int, "crc32": int, "format": str}
+        for key, kind in types.items():
+            value = d.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise RecordError(
+                    f"{where}: malformed record header ({key!r} missing or not a "
+                    f"{kind.__name__}); run `fastdata verify` on the store"
+                )
+        if d["size"] < 0 or not 0 <= d["crc32"] < 1 << 32:
+            raise RecordError(f"{where}: malformed record header (size or crc32 out of range)")
+        return cls(
+            name=d["name"],
+            label=d["label"],
+            size=d["size"],
+            crc32=d["crc32"],
+            format=d["format"],
+            repaired=bool(d.get("repaired", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,9 @@ class Progress:
         skipped: files left out so far.
         boot_id: the boot of the machine that saved this progress (a writer may refuse to resume
             after a restart).
+        store_id: the identity the store will carry (see ``StoreMeta.id``), fixed when the
+            conversion starts.
+        verify_decode: whether images were fully decoded: a resume must do the same.
     """
 
     source: str
@@ -135,23 +157,55 @@ class Progress:
     total_bytes: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
     boot_id: str = ""
+    store_id: str = ""
+    verify_decode: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode("ascii")
 
     @classmethod
-    def from_json(cls, raw: bytes | str, where: str) -> Progress:
+    def from_json(cls, raw: bytes | str | memoryview, where: str) -> Progress:
         try:
-            d = json.loads(raw)
+            d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
             d["skipped"] = [SkippedFile(**s) for s in d.get("skipped", [])]
-            return cls(**d)
-        except (ValueError, TypeError) as exc:
-            raise StoreError(f"{where}: unreadable conversion progress ({exc})") from exc
+            progress = cls(**d)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise StoreError(
+                f"{where}: unreadable conversion progress ({exc}); convert again with --overwrite"
+            ) from exc
+        ints = (progress.total, progress.next_sample, progress.count, progress.total_bytes)
+        if not all(type(v) is int and v >= 0 for v in ints) or not (
+            progress.count <= progress.next_sample <= progress.total
+        ):
+            raise StoreError(
+                f"{where}: damaged conversion progress (counts out of range); convert again "
+                "with --overwrite"
+            )
+        return progress
+
+    def same_conversion(self, other: Progress) -> str | None:
+        """What differs between the conversion this progress records and ``other``, or None.
+
+        A resume continues only the same conversion: same source folder (resolved), same file
+        list, same options.
+        """
+        if os.path.realpath(self.source) != os.path.realpath(other.source):
+            return f"it was started from {self.source}, not {other.source}"
+        if self.fingerprint != other.fingerprint:
+            return f"the source folder {other.source} changed since it started"
+        if self.verify_decode != other.verify_decode:
+            flag = "with" if self.verify_decode else "without"
+            return f"it was started {flag} --verify-decode"
+        return None
 
 
 @dataclass(frozen=True)
 class StoreMeta:
     """A complete store's metadata. Written last: its presence marks the store complete.
+
+    ``id`` is the store's identity, new for every conversion (an ``--overwrite`` gives the store a
+    new one): readers remember it and refuse to go on reading a store that was replaced.
+    ``fingerprint`` is the source folder's (see ``Progress``).
 
     The labels (one integer per record) are stored beside it as one little-endian int32 array,
     not inside it; see the backends.
@@ -166,6 +220,8 @@ class StoreMeta:
     created: str = ""
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
+    id: str = ""
+    fingerprint: str = ""
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -181,30 +237,91 @@ class StoreMeta:
         return json.dumps(self.to_dict()).encode("ascii")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> StoreMeta:
-        if d.get("format") != FORMAT_NAME:
-            raise StoreError(f"{where}: not a fastdata store (format {d.get('format')!r})")
-        version = int(d.get("version", 0))
+    def from_dict(cls, d: Any, where: str) -> StoreMeta:
+        """Check every field's type and range before trusting it.
+
+        Raises:
+            StoreError: not fastdata metadata, a newer version, or a damaged field.
+        """
+        if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+            found = d.get("format") if isinstance(d, dict) else type(d).__name__
+            raise StoreError(f"{where}: not a fastdata store (format {found!r})")
+        version = d.get("version", 0)
+        if type(version) is not int:
+            raise _damaged(where, "version")
         if version > FORMAT_VERSION:
             raise StoreError(
                 f"{where}: store format version {version} is newer than this fastdata reads "
                 f"({FORMAT_VERSION}); upgrade fastdata"
             )
+        count, classes, skipped = d.get("count"), d.get("classes"), d.get("skipped", [])
+        if type(count) is not int or count < 0:
+            raise _damaged(where, "count")
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise _damaged(where, "classes")
+        if not isinstance(skipped, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("name"), str) for s in skipped
+        ):
+            raise _damaged(where, "skipped")
+        for key in ("repairs", "total_bytes"):
+            if type(d.get(key, 0)) is not int:
+                raise _damaged(where, key)
+        for key in ("source", "created", "id", "fingerprint"):
+            if not isinstance(d.get(key, ""), str):
+                raise _damaged(where, key)
         return cls(
-            count=int(d["count"]),
-            classes=[str(c) for c in d["classes"]],
-            repairs=int(d.get("repairs", 0)),
-            total_bytes=int(d.get("total_bytes", 0)),
-            skipped=[SkippedFile(**s) for s in d.get("skipped", [])],
-            source=str(d.get("source", "")),
-            created=str(d.get("created", "")),
+            count=count,
+            classes=list(classes),
+            repairs=d.get("repairs", 0),
+            total_bytes=d.get("total_bytes", 0),
+            skipped=[SkippedFile(s["name"], str(s.get("reason", ""))) for s in skipped],
+            source=d.get("source", ""),
+            created=d.get("created", ""),
             version=version,
+            id=d.get("id", ""),
+            fingerprint=d.get("fingerprint", ""),
         )
 
     @classmethod
-    def from_json(cls, raw: bytes | str, where: str) -> StoreMeta:
+    def from_json(cls, raw: bytes | str | memoryview, where: str) -> StoreMeta:
         try:
-            d = json.loads(raw)
+            d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
         except ValueError as exc:
             raise StoreError(f"{where}: metadata is not valid JSON ({exc})") from exc
         return cls.from_dict(d, where)
+
+
+def _damaged(where: str, field_name: str) -> StoreError:
+    return StoreError(
+        f"{where}: the store's metadata is damaged ({field_name!r} missing or of the wrong type); "
+        "run `fastdata verify` on it and convert it again"
+    )
+
+
+def check_labels(raw: bytes | memoryview | None, meta: StoreMeta, where: str) -> Any:
+    """The labels array stored beside ``meta``, checked: one per record, each a class index.
+
+    Returns:
+        A read-only int64 numpy array.
+
+    Raises:
+        StoreError: missing, of the wrong length, or a label outside the class list.
+    """
+    import numpy as np
+
+    data = bytes(raw) if raw is not None else b""
+    if len(data) != 4 * meta.count:
+        raise StoreError(
+            f"{where}: {len(data) // 4} labels for {meta.count} records; the store is damaged, "
+            "run `fastdata verify` on it and convert it again"
+        )
+    labels = np.frombuffer(data, dtype="<i4").astype(np.int64)
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
+        bad = int(np.flatnonzero((labels < 0) | (labels >= len(meta.classes)))[0])
+        raise StoreError(
+            f"{where}: record {bad} has label {int(labels[bad])}, outside the "
+            f"{len(meta.classes)} classes; the store is damaged, run `fastdata verify` on it "
+            "and convert it again"
+        )
+    labels.setflags(write=False)
+    return labels

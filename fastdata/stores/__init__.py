@@ -59,11 +59,12 @@ def open_writer(
     target: str | os.PathLike[str] | StoreWriter,
     *,
     collection: str | None = None,
+    default_collection: str | None = None,
     database: str | None = None,
     **mongo_options: Any,
 ) -> StoreWriter:
-    """A writer for ``target``: an LMDB folder path, a ``mongodb://`` URI with ``collection``, or
-    a writer given as it is."""
+    """A writer for ``target``: an LMDB folder path, a ``mongodb://`` URI with ``collection``
+    (else ``default_collection``), or a writer given as it is."""
     if isinstance(target, StoreWriter):
         return target
     from .mongo_store import is_mongo_uri
@@ -72,10 +73,18 @@ def open_writer(
         from ..errors import StoreError
         from .mongo_store import MongoWriter, mask_uri
 
-        if not collection:
+        name = collection or default_collection
+        if not name:
             raise StoreError(f"{mask_uri(str(target))}: name the collection (--collection NAME)")
         return MongoWriter(
-            str(target), collection, database=database, options=_mongo_options(mongo_options)
+            str(target), name, database=database, options=_mongo_options(mongo_options)
+        )
+    if collection:
+        from ..errors import StoreError
+
+        raise StoreError(
+            f"{target}: --collection names a MongoDB collection, but the destination is an LMDB "
+            "folder; give a mongodb:// URI, or leave --collection out"
         )
     from .lmdb_store import LMDBWriter
 

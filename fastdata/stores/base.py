@@ -4,56 +4,223 @@ reader that fetches records by index. Converters, datasets and the CLI talk only
 from __future__ import annotations
 
 import abc
+import logging
+import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..records import Progress, Record, StoreMeta
+from ..errors import StoreError, StoreExistsError
+from ..records import Progress, Record, StoreMeta, new_store_id
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["StoreReader", "StoreWriter"]
+__all__ = ["Existing", "StoreReader", "StoreWriter", "describe_holder", "holder"]
+
+log = logging.getLogger(__name__)
+
+
+def holder() -> dict[str, object]:
+    """Who takes a writer lock: host, PID and the time, for the refusal a second writer gets."""
+    import socket
+    import time
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+
+
+def describe_holder(info: object) -> str:
+    """``pid 123 on host h since 2026-11-23 10:00:00 UTC`` from what :func:`holder` gave."""
+    import time
+
+    if not isinstance(info, dict):
+        return "a process that left no details"
+    since = info.get("since")
+    when = (
+        time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
+        if isinstance(since, (int, float))
+        else ""
+    )
+    return f"pid {info.get('pid', '?')} on host {info.get('host', '?')}{when}"
+
+
+@dataclass(frozen=True)
+class Existing:
+    """What a writer found at its destination, looked at under its lock.
+
+    Attributes:
+        meta: the metadata of the complete store there, if any.
+        progress: the progress of an interrupted conversion in place, if any.
+        aside: the progress of an interrupted replacement (``--overwrite``) built aside, if any.
+        aside_complete: the replacement aside is complete but was not yet moved into place.
+        other: something that is not a fastdata store (a foreign LMDB, documents, damage).
+    """
+
+    meta: StoreMeta | None = None
+    progress: Progress | None = None
+    aside: Progress | None = None
+    aside_complete: bool = False
+    other: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return self.meta is None and self.progress is None and self.aside is None and not self.other
 
 
 class StoreWriter(abc.ABC):
     """Writes records in committed batches, then the metadata that marks the store complete.
 
+    The policy both backends share lives here: one writer at a time (the backend's lock, held from
+    ``start`` to ``close``); progress saved before the first record, so an interrupted store is
+    always reported as resumable; ``--resume`` continues only the same conversion; an existing
+    store is replaced only by one built aside and moved into place when complete, so until then
+    the old store stays whole and readable. Backends say where bytes live and how to lock,
+    build aside and replace.
+
     Use as a context manager; leaving it early (an error, Ctrl-C) keeps every committed batch and
-    the progress saved with it, so the conversion can resume.
+    the progress saved with it, so the conversion can resume, and releases the lock.
     """
 
     location: str
     """The store's path or URI (password masked), for messages."""
 
-    @abc.abstractmethod
-    def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress:
-        """Prepare the store for writing.
+    _aside = False
+    completed: StoreMeta | None = None
+    """After ``start`` returned None: the metadata of the complete store it found."""
+
+    def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress | None:
+        """Take the writer lock and prepare the store for writing.
 
         Args:
-            progress: the state of a fresh conversion.
-            overwrite: replace an existing store.
-            resume: continue the interrupted conversion the store holds, if any.
+            progress: the state of a fresh conversion (source, fingerprint, options).
+            overwrite: replace an existing store (built aside, moved into place when complete).
+            resume: continue the interrupted conversion of the same source, if any.
 
         Returns:
-            The progress to continue from: ``progress`` itself for a fresh start, or what the store
-            saved when resuming.
+            The progress to continue from (``progress`` itself, with a new store id, for a fresh
+            start), or None when ``resume`` finds the same conversion already complete.
 
         Raises:
-            StoreExistsError: a store is there and neither ``overwrite`` nor ``resume`` was given.
+            StoreLockedError: another writer holds the store.
+            StoreExistsError: something is there and neither ``overwrite`` nor ``resume`` fits.
+            StoreError: ``resume`` of a conversion that differs from this one.
         """
+        self._lock()
+        found = self._inspect()
+        if found.aside_complete:
+            log.warning("%s: finishing a replacement that was interrupted", self.location)
+            self._promote()
+            found = self._inspect()
+        if resume:
+            saved = found.aside or found.progress
+            if saved is not None:
+                why = saved.same_conversion(progress)
+                if why is not None:
+                    raise StoreError(
+                        f"{self.location}: cannot resume the conversion it holds: {why}; "
+                        "pass --overwrite to start over"
+                    )
+                self._check_resumable(saved)
+                self._aside = found.aside is not None
+                self._open(saved, new=False)
+                log.info(
+                    "%s: resuming after %d of %d samples",
+                    self.location,
+                    saved.next_sample,
+                    saved.total,
+                )
+                return saved
+            if found.meta is not None:
+                if self._same_store(found.meta, progress):
+                    self.completed = found.meta
+                    return None
+                raise StoreExistsError(
+                    f"{self.location}: holds a complete store converted from "
+                    f"{found.meta.source or 'another folder'}; --resume continues only an "
+                    "interrupted conversion of the same folder; pass --overwrite to replace it"
+                )
+            if found.other:
+                raise StoreExistsError(
+                    f"{self.location}: {found.other}; nothing to resume: pass --overwrite to "
+                    "replace it"
+                )
+            log.warning("%s: no conversion to resume; starting a new one", self.location)
+        elif not found.empty and not overwrite:
+            raise StoreExistsError(self._exists_message(found))
+        self._aside = not found.empty
+        if found.aside is not None:
+            self._discard_aside()
+        progress.store_id = new_store_id()
+        self._open(progress, new=True)
+        return progress
+
+    def _exists_message(self, found: Existing) -> str:
+        if found.meta is not None and found.aside is not None:
+            return (
+                f"{self.location}: a store exists, and a replacement of it was interrupted; "
+                "pass --resume to finish the replacement or --overwrite to start it over"
+            )
+        if found.meta is not None:
+            return f"{self.location}: a store exists already; pass --overwrite to replace it"
+        if found.progress is not None:
+            return (
+                f"{self.location}: holds an interrupted conversion; pass --resume to continue "
+                "it or --overwrite to start over"
+            )
+        return f"{self.location}: {found.other}; pass --overwrite to replace it"
+
+    @staticmethod
+    def _same_store(meta: StoreMeta, progress: Progress) -> bool:
+        """Whether the complete store was converted from the same folder and file list."""
+        return bool(meta.fingerprint) and (
+            meta.fingerprint == progress.fingerprint
+            and os.path.realpath(meta.source) == os.path.realpath(progress.source)
+        )
+
+    def finish(self, meta: StoreMeta, labels: np.ndarray) -> None:
+        """Write the labels and the metadata, last; a replacement then moves into place."""
+        self._write_meta(meta, labels)
+        if self._aside:
+            self._promote()
+
+    # -- what each backend provides
+
+    @abc.abstractmethod
+    def _lock(self) -> None:
+        """Take the writer lock (held until ``close``), or raise StoreLockedError."""
+
+    @abc.abstractmethod
+    def _inspect(self) -> Existing:
+        """What is at the destination now."""
+
+    def _check_resumable(self, saved: Progress) -> None:
+        """Raise StoreError when the backend cannot trust what an interrupted run left."""
+
+    @abc.abstractmethod
+    def _open(self, progress: Progress, *, new: bool) -> None:
+        """Open the store in place, or aside when ``self._aside``; a ``new`` one is emptied
+        first and gets ``progress`` saved before any record."""
+
+    @abc.abstractmethod
+    def _discard_aside(self) -> None:
+        """Remove what an interrupted replacement left aside."""
+
+    @abc.abstractmethod
+    def _promote(self) -> None:
+        """Move the complete store built aside into place, replacing the old one atomically."""
 
     @abc.abstractmethod
     def write(self, records: Sequence[Record], progress: Progress) -> None:
         """Store ``records`` and ``progress`` together, atomically where the backend allows."""
 
     @abc.abstractmethod
-    def finish(self, meta: StoreMeta, labels: np.ndarray) -> None:
-        """Write the labels and the metadata, last."""
+    def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
+        """Write the labels and the metadata (the store is complete once they are there)."""
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release the store's handles."""
+        """Release the store's handles and the writer lock."""
 
     def __enter__(self) -> StoreWriter:
         return self

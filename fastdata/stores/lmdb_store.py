@@ -1,6 +1,8 @@
 """The LMDB backend: writer, reader, and ``LMDBImageDataset``.
 
-Layout of a store folder (``data.mdb`` + ``lock.mdb``), documented in ``docs/format.md``:
+Layout of a store folder, documented in ``docs/format.md``: ``data.mdb`` (the store),
+``lock.mdb`` (LMDB's own), ``writer.lock`` (the writer lock) and, while a replacement is being built,
+``.replacement/``. Keys in ``data.mdb``:
 
 - ``0000000000`` ... ``NNNNNNNNNN``: the image bytes of each record, as they are (plus a JPEG
   end-of-image repair), keys zero-padded so a cursor walks them in index order;
@@ -10,18 +12,19 @@ Layout of a store folder (``data.mdb`` + ``lock.mdb``), documented in ``docs/for
 - ``#progress``: conversion progress (JSON), saved with every committed batch;
 - ``__fastdata__``: the metadata (JSON), written last: a store without it is incomplete.
 
-py-lmdb refuses to open an environment twice in one process, and a child forked from a process that
-opened it inherits that refusal. Environments are therefore kept in a per-process registry: datasets
-over the same store share one handle, and a forked child closes the inherited handle (never using
-it) before opening its own.
+Environments are owned by a per-process registry (below); readers hold a share of one.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
 import pickle
+import shutil
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -37,12 +40,15 @@ from ..errors import (
     RecordError,
     StoreError,
     StoreExistsError,
+    StoreLockedError,
     StoreNotFoundError,
+    StoreReplacedError,
 )
-from ..records import Progress, Record, RecordHeader, StoreMeta, record_key
-from .base import StoreReader, StoreWriter
+from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels, record_key
+from . import lmdb_file
+from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
 
-__all__ = ["LMDBStore", "LMDBWriter", "PickleLMDBStore", "open_lmdb"]
+__all__ = ["LMDBStore", "LMDBWriter", "Lease", "PickleLMDBStore", "open_lmdb", "open_reader"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,9 @@ LEN_KEY = b"__len__"
 KEYS_KEY = b"__keys__"
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
+WRITER_LOCK = "writer.lock"
+ASIDE_DIR = ".replacement"
+OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR})
 INITIAL_MAP_SIZE = 1 << 30
 LABEL_DTYPE = np.dtype("<i4")
 
@@ -77,101 +86,250 @@ def header_key(index: int) -> bytes:
 
 
 # --------------------------------------------------------------------------- environment registry
+#
+# The one owner of LMDB environments in a process. py-lmdb refuses to open a data file that this
+# process has open already (it goes by the file, not the path), and a child forked from a process
+# that opened it inherits that refusal. So every environment is opened here, once per process and
+# data file (device and inode: a store replaced by rename is another file), shared by everyone
+# who asks for it, counted, and closed when the last user lets go. A forked child closes the
+# environments it inherited (never using them) before it opens its own.
 
 
-@dataclass
-class _Entry:
-    pid: int
+@dataclass(eq=False)
+class _Env:
+    key: tuple[int, int]
+    path: str
     env: Any
-    refs: int
+    writable: bool
+    span: tuple[int, int] | None
+    """Addresses of the data file's bytes in this process's map (Linux), for value checks."""
+    size: int
+    refs: int = 0
 
 
-_registry: dict[str, _Entry] = {}
-_registry_lock = threading.Lock()
+_envs: dict[tuple[int, int], _Env] = {}
+_envs_pid = os.getpid()
+_envs_lock = threading.Lock()
 
 
 def _reset_after_fork() -> None:
-    global _registry_lock
-    _registry_lock = threading.Lock()
+    global _envs_lock
+    _envs_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _is_subdir_store(path: str) -> bool:
-    return os.path.isdir(path)
+def _forget_inherited() -> None:
+    """In a forked child, close what the parent had open (called under the registry lock)."""
+    global _envs_pid
+    if _envs_pid == os.getpid():
+        return
+    for entry in _envs.values():
+        with suppress(lmdb.Error):
+            entry.env.close()
+    _envs.clear()
+    _envs_pid = os.getpid()
 
 
-def _open_readonly(path: str) -> Any:
+def _data_file(path: str) -> str:
+    return os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
+
+
+def _file_key(path: str) -> tuple[tuple[int, int], int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino), st.st_size
+
+
+def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
+    """Where this process mapped the data file with inode ``key`` (from /proc/self/maps)."""
+    dev, ino = key
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) < 6 or int(fields[4]) != ino or int(fields[2], 16) != 0:
+                    continue
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                if (major, minor) != (os.major(dev), os.minor(dev)):
+                    continue
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                return lo, lo + min(size, hi - lo)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class Lease:
+    """One user's share of an environment; let go by :meth:`release` or garbage collection."""
+
+    def __init__(self, entry: _Env) -> None:
+        self.entry = entry
+        self.pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _release, entry.key, self.pid)
+        self._finalizer.atexit = False
+
+    @property
+    def env(self) -> Any:
+        return self.entry.env
+
+    @property
+    def usable(self) -> bool:
+        """Held by this process and not released."""
+        return self.pid == os.getpid() and self._finalizer.alive
+
+    def release(self) -> None:
+        self._finalizer()
+
+    def value(self, raw: memoryview | None, where: str) -> bytes | None:
+        """The bytes of a value read with ``buffers=True``, after checking they lie inside the
+        file: a damaged page can give a value a size or place that would fault on copying."""
+        if raw is None:
+            return None
+        n = len(raw)
+        entry = self.entry
+        if n and entry.span is not None:
+            address = np.frombuffer(raw, dtype=np.uint8).ctypes.data
+            if address < entry.span[0] or address + n > entry.span[1]:
+                raise _damage(where, f"its value ({n} bytes) lies outside the file")
+        elif not entry.writable and n > entry.size:
+            raise _damage(where, f"its value ({n} bytes) is larger than the file")
+        return bytes(raw)
+
+
+def _damage(where: str, what: str) -> RecordError:
+    return RecordError(
+        f"{where}: {what}; the store is damaged, run `fastdata verify` on it and convert it again"
+    )
+
+
+def _release(key: tuple[int, int], pid: int) -> None:
+    if os.getpid() != pid:
+        return
+    with _envs_lock:
+        entry = _envs.get(key)
+        if entry is None or _envs_pid != pid:
+            return
+        entry.refs -= 1
+        if entry.refs <= 0:
+            del _envs[key]
+            entry.env.close()
+
+
+def _lease(entry: _Env) -> Lease:
+    entry.refs += 1
+    _envs[entry.key] = entry
+    return Lease(entry)
+
+
+def open_reader(path: str) -> Lease:
+    """A share of this process's read-only environment for the store at ``path``.
+
+    The data file's header is checked against its size before LMDB maps it.
+
+    Raises:
+        StoreNotFoundError: no LMDB store at ``path``.
+        StoreError: the file is damaged or cannot be opened.
+    """
     if not os.path.exists(path) or (
         os.path.isdir(path) and not os.path.exists(os.path.join(path, DATA_FILE))
     ):
         raise StoreNotFoundError(
             f"{path}: no LMDB store here; create one with `fastdata convert SRC {path}`"
         )
+    data_file = _data_file(path)
+    for _ in range(5):
+        key, size = _file_key(data_file)
+        with _envs_lock:
+            _forget_inherited()
+            entry = _envs.get(key)
+            if entry is not None:
+                return _lease(entry)
+            lmdb_file.check_file(data_file)
+            try:
+                # lock=False: readers of a finished store need no lock file (and may lack write
+                # access); readahead stays on: with it off, every 4 KiB page of an image is a
+                # separate disk read.
+                env = lmdb.open(
+                    path,
+                    subdir=os.path.isdir(path),
+                    readonly=True,
+                    lock=False,
+                    readahead=True,
+                    meminit=False,
+                    max_readers=1024,
+                )
+            except lmdb.Error as exc:
+                raise StoreError(f"{path}: cannot open the LMDB store: {exc}") from None
+            if _file_key(data_file)[0] != key:  # replaced between the check and the open
+                env.close()
+                continue
+            return _lease(_Env(key, path, env, False, _span(key, size), size))
+    raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
+
+
+def open_writable(folder: str, map_size: int) -> Lease:
+    """This process's writable environment for the store folder ``folder``.
+
+    Raises:
+        StoreError: the store is open for reading in this process, or cannot be opened.
+    """
+    data_file = os.path.join(folder, DATA_FILE)
+    with _envs_lock:
+        _forget_inherited()
+        if os.path.exists(data_file):
+            entry = _envs.get(_file_key(data_file)[0])
+            if entry is not None:
+                raise StoreError(
+                    f"{folder}: the store is open in this process ({entry.refs} user(s)); close "
+                    "the datasets over it (dataset.close()) before writing to it"
+                )
+            lmdb_file.check_file(data_file)
+        try:
+            # Batches are committed without fsync and the store is flushed once, before its
+            # metadata is written: an fsync per batch costs a journal commit each and, measured,
+            # as much again as the whole conversion. A killed process loses nothing committed
+            # (the page cache holds it); a machine that restarts mid-conversion may, which is
+            # why a resume after a restart is refused (see LMDBWriter._check_resumable).
+            env = lmdb.open(
+                folder,
+                map_size=map_size,
+                subdir=True,
+                meminit=False,
+                sync=False,
+                metasync=False,
+                max_dbs=0,
+            )
+        except lmdb.Error as exc:
+            raise StoreError(f"{folder}: cannot open the LMDB store for writing: {exc}") from None
+        key, size = _file_key(data_file)
+        return _lease(_Env(key, folder, env, True, None, size))
+
+
+def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool]:
+    """The metadata, progress and whether there is a pickle-recipe key list, of ``path``."""
+    lease = open_reader(path)
     try:
-        # lock=False: readers of a finished store need no lock file (and may lack write access);
-        # readahead stays on: with it off, every 4 KiB page of an image is a separate disk read.
-        return lmdb.open(
-            path,
-            subdir=_is_subdir_store(path),
-            readonly=True,
-            lock=False,
-            readahead=True,
-            meminit=False,
-            max_readers=1024,
-        )
-    except lmdb.Error as exc:
-        raise StoreError(f"{path}: cannot open the LMDB store: {exc}") from exc
-
-
-def _acquire(path: str) -> Any:
-    """This process's shared read-only environment for ``path`` (opened on first use)."""
-    key = os.path.realpath(path)
-    pid = os.getpid()
-    with _registry_lock:
-        entry = _registry.get(key)
-        if entry is not None and entry.pid != pid:
-            # Inherited across fork: never used here, only closed so this process may open its own.
-            del _registry[key]
-            with suppress(lmdb.Error):
-                entry.env.close()
-            entry = None
-        if entry is None:
-            entry = _Entry(pid, _open_readonly(path), 0)
-            _registry[key] = entry
-        entry.refs += 1
-        return entry.env
-
-
-def _release(path: str) -> None:
-    key = os.path.realpath(path)
-    with _registry_lock:
-        entry = _registry.get(key)
-        if entry is None or entry.pid != os.getpid():
-            return
-        entry.refs -= 1
-        if entry.refs <= 0:
-            del _registry[key]
-            entry.env.close()
+        with _reading(path), lease.env.begin(buffers=True) as txn:
+            raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
+            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
+            has_keys = txn.get(KEYS_KEY) is not None
+    finally:
+        lease.release()
+    meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
+    progress = Progress.from_json(raw_progress, path) if raw_progress is not None else None
+    return meta, progress, has_keys
 
 
 @contextmanager
-def _borrowed(path: str) -> Iterator[Any]:
-    env = _acquire(path)
+def _reading(where: str) -> Iterator[None]:
+    """LMDB's own errors on a damaged file, as a StoreError naming the store."""
     try:
-        yield env
-    finally:
-        _release(path)
-
-
-def _close_registered(path: str) -> None:
-    """Close this process's shared handle on ``path`` (before the writer replaces the store)."""
-    key = os.path.realpath(path)
-    with _registry_lock:
-        entry = _registry.pop(key, None)
-    if entry is not None:
-        entry.env.close()
+        yield
+    except lmdb.Error as exc:
+        raise StoreError(
+            f"{where}: reading failed: {exc}; the store is damaged, run `fastdata verify` on it"
+        ) from None
 
 
 # --------------------------------------------------------------------------- writer
@@ -180,8 +338,12 @@ def _close_registered(path: str) -> None:
 class LMDBWriter(StoreWriter):
     """Writes a fastdata store into an LMDB folder.
 
-    Each batch and its progress are committed in one transaction. The map grows (doubling) when
-    LMDB reports it full, so no size needs guessing.
+    The writer lock is ``writer.lock`` in the store folder (``flock``: the kernel releases it if
+    the process dies). A fresh store is written in place; a store that replaces another is built
+    in ``.replacement/`` inside the folder and its ``data.mdb`` renamed over the old one when
+    complete, so readers see either store whole, never a mix. Each batch and its progress are
+    committed in one transaction. The map grows (doubling) when LMDB reports it full, so no size
+    needs guessing.
 
     Args:
         path: the store folder (created if missing; must be empty or hold an LMDB store).
@@ -192,66 +354,79 @@ class LMDBWriter(StoreWriter):
         self.path = os.fspath(path)
         self.location = self.path
         self._map_size = map_size
-        self._env: Any = None
+        self._lease: Lease | None = None
+        self._lock_fd: int | None = None
 
-    # -- lifecycle
+    @property
+    def _aside_path(self) -> str:
+        return os.path.join(self.path, ASIDE_DIR)
 
-    def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress:
+    def _target(self) -> str:
+        return self._aside_path if self._aside else self.path
+
+    # -- the policy's steps (see StoreWriter.start)
+
+    def _lock(self) -> None:
         folder = Path(self.path)
         if folder.exists() and not folder.is_dir():
             raise StoreExistsError(
                 f"{folder}: a file is in the way; give a new or empty folder for the store"
             )
-        data_file = folder / DATA_FILE
-        if folder.is_dir() and not data_file.exists() and any(folder.iterdir()):
-            raise StoreExistsError(
-                f"{folder}: the folder is not empty and holds no LMDB store; "
-                "give a new or empty folder for the store"
-            )
-        if data_file.exists():
-            if overwrite:
-                _close_registered(self.path)
-                for name in (DATA_FILE, LOCK_FILE):
-                    (folder / name).unlink(missing_ok=True)
-            elif not resume:
-                raise StoreExistsError(self._exists_message())
-        folder.mkdir(parents=True, exist_ok=True)
-        _close_registered(self.path)
-        try:
-            # Batches are committed without fsync and the store is flushed once, before its
-            # metadata is written: an fsync per batch costs a journal commit each and, measured,
-            # as much again as the whole conversion. A killed process loses nothing committed
-            # (the page cache holds it); a machine that restarts mid-conversion may, which is
-            # why a resume after a restart is refused (see _check_same_boot).
-            self._env = lmdb.open(
-                self.path,
-                map_size=self._map_size,
-                subdir=True,
-                meminit=False,
-                sync=False,
-                metasync=False,
-                max_dbs=0,
-            )
-        except lmdb.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the LMDB store for writing: {exc}") from exc
-        if resume:
-            with self._env.begin() as txn:
-                raw = txn.get(PROGRESS_KEY)
-            if raw is not None:
-                saved = Progress.from_json(raw, self.path)
-                self._check_same_boot(saved)
-                if saved.fingerprint != progress.fingerprint:
-                    raise StoreError(
-                        f"{self.path}: the source folder {progress.source} changed since this "
-                        "conversion started; convert again with --overwrite"
-                    )
-                log.info(
-                    "%s: resuming after %d of %d samples", self.path, saved.next_sample, saved.total
+        if folder.is_dir() and not (folder / DATA_FILE).exists():
+            foreign = sorted(p.name for p in folder.iterdir() if p.name not in OWN_FILES)
+            if foreign:
+                raise StoreExistsError(
+                    f"{folder}: the folder is not empty ({foreign[0]}, ...) and holds no LMDB "
+                    "store; give a new or empty folder for the store"
                 )
-                return saved
-        return progress
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot create the store: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                info = json.loads(os.pread(fd, 4096, 0) or b"null")
+            except ValueError:
+                info = None
+            os.close(fd)
+            raise StoreLockedError(
+                f"{self.path}: another conversion is writing this store "
+                f"({describe_holder(info)}); wait for it to finish, or stop it and run the same "
+                "command with --resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder()).encode("ascii"), 0)
+        self._lock_fd = fd
 
-    def _check_same_boot(self, saved: Progress) -> None:
+    def _inspect(self) -> Existing:
+        meta = progress = aside = None
+        aside_complete = False
+        other = ""
+        if os.path.exists(os.path.join(self.path, DATA_FILE)):
+            try:
+                meta, progress, has_keys = _peek(self.path)
+            except StoreError as exc:
+                other = f"holds a damaged LMDB store ({exc})"
+            else:
+                if meta is None and progress is None:
+                    other = (
+                        "holds an LMDB store written by another tool"
+                        if has_keys
+                        else "holds an LMDB store without fastdata metadata"
+                    )
+        if os.path.exists(os.path.join(self._aside_path, DATA_FILE)):
+            try:
+                aside_meta, aside, _ = _peek(self._aside_path)
+                aside_complete = aside_meta is not None
+            except StoreError as exc:
+                log.warning("%s: discarding a damaged replacement: %s", self.path, exc)
+                self._discard_aside()
+        return Existing(meta, progress, aside, aside_complete, other)
+
+    def _check_resumable(self, saved: Progress) -> None:
         if saved.boot_id and saved.boot_id != boot_id():
             raise StoreError(
                 f"{self.path}: the machine restarted while this conversion was running, and "
@@ -259,33 +434,51 @@ class LMDBWriter(StoreWriter):
                 "--overwrite"
             )
 
-    def _exists_message(self) -> str:
-        env = lmdb.open(self.path, readonly=True, lock=False, subdir=True)
+    def _open(self, progress: Progress, *, new: bool) -> None:
+        target = self._target()
+        if new and self._aside:
+            self._discard_aside()
+        os.makedirs(target, exist_ok=True)
+        self._lease = open_writable(target, self._map_size)
+        if new:
+            progress.boot_id = boot_id()
+            state = progress.to_json()
+            self._commit(lambda txn: txn.put(PROGRESS_KEY, state))
+
+    def _discard_aside(self) -> None:
+        shutil.rmtree(self._aside_path, ignore_errors=True)
+
+    def _promote(self) -> None:
+        self._close_env()
+        source = os.path.join(self._aside_path, DATA_FILE)
         try:
-            with env.begin() as txn:
-                complete = txn.get(META_KEY) is not None
-                interrupted = txn.get(PROGRESS_KEY) is not None
-        finally:
-            env.close()
-        if complete:
-            return f"{self.path}: a store exists already; pass --overwrite to replace it"
-        if interrupted:
-            return (
-                f"{self.path}: holds an interrupted conversion; pass --resume to continue it "
-                "or --overwrite to start over"
-            )
-        return f"{self.path}: an LMDB store exists already; pass --overwrite to replace it"
+            _fsync(source)
+            # One rename: a reader opening the store gets the old file or the new one, whole;
+            # readers that have the old one mapped keep reading it.
+            os.replace(source, os.path.join(self.path, DATA_FILE))
+            _fsync(self.path)
+        except OSError as exc:
+            raise StoreError(
+                f"{self.path}: could not move the new store into place: {exc.strerror or exc}; "
+                "the old store is unchanged: fix the cause and run the same command with --resume"
+            ) from None
+        self._discard_aside()
+        self._aside = False
 
     def _commit(self, fill: Callable[[Any], None]) -> None:
+        assert self._lease is not None, "start() opens the store"
+        env = self._lease.env
         while True:
             try:
-                with self._env.begin(write=True) as txn:
+                with env.begin(write=True) as txn:
                     fill(txn)
                 return
             except lmdb.MapFullError:
-                size = self._env.info()["map_size"] * 2
+                size = env.info()["map_size"] * 2
                 log.info("%s: map full, growing it to %d MiB", self.path, size >> 20)
-                self._env.set_mapsize(size)
+                env.set_mapsize(size)
+            except lmdb.Error as exc:
+                raise _write_failed(self._target(), exc) from None
 
     def write(self, records: Sequence[Record], progress: Progress) -> None:
         data = [(record_key(r.index), r.data) for r in records]
@@ -308,8 +501,12 @@ class LMDBWriter(StoreWriter):
 
         self._commit(fill)
 
-    def finish(self, meta: StoreMeta, labels: np.ndarray) -> None:
-        self._env.sync(True)  # every record on disk before the metadata says the store is whole
+    def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
+        assert self._lease is not None, "start() opens the store"
+        try:
+            self._lease.env.sync(True)  # every record on disk before the metadata says it's whole
+        except lmdb.Error as exc:
+            raise _write_failed(self._target(), exc) from None
         count = meta.count
         keys = b"\n".join(record_key(i) for i in range(count))
         label_bytes = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
@@ -322,100 +519,144 @@ class LMDBWriter(StoreWriter):
 
         self._commit(fill)
 
-    def close(self) -> None:
-        if self._env is None:
+    def _close_env(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is None:
             return
-        env, self._env = self._env, None
-        env.sync(True)
-        env.close()
+        try:
+            lease.env.sync(True)
+        except lmdb.Error as exc:
+            raise _write_failed(self._target(), exc) from None
+        finally:
+            lease.release()
+        with suppress(OSError, StoreError):
+            lmdb_file.pad(os.path.join(self._target(), DATA_FILE))
+
+    def close(self) -> None:
+        """Flush and close the store, then release the writer lock (even if flushing fails)."""
+        try:
+            self._close_env()
+        finally:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                os.close(fd)  # releases the flock
+
+
+def _write_failed(where: str, exc: BaseException) -> StoreError:
+    return StoreError(
+        f"{where}: writing the store failed: {exc}; free space (or fix the disk) and run the same "
+        "command with --resume: what was committed is kept"
+    )
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- readers
 
 
-class _LazyEnv:
-    """Holds a per-process shared environment, acquired on first use, dropped when pickled."""
+class _Leased(StoreReader):
+    """A reader that holds a share of this process's environment, taken on first use in each
+    process, dropped when pickled, given back when closed or garbage-collected."""
 
     path: str
+    _lease: Lease | None
 
-    def __init__(self) -> None:
-        self._env: Any = None
-        self._pid = -1
+    def _env(self) -> Lease:
+        lease = self._lease
+        if lease is None or not lease.usable:
+            lease = open_reader(self.path)
+            try:
+                self._check_identity(lease)
+            except BaseException:
+                lease.release()
+                raise
+            self._lease = lease
+        return lease
 
-    def _handle(self) -> Any:
-        if self._env is None or self._pid != os.getpid():
-            self._env = _acquire(self.path)
-            self._pid = os.getpid()
-        return self._env
+    def _check_identity(self, lease: Lease) -> None:
+        """Raise StoreReplacedError when ``lease`` is not the store this reader opened."""
 
     def close(self) -> None:
-        """Release this process's handle; the next read opens it again."""
-        if self._env is not None and self._pid == os.getpid():
-            _release(self.path)
-        self._env = None
+        """Release this process's share of the environment; the next read takes it again."""
+        lease, self._lease = self._lease, None
+        if lease is not None and lease.usable:
+            lease.release()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_env"] = None
-        state["_pid"] = -1
+        state["_lease"] = None
         return state
 
 
-class LMDBStore(_LazyEnv, StoreReader):
+class LMDBStore(_Leased):
     """Reads a complete fastdata LMDB store. Use :func:`open_lmdb` to open any LMDB store."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__()
+    def __init__(self, path: str | os.PathLike[str], lease: Lease | None = None) -> None:
         self.path = os.fspath(path)
         self.location = self.path
-        with _borrowed(self.path) as env, env.begin() as txn:
-            raw_meta = txn.get(META_KEY)
-            raw_labels = txn.get(LABELS_KEY)
+        self._lease = lease or open_reader(self.path)
+        with _reading(self.path), self._lease.env.begin(buffers=True) as txn:
+            raw_meta = self._lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
+            raw_labels = self._lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
         if raw_meta is None:
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
         self._meta = StoreMeta.from_json(raw_meta, self.path)
-        labels = np.frombuffer(raw_labels or b"", dtype=LABEL_DTYPE).astype(np.int64)
-        if len(labels) != self._meta.count:
-            raise StoreError(
-                f"{self.path}: {len(labels)} labels for {self._meta.count} records; "
-                "the store is damaged, convert it again with --overwrite"
-            )
-        labels.setflags(write=False)
-        self._labels = labels
+        self._labels = check_labels(raw_labels, self._meta, self.path)
 
-    def _missing(self, key: bytes) -> RecordError:
-        return RecordError(
-            f"{self.path}: record {key.decode()} is missing; the store is damaged, "
-            "convert it again with --overwrite"
-        )
+    def _check_identity(self, lease: Lease) -> None:
+        with _reading(self.path), lease.env.begin(buffers=True) as txn:
+            raw = lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
+        now = StoreMeta.from_json(raw, self.path).id if raw is not None else "(none)"
+        if now != self._meta.id:
+            raise StoreReplacedError(
+                f"{self.path}: the store was replaced since this dataset opened it (store id "
+                f"{self._meta.id or '(none)'}, now {now}); its records no longer match the labels "
+                "held here: create the dataset (and its DataLoader) again"
+            )
+
+    def _record(self, lease: Lease, txn: Any, key: bytes) -> bytes:
+        where = f"{self.path}: record {key.decode()}"
+        value = lease.value(txn.get(key), where)
+        if value is None:
+            raise RecordError(
+                f"{where} is missing; the store is damaged, run `fastdata verify` on it and "
+                "convert it again"
+            )
+        return value
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
         labels = self._labels[idx].tolist()
+        lease = self._env()
         # Read in key order (file order), so pages that come from disk come in ascending runs.
         data: dict[int, bytes] = {}
-        with self._handle().begin() as txn:
-            get = txn.get
+        with _reading(self.path), lease.env.begin(buffers=True) as txn:
             for i in sorted(set(idx)):
-                key = record_key(i)
-                value = get(key)
-                if value is None:
-                    raise self._missing(key)
-                data[i] = value
+                data[i] = self._record(lease, txn, record_key(i))
         return list(zip([data[i] for i in idx], labels))
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
+        lease = self._env()
         out = []
-        with self._handle().begin() as txn:
+        with _reading(self.path), lease.env.begin(buffers=True) as txn:
             for i in idx:
                 key = record_key(i)
-                data, head = txn.get(key), txn.get(header_key(i))
-                if data is None or head is None:
-                    raise self._missing(key)
+                data = self._record(lease, txn, key)
+                head = self._record(lease, txn, header_key(i))
                 header = RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
                 out.append(Record(i, header, data))
         return out
+
+    def damaged_pages(self) -> list[str]:
+        """What :func:`~fastdata.stores.lmdb_file.walk` finds wrong in the data file."""
+        return lmdb_file.walk(_data_file(self.path))
 
 
 def _unpickled_sample(raw: bytes, where: str) -> tuple[bytes, int]:
@@ -435,7 +676,7 @@ def _unpickled_sample(raw: bytes, where: str) -> tuple[bytes, int]:
     return img, int(label)
 
 
-class PickleLMDBStore(_LazyEnv, StoreReader):
+class PickleLMDBStore(_Leased):
     """Reads LMDB stores written by the common pickle-based recipes.
 
     Values are ``pickle((image_bytes, label))`` under the keys listed in a pickled ``__keys__``
@@ -444,20 +685,26 @@ class PickleLMDBStore(_LazyEnv, StoreReader):
     those recipes: they are gathered by reading every record, once, when first asked for.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__()
+    def __init__(self, path: str | os.PathLike[str], lease: Lease | None = None) -> None:
         self.path = os.fspath(path)
         self.location = self.path
-        with _borrowed(self.path) as env, env.begin() as txn:
-            raw_keys = txn.get(KEYS_KEY)
+        self._lease = lease or open_reader(self.path)
+        with _reading(self.path), self._lease.env.begin(buffers=True) as txn:
+            raw_keys = self._lease.value(txn.get(KEYS_KEY), f"{self.path}: __keys__")
         if raw_keys is None:
             raise StoreError(f"{self.path}: no __keys__ entry; not a pickle-based LMDB store")
         try:
             keys = pickle.loads(raw_keys)
         except Exception as exc:
             raise StoreError(f"{self.path}: cannot unpickle __keys__ ({exc})") from exc
+        if not isinstance(keys, (list, tuple)) or not all(
+            isinstance(k, (bytes, str)) for k in keys
+        ):
+            raise StoreError(f"{self.path}: __keys__ is not a list of keys")
         # One fixed-width byte array instead of a list of Python objects in every worker.
-        self._keys = np.array([bytes(k) for k in keys], dtype=np.bytes_)
+        self._keys = np.array(
+            [k.encode() if isinstance(k, str) else bytes(k) for k in keys], dtype=np.bytes_
+        )
         self._lazy_labels: np.ndarray | None = None
         self._lazy_meta: StoreMeta | None = None
 
@@ -466,14 +713,14 @@ class PickleLMDBStore(_LazyEnv, StoreReader):
 
     def _get(self, txn: Any, i: int) -> tuple[bytes, int]:
         key = bytes(self._keys[i])
-        raw = txn.get(key)
+        raw = self._env().value(txn.get(key), f"{self.path}: key {key!r}")
         if raw is None:
             raise RecordError(f"{self.path}: key {key!r} listed in __keys__ is missing")
         return _unpickled_sample(raw, f"{self.path}: key {key!r}")
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        with self._handle().begin() as txn:
+        with _reading(self.path), self._env().env.begin(buffers=True) as txn:
             return [self._get(txn, i) for i in idx]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
@@ -492,7 +739,7 @@ class PickleLMDBStore(_LazyEnv, StoreReader):
         if self._lazy_labels is None:
             n = len(self)
             labels = np.empty(n, dtype=np.int64)
-            with self._handle().begin() as txn:
+            with _reading(self.path), self._env().env.begin(buffers=True) as txn:
                 for i in range(n):
                     labels[i] = self._get(txn, i)[1]
             labels.setflags(write=False)
@@ -524,12 +771,20 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         StoreError: it is not a store fastdata can read.
     """
     path = os.fspath(path)
-    with _borrowed(path) as env, env.begin() as txn:
-        has_meta = txn.get(META_KEY) is not None
-        raw_progress = txn.get(PROGRESS_KEY)
-        has_keys = txn.get(KEYS_KEY) is not None
-    if has_meta:
-        return LMDBStore(path)
+    lease = open_reader(path)
+    try:
+        with _reading(path), lease.env.begin(buffers=True) as txn:
+            has_meta = txn.get(META_KEY) is not None
+            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
+            has_keys = txn.get(KEYS_KEY) is not None
+        if has_meta:
+            return LMDBStore(path, lease)
+        if has_keys and allow_pickle:
+            return PickleLMDBStore(path, lease)
+    except BaseException:
+        lease.release()
+        raise
+    lease.release()
     if raw_progress is not None:
         progress = Progress.from_json(raw_progress, path)
         raise IncompleteStoreError(
@@ -538,14 +793,12 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
             f"`fastdata convert {progress.source} {path} --resume`"
         )
     if has_keys:
-        if not allow_pickle:
-            raise PickleNotAllowedError(
-                f"{path}: this LMDB store was written by another tool and its values are Python "
-                "pickles, which can run arbitrary code when loaded; pass allow_pickle=True "
-                "(CLI: --allow-pickle) only if you trust where it came from"
-            )
-        return PickleLMDBStore(path)
+        raise PickleNotAllowedError(
+            f"{path}: this LMDB store was written by another tool and its values are Python "
+            "pickles, which can run arbitrary code when loaded; pass allow_pickle=True "
+            "(CLI: --allow-pickle) only if you trust where it came from"
+        )
     raise StoreError(
-        f"{path}: an LMDB store without fastdata metadata; if a conversion into it stopped "
-        "before its first commit, convert again with --overwrite"
+        f"{path}: an LMDB store without fastdata metadata (written by another tool); "
+        "fastdata reads its own stores and the pickle-based recipes' (allow_pickle=True)"
     )
