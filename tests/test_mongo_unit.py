@@ -82,7 +82,7 @@ def test_a_failed_insert_in_the_background_stops_the_conversion(
     monkeypatch.setattr(mongomock.collection.Collection, "insert_many", refuse)
     with pytest.raises(StoreError, match="writing records failed: validation failed"):
         convert(good_folder, "mongodb://mock/db", collection="g", workers=1, commit_records=4)
-    # the store is not marked complete, and no progress past the failed batch was saved
+    # the store is not marked complete; its progress, saved before the first record, stays at 0
     meta = client["db"][mongo_store.META_COLLECTION]
     assert meta.find_one({"_id": "g"}) is None
-    assert meta.find_one({"_id": "g:progress"}) is None
+    assert meta.find_one({"_id": "g:progress"})["next_sample"] == 0

@@ -196,6 +196,7 @@ class StoreWriter(abc.ABC):
 
     def _check_resumable(self, saved: Progress) -> None:
         """Raise StoreError when the backend cannot trust what an interrupted run left."""
+        return None
 
     @abc.abstractmethod
     def _open(self, progress: Progress, *, new: bool) -> None:

@@ -190,7 +190,7 @@ def _check_node(
             return f"{where}: damaged (overflow pointer runs past the page)"
         first = struct.unpack_from("<Q", data, start)[0]
         pages = -(-(dsize + PAGE_HEADER) // psize)
-        if not 2 <= first or first + pages - 1 > last:
+        if first < 2 or first + pages - 1 > last:
             return f"{where}: damaged (value of {dsize} bytes on pages outside the file)"
         return None
     if start + dsize > psize:

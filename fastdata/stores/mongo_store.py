@@ -23,6 +23,8 @@ import json
 import logging
 import os
 import re
+import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,11 +39,12 @@ from ..errors import (
     IncompleteStoreError,
     RecordError,
     StoreError,
-    StoreExistsError,
+    StoreLockedError,
     StoreNotFoundError,
+    StoreReplacedError,
 )
-from ..records import Progress, Record, RecordHeader, StoreMeta
-from .base import StoreReader, StoreWriter
+from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels
+from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
 
 __all__ = [
     "LegacyMongoStore",
@@ -55,6 +58,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 META_COLLECTION = "__fastdata__"
+ASIDE_SUFFIX = ".__replacement__"
+"""A replacement is built in ``<collection>.__replacement__`` and renamed into place."""
+CLAIM_TTL_S = 60.0
+"""A writer claim lasts this long without renewal (renewed every quarter of it)."""
 GRIDFS_THRESHOLD = 15 << 20
 """Images larger than this go to GridFS (a BSON document holds at most 16 MiB)."""
 INSERT_DOCS = 128
@@ -206,14 +213,23 @@ def _location(uri: str, collection: str) -> str:
     return f"{mask_uri(uri)} collection {collection}"
 
 
-def _gridfs(db: Any, collection: str) -> Any:
+def _gridfs(db: Any, bucket: str) -> Any:
     from gridfs import GridFSBucket
 
-    return GridFSBucket(db, bucket_name=f"{collection}.gridfs")
+    return GridFSBucket(db, bucket_name=bucket)
 
 
-def _gridfs_id(collection: str, index: int) -> str:
-    return f"{collection}:{index}"
+def _bucket(collection: str, store_id: str) -> str:
+    """The GridFS bucket of one store: named by its id, so a replacement never needs to move it
+    (stores written before ids existed used ``<collection>.gridfs``)."""
+    return f"{collection}.gridfs.{store_id}" if store_id else f"{collection}.gridfs"
+
+
+def _is_bucket_of(name: str, collection: str) -> bool:
+    return (
+        re.fullmatch(re.escape(collection) + r"\.gridfs(\.[0-9a-f]{32})?\.(files|chunks)", name)
+        is not None
+    )
 
 
 class _MongoTarget:
@@ -261,6 +277,13 @@ def _insert_groups(docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]
 class MongoWriter(_MongoTarget, StoreWriter):
     """Writes a fastdata store into a MongoDB collection.
 
+    The writer lock is a claim document (``"<collection>:writer"`` in ``__fastdata__``) that names
+    its holder and expires ``claim_ttl_s`` after its last renewal; a heartbeat thread renews it,
+    so a writer killed on any machine blocks others for at most that long. A fresh store is
+    written in place; a store that replaces another is built in ``<collection>.__replacement__``
+    and renamed over it (``renameCollection`` with ``dropTarget``) when complete. Every document
+    carries its store's id, so a reader never mixes two stores' documents.
+
     Batches go in as unordered ``insert_many`` calls with integer ``_id``s, so a resumed
     conversion that repeats a batch hits duplicate keys, which are skipped: nothing is duplicated.
     A batch is sent from a background thread, followed by the progress that covers it, while the
@@ -271,73 +294,245 @@ class MongoWriter(_MongoTarget, StoreWriter):
         collection: the collection to create.
         database: the database, when the URI names none.
         options: timeouts and retries.
+        claim_ttl_s: how long the writer claim lasts without renewal.
     """
 
-    def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress:
-        db = self._conn.db()
-        meta_coll = db[META_COLLECTION]
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        *,
+        database: str | None = None,
+        options: MongoOptions | None = None,
+        claim_ttl_s: float = CLAIM_TTL_S,
+    ) -> None:
+        super().__init__(uri, collection, database=database, options=options)
+        self.claim_ttl_s = claim_ttl_s
+        self._token = ""
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._lost = ""
+        self._store_id = ""
+        self._sender: ThreadPoolExecutor | None = None
+        self._inflight: Future[None] | None = None
 
-        def look() -> tuple[bool, Any, Any]:
-            has_docs = db[self.collection].find_one({}, {"_id": 1}) is not None
-            meta = meta_coll.find_one({"_id": self.collection}, {"_id": 1})
-            saved = meta_coll.find_one({"_id": f"{self.collection}:progress"})
-            return has_docs or meta is not None or saved is not None, meta, saved
+    @property
+    def _aside_name(self) -> str:
+        return f"{self.collection}{ASIDE_SUFFIX}"
 
-        exists, meta, saved = self._run("checking the collection", look, first=True)
-        if exists and overwrite:
-            self._run("dropping the old store", self._drop)
-            exists, meta, saved = False, None, None
-        if exists and not resume:
-            if meta is not None:
-                raise StoreExistsError(
-                    f"{self.location}: a store exists already; pass --overwrite to replace it"
-                )
-            if saved is not None:
-                raise StoreExistsError(
-                    f"{self.location}: holds an interrupted conversion; pass --resume to "
-                    "continue it or --overwrite to start over"
-                )
-            raise StoreExistsError(
-                f"{self.location}: the collection holds documents; pass --overwrite to replace "
-                "it (it is dropped) or choose another --collection"
+    def _name(self) -> str:
+        return self._aside_name if self._aside else self.collection
+
+    def _meta_coll(self) -> Any:
+        return self._conn.db()[META_COLLECTION]
+
+    # -- the writer claim
+
+    def _lock(self) -> None:
+        from pymongo.errors import DuplicateKeyError
+
+        claim_id = f"{self.collection}:writer"
+        token = secrets.token_hex(8)
+        ttl = self.claim_ttl_s
+
+        def take() -> dict[str, Any] | None:
+            meta = self._meta_coll()
+            for _ in range(10):
+                now = time.time()
+                doc = {"_id": claim_id, "token": token, **holder(), "expires": now + ttl}
+                try:
+                    meta.insert_one(doc)
+                    return None
+                except DuplicateKeyError:
+                    held = meta.find_one({"_id": claim_id})
+                if held is None or held.get("token") == token:
+                    continue  # released meanwhile, or our own insert, retried
+                expires = held.get("expires")
+                if isinstance(expires, (int, float)) and expires > now:
+                    return dict(held)
+                # expired: take it over, unless another writer did so first
+                if meta.replace_one(
+                    {"_id": claim_id, "token": held.get("token")}, doc
+                ).matched_count:
+                    log.warning(
+                        "%s: took over the expired writer claim of %s",
+                        self.location,
+                        describe_holder(held),
+                    )
+                    return None
+            return {"token": "?"}
+
+        held = self._run("claiming the collection for writing", take, first=True)
+        if held is not None:
+            left = held.get("expires", 0) - time.time() if "expires" in held else ttl
+            raise StoreLockedError(
+                f"{self.location}: another conversion is writing this collection "
+                f"({describe_holder(held)}); wait for it to finish, or stop it: its claim "
+                f"expires {max(0.0, left):.0f} s after its last renewal if it is gone, then run "
+                "the same command with --resume"
             )
-        if resume and saved is not None:
-            saved.pop("_id", None)
-            restored = Progress.from_json(json.dumps(saved), self.location)
-            if restored.fingerprint != progress.fingerprint:
-                raise StoreError(
-                    f"{self.location}: the source folder {progress.source} changed since this "
-                    "conversion started; convert again with --overwrite"
-                )
-            return restored
-        return progress
+        self._token = token
+        self._heartbeat = threading.Thread(
+            target=self._renew, args=(claim_id,), name="fastdata-mongo-claim", daemon=True
+        )
+        self._heartbeat.start()
 
-    def _drop(self) -> None:
-        db = self._conn.db()
-        db[self.collection].drop()
-        db[f"{self.collection}.gridfs.files"].drop()
-        db[f"{self.collection}.gridfs.chunks"].drop()
-        db[META_COLLECTION].delete_many(
-            {"_id": {"$in": [self.collection, f"{self.collection}:progress"]}}
+    def _renew(self, claim_id: str) -> None:
+        """Renew the claim every quarter of its lifetime until told to stop."""
+        from pymongo.errors import PyMongoError
+
+        expires = time.time() + self.claim_ttl_s
+        while not self._stop.wait(self.claim_ttl_s / 4):
+            try:
+                new = time.time() + self.claim_ttl_s
+                result = self._meta_coll().update_one(
+                    {"_id": claim_id, "token": self._token}, {"$set": {"expires": new}}
+                )
+                if not result.matched_count:
+                    self._lost = "another writer took it over after it expired"
+                    return
+                expires = new
+            except PyMongoError as exc:
+                log.warning("%s: renewing the writer claim failed: %s", self.location, exc)
+                if time.time() > expires:
+                    self._lost = "it expired while the server could not be reached"
+                    return
+
+    def _check_claim(self) -> None:
+        if self._lost:
+            raise StoreLockedError(
+                f"{self.location}: this conversion lost its claim on the collection "
+                f"({self._lost}); nothing more is written: run the same command with --resume "
+                "once no other conversion writes it"
+            )
+
+    def _unlock(self) -> None:
+        if self._heartbeat is None:
+            return
+        self._stop.set()
+        self._heartbeat.join()
+        self._heartbeat = None
+        from pymongo.errors import PyMongoError
+
+        try:
+            self._meta_coll().delete_one({"_id": f"{self.collection}:writer", "token": self._token})
+        except PyMongoError as exc:
+            log.warning(
+                "%s: could not release the writer claim (%s); it expires in %g s",
+                self.location,
+                exc,
+                self.claim_ttl_s,
+            )
+
+    # -- the policy's steps (see StoreWriter.start)
+
+    def _inspect(self) -> Existing:
+        coll, aside = self.collection, self._aside_name
+
+        def look() -> tuple[dict[Any, Any], bool]:
+            db = self._conn.db()
+            ids = [coll, f"{coll}:progress", aside, f"{aside}:progress"]
+            docs = {d["_id"]: d for d in db[META_COLLECTION].find({"_id": {"$in": ids}})}
+            return docs, db[coll].find_one({}, {"_id": 1}) is not None
+
+        docs, has_docs = self._run("checking the collection", look)
+        meta = progress = None
+        other = ""
+        if coll in docs:
+            try:
+                meta = StoreMeta.from_dict(docs[coll], self.location)
+            except StoreError as exc:
+                other = f"holds a store with damaged metadata ({exc})"
+        elif f"{coll}:progress" in docs:
+            progress = _progress(docs[f"{coll}:progress"], self.location)
+        elif has_docs:
+            other = "the collection holds documents but no fastdata store"
+        aside_progress = docs.get(f"{aside}:progress")
+        return Existing(
+            meta,
+            progress,
+            _progress(aside_progress, self.location) if aside_progress else None,
+            aside in docs,
+            other,
         )
 
-    def _upload(self, bucket: Any, file_id: str, data: bytes) -> None:
-        from gridfs.errors import NoFile
+    def _open(self, progress: Progress, *, new: bool) -> None:
+        self._store_id = progress.store_id
+        if new:
+            name = self._name()
+            self._run("clearing the destination", functools.partial(self._drop, name))
+            state = json.loads(progress.to_json())
+            self._run(
+                "saving progress",
+                lambda: self._meta_coll().replace_one(
+                    {"_id": f"{name}:progress"}, state, upsert=True
+                ),
+            )
 
-        with suppress(NoFile):  # a resumed conversion may have uploaded it, possibly in part
-            bucket.delete(file_id)
-        bucket.upload_from_stream_with_id(file_id, file_id, data)
+    def _drop(self, name: str) -> None:
+        """Drop collection ``name``, its metadata and progress, and the buckets of no store."""
+        db = self._conn.db()
+        db[name].drop()
+        db[META_COLLECTION].delete_many({"_id": {"$in": [name, f"{name}:progress"]}})
+        self._drop_orphan_buckets()
+
+    def _drop_orphan_buckets(self) -> None:
+        db = self._conn.db()
+        live = {
+            _bucket(self.collection, d.get("id", ""))
+            for d in db[META_COLLECTION].find(
+                {"_id": {"$in": [self.collection, self._aside_name]}}, {"id": 1}
+            )
+        }
+        live.add(_bucket(self.collection, self._store_id))
+        for name in db.list_collection_names():
+            if _is_bucket_of(name, self.collection) and name.rsplit(".", 1)[0] not in live:
+                db[name].drop()
+
+    def _discard_aside(self) -> None:
+        self._run("discarding the interrupted replacement", lambda: self._drop(self._aside_name))
+
+    def _promote(self) -> None:
+        self._wait()
+        coll, aside = self.collection, self._aside_name
+
+        def promote() -> None:
+            db = self._conn.db()
+            doc = db[META_COLLECTION].find_one({"_id": aside})
+            if doc is None:
+                raise StoreError(f"{self.location}: the replacement lost its metadata")
+            if aside in db.list_collection_names():
+                db.client.admin.command(
+                    "renameCollection",
+                    f"{db.name}.{aside}",
+                    to=f"{db.name}.{coll}",
+                    dropTarget=True,
+                )
+            doc["_id"] = coll
+            db[META_COLLECTION].replace_one({"_id": coll}, doc, upsert=True)
+            db[META_COLLECTION].delete_many(
+                {"_id": {"$in": [aside, f"{aside}:progress", f"{coll}:progress"]}}
+            )
+            self._store_id = str(doc.get("id", ""))
+            self._drop_orphan_buckets()
+
+        # Each step can be repeated: a replacement killed half-way is finished by the next writer.
+        self._run("moving the new store into place", promote)
+        self._aside = False
+
+    # -- records
 
     def documents(self, records: Sequence[Record]) -> list[dict[str, Any]]:
         """The records' documents; images over GRIDFS_THRESHOLD are uploaded to GridFS here."""
         from bson import Binary
 
         docs = []
+        bucket_name = _bucket(self.collection, self._store_id)
         for rec in records:
-            doc: dict[str, Any] = {"_id": rec.index, **asdict(rec.header)}
+            doc: dict[str, Any] = {"_id": rec.index, **asdict(rec.header), "store": self._store_id}
             if len(rec.data) > GRIDFS_THRESHOLD:
-                file_id = _gridfs_id(self.collection, rec.index)
-                bucket = _gridfs(self._conn.db(), self.collection)
+                file_id = f"{self._store_id}:{rec.index}"
+                bucket = _gridfs(self._conn.db(), bucket_name)
                 self._run(
                     f"uploading record {rec.index} to GridFS",
                     functools.partial(self._upload, bucket, file_id, rec.data),
@@ -348,8 +543,12 @@ class MongoWriter(_MongoTarget, StoreWriter):
             docs.append(doc)
         return docs
 
-    _sender: ThreadPoolExecutor | None = None
-    _inflight: Future[None] | None = None
+    def _upload(self, bucket: Any, file_id: str, data: bytes) -> None:
+        from gridfs.errors import NoFile
+
+        with suppress(NoFile):  # a resumed conversion may have uploaded it, possibly in part
+            bucket.delete(file_id)
+        bucket.upload_from_stream_with_id(file_id, file_id, data)
 
     def _wait(self) -> None:
         """Wait for the batch in flight; raise its error."""
@@ -358,6 +557,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
             inflight.result()
 
     def write(self, records: Sequence[Record], progress: Progress) -> None:
+        self._check_claim()
         docs = self.documents(records)
         state = json.loads(progress.to_json())  # as it is now: the caller goes on changing it
         self._wait()
@@ -369,7 +569,8 @@ class MongoWriter(_MongoTarget, StoreWriter):
         """Insert ``docs`` in requests of moderate size, then save ``state``."""
         from pymongo.errors import BulkWriteError
 
-        coll = self._conn.db()[self.collection]
+        name = self._name()
+        coll = self._conn.db()[name]
 
         def insert(group: list[dict[str, Any]]) -> None:
             try:
@@ -378,44 +579,51 @@ class MongoWriter(_MongoTarget, StoreWriter):
                 errors = exc.details.get("writeErrors", [])
                 if any(e.get("code") != 11000 for e in errors):  # 11000: duplicate key
                     raise StoreError(
-                        f"{self.location}: writing records failed: {errors[0].get('errmsg')}"
+                        f"{self.location}: writing records failed: {errors[0].get('errmsg')}; "
+                        "fix the cause (free space on the server?) and run the same command "
+                        "with --resume"
                     ) from None
 
         for group in _insert_groups(docs):
             what = f"inserting records {group[0]['_id']}-{group[-1]['_id']}"
             self._run(what, functools.partial(insert, group))
+        self._check_claim()
         self._run(
             "saving progress",
-            lambda: self._conn.db()[META_COLLECTION].replace_one(
-                {"_id": f"{self.collection}:progress"}, state, upsert=True
-            ),
+            lambda: self._meta_coll().replace_one({"_id": f"{name}:progress"}, state, upsert=True),
         )
 
-    def finish(self, meta: StoreMeta, labels: np.ndarray) -> None:
+    def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
         from bson import Binary
 
         self._wait()
+        self._check_claim()
         db = self._conn.db()
-        doc: dict[str, Any] = {"_id": self.collection, **meta.to_dict()}
+        name = self._name()
+        bucket = _bucket(self.collection, self._store_id)
+        doc: dict[str, Any] = {"_id": name, **meta.to_dict(), "gridfs_bucket": bucket}
         raw = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
         if len(raw) > LABELS_INLINE_MAX:
-            file_id = f"{self.collection}:labels"
-            self._run(
-                "uploading labels", lambda: self._upload(_gridfs(db, self.collection), file_id, raw)
-            )
+            file_id = f"{self._store_id}:labels"
+            self._run("uploading labels", lambda: self._upload(_gridfs(db, bucket), file_id, raw))
             doc["labels_gridfs_id"] = file_id
         else:
             doc["labels"] = Binary(raw)
         # One index build over the finished collection costs less than maintaining it per insert.
-        self._run("creating the index on name", lambda: db[self.collection].create_index("name"))
+        self._run("creating the index on name", lambda: db[name].create_index("name"))
         self._run(
             "writing metadata",
-            lambda: db[META_COLLECTION].replace_one({"_id": self.collection}, doc, upsert=True),
+            lambda: db[META_COLLECTION].replace_one({"_id": name}, doc, upsert=True),
         )
+        if not self._aside:
+            self._run(
+                "clearing the progress",
+                lambda: db[META_COLLECTION].delete_one({"_id": f"{name}:progress"}),
+            )
 
     def close(self) -> None:
         """Wait for the batch in flight (an error in it is logged: the caller is already failing
-        or has called ``finish``, which raises it), then close the connection."""
+        or has called ``finish``, which raises it), release the claim, close the connection."""
         try:
             self._wait()
         except Exception as exc:
@@ -424,7 +632,13 @@ class MongoWriter(_MongoTarget, StoreWriter):
             if self._sender is not None:
                 self._sender.shutdown()
                 self._sender = None
+            self._unlock()
             super().close()
+
+
+def _progress(doc: dict[str, Any], where: str) -> Progress:
+    state = {k: v for k, v in doc.items() if k != "_id"}
+    return Progress.from_json(json.dumps(state, default=str), where)
 
 
 # --------------------------------------------------------------------------- readers
@@ -454,6 +668,7 @@ class MongoStore(_MongoTarget, StoreReader):
         options: MongoOptions | None = None,
     ) -> None:
         super().__init__(uri, collection, database=database, options=options)
+        self._bucket = _bucket(collection, "")
         try:
             self._meta, self._labels = self._run(
                 "reading the metadata", self._load_meta, first=True
@@ -473,23 +688,49 @@ class MongoStore(_MongoTarget, StoreReader):
                     f"`fastdata convert {saved.get('source')} {mask_uri(self.uri)} "
                     f"--collection {self.collection} --resume`"
                 )
+            if db[self.collection].find_one({}, {"_id": 1}) is not None:
+                raise StoreError(
+                    f"{self.location}: the collection holds documents but no fastdata metadata; "
+                    "it was not written by `fastdata convert` (for the img_name/bson_img layout, "
+                    "give --index-file)"
+                )
             raise StoreNotFoundError(
                 f"{self.location}: no fastdata store here; create one with "
                 f"`fastdata convert SRC {mask_uri(self.uri)} --collection {self.collection}`"
             )
         meta = StoreMeta.from_dict(doc, self.location)
+        bucket = doc.get("gridfs_bucket", _bucket(self.collection, ""))
+        if not isinstance(bucket, str):
+            raise StoreError(f"{self.location}: damaged metadata ('gridfs_bucket')")
+        self._bucket = bucket
         if "labels_gridfs_id" in doc:
-            raw = _gridfs(db, self.collection).open_download_stream(doc["labels_gridfs_id"]).read()
+            raw = self._download(db, doc["labels_gridfs_id"], 4 * meta.count, "the labels")
         else:
-            raw = bytes(doc.get("labels", b""))
-        labels = np.frombuffer(raw, dtype=LABEL_DTYPE).astype(np.int64)
-        if len(labels) != meta.count:
-            raise StoreError(
-                f"{self.location}: {len(labels)} labels for {meta.count} records; the store is "
-                "damaged, convert it again with --overwrite"
+            raw = doc.get("labels", b"")
+            if not isinstance(raw, bytes):
+                raise StoreError(
+                    f"{self.location}: damaged metadata ('labels' is not binary); run "
+                    "`fastdata verify` on the store and convert it again"
+                )
+        return meta, check_labels(raw, meta, self.location)
+
+    def _download(self, db: Any, file_id: Any, size: int, what: str) -> bytes:
+        """A GridFS file of ``size`` bytes; any other length is damage, and is not read."""
+        from gridfs.errors import NoFile
+
+        try:
+            stream = _gridfs(db, self._bucket).open_download_stream(file_id)
+        except NoFile:
+            raise RecordError(
+                f"{self.location}: {what}: GridFS file {file_id!r} is missing; the store is "
+                "damaged or was replaced, run `fastdata verify` on it"
+            ) from None
+        if stream.length != size:
+            raise RecordError(
+                f"{self.location}: {what}: GridFS file {file_id!r} holds {stream.length} bytes, "
+                f"the record says {size}; the store is damaged, run `fastdata verify` on it"
             )
-        labels.setflags(write=False)
-        return meta, labels
+        return bytes(stream.read())
 
     def _fetch(self, indices: list[int], fields: dict[str, int] | None) -> list[dict[str, Any]]:
         def query() -> list[dict[str, Any]]:
@@ -502,20 +743,42 @@ class MongoStore(_MongoTarget, StoreReader):
             if missing:
                 raise RecordError(
                     f"{self.location}: record {missing[0]} is missing; the store is damaged, "
-                    "convert it again with --overwrite"
+                    "run `fastdata verify` on it and convert it again"
                 )
-            for doc in found.values():
-                if "data" not in doc and "gridfs_id" in doc:
-                    stream = _gridfs(db, self.collection).open_download_stream(doc["gridfs_id"])
-                    doc["data"] = stream.read()
+            for i, doc in found.items():
+                self._check_document(db, i, doc)
             return [found[i] for i in indices]
 
         span = f"{min(indices)}-{max(indices)}" if indices else "none"
         return self._run(f"reading records {span}", query)
 
+    def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
+        """Check a document's store id and the type of its image before using it; fetch an image
+        kept in GridFS."""
+        if self._meta.id and doc.get("store") != self._meta.id:
+            raise StoreReplacedError(
+                f"{self.location}: record {index} belongs to another store (id "
+                f"{doc.get('store')!r}, not {self._meta.id}): the collection was replaced since "
+                "this dataset opened it; create the dataset (and its DataLoader) again"
+            )
+        data = doc.get("data")
+        if isinstance(data, bytes):
+            return
+        if data is None and isinstance(doc.get("gridfs_id"), str):
+            size = doc.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise RecordError(f"{self.location}: record {index}: damaged ('size')")
+            doc["data"] = self._download(db, doc["gridfs_id"], size, f"record {index}")
+            return
+        found = type(data).__name__ if data is not None else "missing"
+        raise RecordError(
+            f"{self.location}: record {index}: its image ('data') is {found}, not binary; the "
+            "store is damaged, run `fastdata verify` on it and convert it again"
+        )
+
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        docs = self._fetch(idx, {"data": 1, "gridfs_id": 1})
+        docs = self._fetch(idx, {"data": 1, "gridfs_id": 1, "size": 1, "store": 1})
         return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx)]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
