@@ -245,16 +245,41 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
     Example:
       fastdata verify train.lmdb --decode
     """
-    from .verify import verify_store
+    from .errors import (
+        IncompleteStoreError,
+        PickleNotAllowedError,
+        StoreError,
+        StoreNotFoundError,
+    )
+    from .verify import check_file, verify_store
 
-    reader = _open(store, options)
+    try:
+        reader = _open(store, options)
+    except (IncompleteStoreError, PickleNotAllowedError, StoreNotFoundError):
+        raise
+    except StoreError as exc:
+        # too damaged to open: say which pages are, when it is an LMDB file
+        from .stores.mongo_store import is_mongo_uri
+
+        pages = [] if is_mongo_uri(store) else check_file(store)
+        click.echo(f"Error: {exc}", err=True)
+        for page in pages:
+            click.echo(f"  damaged {page}", err=True)
+        sys.exit(1)
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress)
     if report.ok:
         what = "checksums and decoding" if decode else "checksums"
         click.echo(f"{report.location}: {report.checked} records OK ({what})")
         return
-    click.echo(f"{report.location}: {len(report.failures)} of {report.checked} records failed:")
+    if report.damaged_pages:
+        click.echo(f"{report.location}: {len(report.damaged_pages)} damaged page(s):")
+        for page in report.damaged_pages:
+            click.echo(f"  {page}")
+    click.echo(
+        f"{report.location}: {len(report.failures)} of {len(reader)} records failed "
+        f"({report.checked} read):"
+    )
     for f in report.failures:
         click.echo(f"  {f.index} {f.name}: {f.reason}")
     sys.exit(1)
@@ -265,15 +290,29 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=str))
 @click.option("--repaired", is_flag=True, help="Write the repaired bytes, not the original ones.")
 @click.option("--overwrite", is_flag=True, help="Replace files that exist in OUTDIR.")
+@click.option(
+    "--resume", is_flag=True, help="Keep files in OUTDIR that already hold the right bytes."
+)
+@click.option(
+    "--skip-damaged", is_flag=True, help="Leave out records that fail their checksum (exit 1)."
+)
 @_store_options
 @_quiet
 def export(
-    store: str, outdir: str, repaired: bool, overwrite: bool, quiet: bool, **options: Any
+    store: str,
+    outdir: str,
+    repaired: bool,
+    overwrite: bool,
+    resume: bool,
+    skip_damaged: bool,
+    quiet: bool,
+    **options: Any,
 ) -> None:
     """Write the store back out as the folder tree it came from, byte for byte.
 
-    Nothing is written outside OUTDIR, whatever names the store holds. STORE is an LMDB path or
-    a mongodb:// URI with --collection.
+    Every record's checksum is checked before it is written; each file is written under a
+    temporary name and renamed, so no file is left partial. Nothing is written outside OUTDIR,
+    whatever names the store holds. STORE is an LMDB path or a mongodb:// URI with --collection.
 
     \b
     Example:
@@ -284,9 +323,22 @@ def export(
     reader = _open(store, options)
     with _progress("exporting", quiet) as progress:
         report = export_store(
-            reader, outdir, repaired=repaired, overwrite=overwrite, progress=progress
+            reader,
+            outdir,
+            repaired=repaired,
+            overwrite=overwrite,
+            resume=resume,
+            skip_damaged=skip_damaged,
+            progress=progress,
         )
     click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
+    if report.kept:
+        click.echo(f"kept {report.kept} files that were already complete")
+    if report.damaged:
+        click.echo(f"left out {len(report.damaged)} damaged record(s) (checksum mismatch):")
+        for name in report.damaged:
+            click.echo(f"  {name}")
+        sys.exit(1)
 
 
 @cli.command()

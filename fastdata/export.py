@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import StoreExistsError, UnsafePathError
+from .errors import RecordError, StoreError, StoreExistsError, UnsafePathError
+from .jpeg import checksum
+from .records import Record
 from .stores.base import StoreReader
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -20,6 +26,11 @@ class ExportReport:
     outdir: str
     files: int = 0
     total_bytes: int = 0
+    kept: int = 0
+    """Files that existed with the right bytes (``resume``) and were left as they were."""
+    damaged: list[str] = field(default_factory=list)
+    """Records left out because they fail their checksum (``skip_damaged``)."""
+    repaired: bool = False
 
 
 def safe_destination(outdir: Path, name: str) -> Path:
@@ -55,6 +66,8 @@ def export_store(
     *,
     repaired: bool = False,
     overwrite: bool = False,
+    resume: bool = False,
+    skip_damaged: bool = False,
     batch_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
@@ -62,30 +75,119 @@ def export_store(
 
     By default the original file bytes are written (a JPEG whose end-of-image marker was appended
     at conversion gets its original bytes back); ``repaired`` writes the stored, repaired bytes.
+    Every record's size and checksum are checked before it is written, and each file is written
+    under a temporary name and renamed, so no file in ``outdir`` is ever partial or wrong.
+
+    Args:
+        reader: the store.
+        outdir: the folder to write (created if missing); never inside the store itself.
+        repaired: write the stored bytes rather than the original ones.
+        overwrite: replace files that exist.
+        resume: keep files that exist with exactly the bytes they would get (an export that
+            stopped, e.g. on a full disk, goes on where it stopped).
+        skip_damaged: leave out records that fail their checksum (listed in the report) instead
+            of stopping at the first.
+        batch_size: records read at a time.
+        progress: called as ``progress(done, total)``.
 
     Raises:
+        RecordError: a record fails its checksum (without ``skip_damaged``); nothing is written
+            for it.
         UnsafePathError: a record's name would land outside ``outdir``; nothing is written for it.
-        StoreExistsError: a file exists already and ``overwrite`` is false.
+        StoreExistsError: a file exists already and neither ``overwrite`` nor ``resume`` fits.
+        StoreError: writing failed (a full disk, ...); the files written so far are whole.
     """
     out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    report = ExportReport(str(out))
+    _refuse_inside_store(reader, out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_failed(out, exc) from None
+    report = ExportReport(str(out), repaired=repaired)
     total = len(reader)
-    mode = "wb" if overwrite else "xb"
-    for rec in reader.iter_records(batch_size):
-        target = safe_destination(out, rec.header.name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        safe_destination(out, rec.header.name)  # again, now that the folders exist
-        data = rec.data if repaired else rec.original_bytes()
-        try:
-            with open(target, mode) as f:
-                f.write(data)
-        except FileExistsError as exc:
-            raise StoreExistsError(
-                f"{target}: exists already; export into an empty folder or pass --overwrite"
-            ) from exc
-        report.files += 1
-        report.total_bytes += len(data)
-        if progress is not None and (report.files % 64 == 0 or report.files == total):
-            progress(report.files, total)
+    for done, rec in enumerate(reader.iter_records(batch_size), 1):
+        data = _checked(reader, rec, skip_damaged, report)
+        if data is not None:
+            _write(out, rec.header.name, data, overwrite=overwrite, resume=resume, report=report)
+        if progress is not None and (done % 64 == 0 or done == total):
+            progress(done, total)
     return report
+
+
+def _checked(
+    reader: StoreReader, rec: Record, skip_damaged: bool, report: ExportReport
+) -> bytes | None:
+    """The bytes to write for ``rec``, after its size and checksum are checked."""
+    h = rec.header
+    if len(rec.data) == h.size and checksum(rec.data) == h.crc32:
+        return rec.data if report.repaired else rec.original_bytes()
+    if skip_damaged:
+        log.warning(
+            "%s: record %d (%s) fails its checksum; skipped", reader.location, rec.index, h.name
+        )
+        report.damaged.append(h.name)
+        return None
+    raise RecordError(
+        f"{reader.location}: record {rec.index} ({h.name}) fails its checksum; nothing was "
+        "written for it: run `fastdata verify` on the store, or pass --skip-damaged to export "
+        "the rest"
+    )
+
+
+def _write(
+    out: Path, name: str, data: bytes, *, overwrite: bool, resume: bool, report: ExportReport
+) -> None:
+    target = safe_destination(out, name)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        safe_destination(out, name)  # again, now that the folders exist
+        if target.exists() or target.is_symlink():
+            if resume and _holds(target, data):
+                report.kept += 1
+                return
+            if not overwrite:
+                hint = (
+                    "it differs from the record: pass --overwrite to replace it"
+                    if resume
+                    else "export into an empty folder, or pass --resume (keep files that match) "
+                    "or --overwrite"
+                )
+                raise StoreExistsError(f"{target}: exists already; {hint}")
+        tmp = target.with_name(f".{target.name}.fastdata-{os.getpid()}.tmp")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise _write_failed(target, exc) from None
+    report.files += 1
+    report.total_bytes += len(data)
+
+
+def _holds(target: Path, data: bytes) -> bool:
+    """Whether ``target`` is a regular file with exactly ``data`` in it."""
+    return target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data
+
+
+def _write_failed(where: Path, exc: OSError) -> StoreError:
+    return StoreError(
+        f"{where}: writing failed: {exc.strerror or exc}; free space (or fix the cause) and run "
+        "the same command with --resume: the files written so far are whole and are kept"
+    )
+
+
+def _refuse_inside_store(reader: StoreReader, out: Path) -> None:
+    """Never write into the store's own folder (paths compared with links resolved)."""
+    path = getattr(reader, "path", None)
+    if not isinstance(path, str) or not os.path.exists(path):
+        return
+    store = Path(os.path.realpath(path))
+    dest = Path(os.path.realpath(out))
+    if dest == store or store in dest.parents:
+        raise UnsafePathError(
+            f"{out}: it is inside the store {path}; export into a folder outside it"
+        )

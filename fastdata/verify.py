@@ -10,7 +10,7 @@ from .errors import CorruptImageError, FastdataError
 from .jpeg import checksum
 from .stores.base import StoreReader
 
-__all__ = ["Failure", "VerifyReport", "verify_store"]
+__all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,11 @@ class VerifyReport:
     checked: int = 0
     decoded: int = 0
     failures: list[Failure] = field(default_factory=list)
+    damaged_pages: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.damaged_pages
 
 
 def verify_store(
@@ -43,14 +44,23 @@ def verify_store(
     batch_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
 ) -> VerifyReport:
-    """Read every record and check its size and CRC-32 (and, with ``decode``, decode it).
+    """Check the store's structure (an LMDB file's every page), then read every record and check
+    its size and CRC-32 (and, with ``decode``, decode it).
 
-    Records that fail are listed in the report; reading goes on after a failure.
+    Damaged pages and the records that fail are listed in the report; records under a damaged
+    page are not read; reading goes on after a failure.
     """
     report = VerifyReport(reader.location)
+    report.damaged_pages = reader.structure_damage()
     total = len(reader)
     for start in range(0, total, batch_size):
-        indices = range(start, min(total, start + batch_size))
+        indices: list[int] = []
+        for i in range(start, min(total, start + batch_size)):
+            why = reader.damaged_record(i)
+            if why is None:
+                indices.append(i)
+            else:
+                report.failures.append(Failure(i, f"record {i}", why))
         try:
             records = reader.read_records(indices)
         except FastdataError as exc:
@@ -82,3 +92,21 @@ def verify_store(
         if progress is not None:
             progress(min(total, start + batch_size), total)
     return report
+
+
+def check_file(path: str) -> list[str]:
+    """The damaged pages of the LMDB store at ``path``, checked without opening it as a store
+    (for a store too damaged to open); none for anything else.
+
+    Raises:
+        StoreError: its header is damaged or it is truncated.
+    """
+    import os
+
+    from .stores.lmdb_file import walk
+    from .stores.lmdb_store import DATA_FILE
+
+    data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(data_file):
+        return []
+    return [str(d) for d in walk(data_file)]

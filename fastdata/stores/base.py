@@ -298,6 +298,15 @@ class StoreReader(abc.ABC):
             out.append(j)
         return out
 
+    def structure_damage(self) -> list[str]:
+        """Damage to the store's own structure (pages, indexes) found by a full check; readers
+        whose backend has nothing to check return none."""
+        return []
+
+    def damaged_record(self, index: int) -> str | None:
+        """Why record ``index`` cannot be read safely after :meth:`structure_damage`, or None."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release this process's handle (it reopens on the next read)."""

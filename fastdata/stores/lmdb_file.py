@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import StoreError
 
-__all__ = ["SLACK", "Header", "check_file", "pad", "walk"]
+__all__ = ["SLACK", "Damage", "Header", "check_file", "pad", "walk"]
 
 MAGIC = 0xBEEFC0DE
 PAGE_HEADER = 16
@@ -106,93 +106,117 @@ def pad(path: str) -> None:
         os.truncate(path, want)
 
 
-def walk(path: str, *, limit: int = 20) -> list[str]:
+@dataclass(frozen=True)
+class Damage:
+    """A damaged page of the B-tree, and the range of keys that live under it.
+
+    Attributes:
+        page: the page number.
+        what: what is wrong with it.
+        low: the smallest key that may live under it (None: from the first key).
+        high: the first key past it (None: to the last key).
+    """
+
+    page: int
+    what: str
+    low: bytes | None
+    high: bytes | None
+
+    def covers(self, key: bytes) -> bool:
+        return (self.low is None or key >= self.low) and (self.high is None or key < self.high)
+
+    def __str__(self) -> str:
+        low = self.low.decode("ascii", "replace") if self.low is not None else "the first key"
+        high = self.high.decode("ascii", "replace") if self.high is not None else "the last key"
+        return f"page {self.page} (keys {low} to {high}): {self.what}"
+
+
+_Bounds = tuple[int, int, "bytes | None", "bytes | None"]
+
+
+def walk(path: str, *, limit: int = 100) -> list[Damage]:
     """Check every page of the main B-tree, reading the file directly; return what is wrong.
 
     Every branch and leaf page reached from the root is checked: its page number and type, its
     bounds, every node's offset and key length, every child page and overflow run within the
-    file. At most ``limit`` problems are listed.
+    file. A damaged page's subtree is not followed; the damage names the keys it holds. At most
+    ``limit`` damaged pages are listed.
+
+    Raises:
+        StoreError: the file's header is damaged or the file is truncated (nothing to walk).
     """
     head = check_file(path)
-    problems: list[str] = []
+    found: list[Damage] = []
     if head.root == P_INVALID:
-        return problems
+        return found
     psize, last = head.psize, head.last_page
     seen: set[int] = set()
     with open(path, "rb") as f:
-
-        def page(number: int) -> bytes:
-            f.seek(number * psize)
-            return f.read(psize)
-
-        stack = [(head.root, 0)]
-        while stack and len(problems) < limit:
-            number, level = stack.pop()
-            if number in seen:
-                problems.append(f"page {number} is reached twice (a loop in the tree)")
+        stack: list[_Bounds] = [(head.root, 0, None, None)]
+        while stack and len(found) < limit:
+            number, level, low, high = stack.pop()
+            if number in seen or level > 64:
+                found.append(Damage(number, "reached twice (a loop in the tree)", low, high))
                 continue
             seen.add(number)
-            if level > 64:
-                problems.append(f"page {number}: the tree is deeper than LMDB allows")
-                continue
-            data = page(number)
-            pgno, _pad, flags, lower, upper = struct.unpack_from("<QHHHH", data, 0)
-            if pgno != number:
-                problems.append(f"page {number}: damaged (its header says page {pgno})")
-                continue
-            kind = flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META)
-            if kind not in (P_BRANCH, P_LEAF):
-                problems.append(f"page {number}: damaged (flags {flags:#x}, not a tree page)")
-                continue
-            if not PAGE_HEADER <= lower <= upper <= psize or (lower - PAGE_HEADER) % 2:
-                problems.append(f"page {number}: damaged (bounds {lower}-{upper})")
-                continue
-            count = (lower - PAGE_HEADER) // 2
-            offsets = struct.unpack_from(f"<{count}H", data, PAGE_HEADER)
-            for i, offset in enumerate(offsets):
-                problem = _check_node(data, number, i, offset, upper, kind, last, stack, level)
-                if problem:
-                    problems.append(problem)
-                    break
-    return problems
+            f.seek(number * psize)
+            what = _check_page(f.read(psize), number, last, level, low, high, stack)
+            if what:
+                found.append(Damage(number, what, low, high))
+    return found
 
 
-def _check_node(
+def _check_page(
     data: bytes,
     number: int,
-    i: int,
-    offset: int,
-    upper: int,
-    kind: int,
     last: int,
-    stack: list[tuple[int, int]],
     level: int,
-) -> str | None:
+    low: bytes | None,
+    high: bytes | None,
+    stack: list[_Bounds],
+) -> str:
+    """What is wrong with one tree page ("" if nothing); a branch page's children are pushed."""
     psize = len(data)
-    where = f"page {number} node {i}"
-    if not upper <= offset <= psize - NODE_HEADER:
-        return f"{where}: damaged (offset {offset} outside the page)"
-    lo, hi, flags, ksize = struct.unpack_from("<HHHH", data, offset)
-    if offset + NODE_HEADER + ksize > psize:
-        return f"{where}: damaged (key of {ksize} bytes runs past the page)"
-    if kind == P_BRANCH:
-        child = lo | (hi << 16) | (flags << 32)
-        if not 2 <= child <= last:
-            return f"{where}: damaged (child page {child} outside the file)"
-        stack.append((child, level + 1))
-        return None
-    dsize = lo | (hi << 16)
-    if flags & (F_SUBDATA | F_DUPDATA):
-        return None  # fastdata stores have no sub-databases; other layouts are not walked
-    start = offset + NODE_HEADER + ksize
-    if flags & F_BIGDATA:
-        if start + 8 > psize:
-            return f"{where}: damaged (overflow pointer runs past the page)"
-        first = struct.unpack_from("<Q", data, start)[0]
-        pages = -(-(dsize + PAGE_HEADER) // psize)
-        if first < 2 or first + pages - 1 > last:
-            return f"{where}: damaged (value of {dsize} bytes on pages outside the file)"
-        return None
-    if start + dsize > psize:
-        return f"{where}: damaged (value of {dsize} bytes runs past the page)"
-    return None
+    if psize < PAGE_HEADER:
+        return "past the end of the file"
+    pgno, _pad, flags, lower, upper = struct.unpack_from("<QHHHH", data, 0)
+    if pgno != number:
+        return f"damaged (its header says page {pgno})"
+    kind = flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META)
+    if kind not in (P_BRANCH, P_LEAF):
+        return f"damaged (flags {flags:#x}, not a tree page)"
+    if not PAGE_HEADER <= lower <= upper <= psize or (lower - PAGE_HEADER) % 2:
+        return f"damaged (bounds {lower}-{upper})"
+    count = (lower - PAGE_HEADER) // 2
+    children: list[_Bounds] = []
+    keys: list[bytes | None] = []
+    for i, offset in enumerate(struct.unpack_from(f"<{count}H", data, PAGE_HEADER)):
+        where = f"node {i}"
+        if not upper <= offset <= psize - NODE_HEADER:
+            return f"damaged ({where} at offset {offset}, outside the page)"
+        lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, offset)
+        start = offset + NODE_HEADER + ksize
+        if start > psize:
+            return f"damaged ({where}: key of {ksize} bytes runs past the page)"
+        keys.append(data[offset + NODE_HEADER : start] if i or kind == P_LEAF else low)
+        if kind == P_BRANCH:
+            child = lo | (hi << 16) | (nflags << 32)
+            if not 2 <= child <= last:
+                return f"damaged ({where}: child page {child} outside the file)"
+            children.append((child, level + 1, None, None))
+            continue
+        dsize = lo | (hi << 16)
+        if nflags & (F_SUBDATA | F_DUPDATA):
+            continue  # fastdata stores have no sub-databases; other layouts are not walked
+        if nflags & F_BIGDATA:
+            if start + 8 > psize:
+                return f"damaged ({where}: overflow pointer runs past the page)"
+            first = struct.unpack_from("<Q", data, start)[0]
+            pages = -(-(dsize + PAGE_HEADER) // psize)
+            if first < 2 or first + pages - 1 > last:
+                return f"damaged ({where}: a value of {dsize} bytes on pages outside the file)"
+        elif start + dsize > psize:
+            return f"damaged ({where}: a value of {dsize} bytes runs past the page)"
+    for i, (child, lvl, _, _) in enumerate(children):
+        stack.append((child, lvl, keys[i], keys[i + 1] if i + 1 < len(keys) else high))
+    return ""

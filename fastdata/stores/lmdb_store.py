@@ -654,9 +654,19 @@ class LMDBStore(_Leased):
                 out.append(Record(i, header, data))
         return out
 
-    def damaged_pages(self) -> list[str]:
-        """What :func:`~fastdata.stores.lmdb_file.walk` finds wrong in the data file."""
-        return lmdb_file.walk(_data_file(self.path))
+    _damage: tuple[lmdb_file.Damage, ...] = ()
+
+    def structure_damage(self) -> list[str]:
+        """The damaged pages of the data file (see :func:`~fastdata.stores.lmdb_file.walk`)."""
+        self._damage = tuple(lmdb_file.walk(_data_file(self.path)))
+        return [str(d) for d in self._damage]
+
+    def damaged_record(self, index: int) -> str | None:
+        keys = (record_key(index), header_key(index))
+        for damage in self._damage:
+            if any(damage.covers(k) for k in keys):
+                return f"lies under damaged page {damage.page}; not read"
+        return None
 
 
 def _unpickled_sample(raw: bytes, where: str) -> tuple[bytes, int]:
