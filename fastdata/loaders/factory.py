@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Union
 
@@ -82,6 +83,17 @@ def pick_workers(
     return chosen, rates
 
 
+def _shut_down(dataloader: DataLoader[Any]) -> None:
+    """Stop a DataLoader's persistent workers and drop the slot mappings of exited workers."""
+    from .slots import drop_exited_workers
+
+    iterator = getattr(dataloader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    dataloader._iterator = None
+    drop_exited_workers()
+
+
 class Loader:
     """What :func:`create_loader` returns: iterate it for device batches, epoch after epoch.
 
@@ -108,6 +120,18 @@ class Loader:
         self.epoch = 0
         self._skip = 0  # batches of self.epoch already consumed
         self._consumed = 0
+        self._finalizer = weakref.finalize(self, _shut_down, dataloader)
+
+    def close(self) -> None:
+        """Stop the worker processes and release their shared-memory batch slots (batches still
+        referenced keep theirs until they go). Also done when the loader is garbage-collected."""
+        self._finalizer()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def dataset(self) -> Any:

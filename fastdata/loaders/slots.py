@@ -31,7 +31,7 @@ import torch
 
 from ..errors import FastdataError
 
-__all__ = ["SLOTS_PER_WORKER", "SlotBatch", "batch_buffer", "finish"]
+__all__ = ["SLOTS_PER_WORKER", "SlotBatch", "batch_buffer", "drop_exited_workers", "finish"]
 
 SLOTS_PER_WORKER = 8
 _HEADER = 64  # bytes before the data: the slot's state, an int32
@@ -163,6 +163,15 @@ def _forget_exited_workers() -> None:
                 del _mapped[key]
         except PermissionError:
             pass
+
+
+def drop_exited_workers() -> int:
+    """Drop this process's mappings of the slots of workers that have exited; a batch still
+    referenced keeps its own mapping until it goes. Returns how many mappings were dropped."""
+    with _lock:
+        before = len(_mapped)
+        _forget_exited_workers()
+        return before - len(_mapped)
 
 
 def _release(state: np.ndarray, pid: int) -> None:

@@ -247,12 +247,13 @@ def open_reader(path: str) -> Lease:
                 return _lease(entry)
             lmdb_file.check_file(data_file)
             try:
-                # lock=False: readers of a finished store need no lock file (and may lack write
-                # access); readahead stays on: with it off, every 4 KiB page of an image is a
-                # separate disk read.
+                # The data file itself is opened (py-lmdb refuses a folder it has open already,
+                # even when the file in it was replaced). lock=False: readers of a finished store
+                # need no lock file (and may lack write access); readahead stays on: with it off,
+                # every 4 KiB page of an image is a separate disk read.
                 env = lmdb.open(
-                    path,
-                    subdir=os.path.isdir(path),
+                    data_file,
+                    subdir=False,
                     readonly=True,
                     lock=False,
                     readahead=True,
@@ -411,7 +412,9 @@ class LMDBWriter(StoreWriter):
             except StoreError as exc:
                 other = f"holds a damaged LMDB store ({exc})"
             else:
-                if meta is None and progress is None:
+                if meta is not None:
+                    progress = None  # kept beside the metadata; the store is complete
+                elif progress is None:
                     other = (
                         "holds an LMDB store written by another tool"
                         if has_keys

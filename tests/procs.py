@@ -1,0 +1,120 @@
+"""Run fastdata in other processes, as users do: the CLI, or a short Python script."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def cli(*args: str, fsize: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``fastdata ARGS`` in a new process; ``fsize`` limits the size of files it may write."""
+    limit: Callable[[], None] | None = None
+    if fsize is not None:
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return subprocess.run(
+        [sys.executable, "-m", "fastdata", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        preexec_fn=limit,
+    )
+
+
+def script(code: str, *args: Any) -> subprocess.Popen:
+    """Start ``code`` (a Python script, dedented; ``sys.argv[1:]`` are ``args``)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+
+
+def run_script(code: str, *args: Any, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = script(code, *args)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    """Wait until ``path`` exists (a process signalling that it got somewhere)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process ended ({proc.returncode}): {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
+# A conversion that signals (touches argv[3]) after its first committed batch and then waits
+# until argv[4] exists, so that another process can act while it holds the store.
+HOLDING_CONVERT = """
+    import os, sys, time
+    from pathlib import Path
+    from fastdata import convert
+    from fastdata.stores import open_writer
+
+    src, dst, started, go = sys.argv[1:5]
+    overwrite = "--overwrite" in sys.argv
+    args = sys.argv[1:]  # sys.argv[0] is "-c"
+    collection = args[args.index("-c") + 1] if "-c" in args else None
+    writer = open_writer(dst, collection=collection)
+    if "--ttl" in sys.argv:
+        writer.claim_ttl_s = float(sys.argv[sys.argv.index("--ttl") + 1])
+    real = type(writer).write
+    def write(self, records, progress):
+        real(self, records, progress)
+        if not os.path.exists(started):
+            Path(started).touch()
+            while not os.path.exists(go):
+                time.sleep(0.02)
+    type(writer).write = write
+    report = convert(src, writer, overwrite=overwrite, commit_records=2, workers=1)
+    print("converted", report.count)
+"""
+
+# A conversion that kills itself (SIGKILL) after argv[3] committed batches.
+KILLED_CONVERT = """
+    import os, signal, sys
+    from fastdata import convert
+    from fastdata.stores import open_writer
+
+    src, dst, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    overwrite = "--overwrite" in sys.argv
+    resume = "--resume" in sys.argv
+    args = sys.argv[1:]  # sys.argv[0] is "-c"
+    collection = args[args.index("-c") + 1] if "-c" in args else None
+    writer = open_writer(dst, collection=collection)
+    real = type(writer).write
+    calls = [0]
+    def write(self, records, progress):
+        if calls[0] >= commits:
+            os.kill(os.getpid(), signal.SIGKILL)
+        calls[0] += 1
+        real(self, records, progress)
+        if hasattr(self, "_wait"):
+            self._wait()  # the Mongo writer sends in the background: let the batch land
+    type(writer).write = write
+    convert(src, writer, overwrite=overwrite, resume=resume, commit_records=2, workers=1)
+    print("finished")
+"""
