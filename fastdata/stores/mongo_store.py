@@ -770,7 +770,15 @@ class MongoStore(_MongoTarget, StoreReader):
                 raise RecordError(f"{self.location}: record {index}: damaged ('size')")
             doc["data"] = self._download(db, doc["gridfs_id"], size, f"record {index}")
             return
-        found = type(data).__name__ if data is not None else "missing"
+        found = (
+            "missing"
+            if data is None
+            else "a number"
+            if isinstance(data, (int, float))
+            else "text"
+            if isinstance(data, str)
+            else f"a {type(data).__name__}"
+        )
         raise RecordError(
             f"{self.location}: record {index}: its image ('data') is {found}, not binary; the "
             "store is damaged, run `fastdata verify` on it and convert it again"
