@@ -163,7 +163,9 @@ def test_damaged_documents_are_errors_not_crashes(folder_a: Path, mongo_uri: str
     coll.update_one({"_id": 4}, {"$unset": {"data": "", "label": ""}})
     coll.update_one({"_id": 5}, {"$set": {"crc32": "x"}})
     ds = MongoImageDataset(mongo_uri, "c", output="bytes")
-    with pytest.raises(RecordError, match=r"record 3: its image \('data'\) is a number, not binary"):
+    with pytest.raises(
+        RecordError, match=r"record 3: its image \('data'\) is a number, not binary"
+    ):
         ds[3]  # and not a terabyte of zeros
     with pytest.raises(RecordError, match=r"record 4: its image \('data'\) is missing"):
         ds[4]

@@ -198,9 +198,7 @@ def test_kill_during_overwrite_leaves_the_old_store_whole(
     assert not (dst / ".replacement").exists()
 
 
-def test_a_failed_overwrite_leaves_the_old_store(
-    folder_a: Path, tmp_path: Path
-) -> None:
+def test_a_failed_overwrite_leaves_the_old_store(folder_a: Path, tmp_path: Path) -> None:
     dst = tmp_path / "s.lmdb"
     convert(folder_a, dst)
     before = exported(dst, tmp_path)

@@ -1,6 +1,7 @@
 """Batches that fast_collate sends from workers through reused shared-memory slots."""
 
 import gc
+import os
 import multiprocessing
 import weakref
 
@@ -96,3 +97,57 @@ def test_spawned_workers_send_through_slots() -> None:
 def test_in_the_main_process_batches_are_plain_tensors() -> None:
     images, labels = fast_collate([(torch.zeros((3, 2, 2), dtype=torch.uint8), 5)])
     assert type(images) is torch.Tensor and labels.tolist() == [5]
+
+
+def device_loader():  # type: ignore[no-untyped-def]
+    from fastdata import create_loader
+
+    return create_loader(Pixels(), 4, train=False, num_workers=2, device="cpu", mean=None, std=None)
+
+
+def test_a_closed_loader_releases_its_workers_and_slots() -> None:
+    made = device_loader()
+    assert sum(intact(b) for b in made) == 60
+    workers = list(made.dataloader._iterator._workers)  # type: ignore[union-attr]
+    assert {w.pid for w in workers} <= worker_pids()
+    made.close()
+    assert all(not w.is_alive() for w in workers)
+    assert not worker_pids() & {w.pid for w in workers}
+
+
+def test_a_collected_loader_releases_its_workers_and_slots() -> None:
+    made = device_loader()
+    assert sum(intact(b) for b in made) == 60
+    workers = list(made.dataloader._iterator._workers)  # type: ignore[union-attr]
+    del made
+    gc.collect()
+    assert all(not w.is_alive() for w in workers)
+    assert not worker_pids() & {w.pid for w in workers}
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_a_process_that_exits_leaves_nothing_in_dev_shm() -> None:
+    from ..procs import run_script
+
+    before = set(os.listdir("/dev/shm"))
+    result = run_script(
+        """
+        import torch
+        from fastdata import create_loader, fast_collate
+        class Pixels(torch.utils.data.Dataset):
+            def __len__(self):
+                return 400
+            def __getitem__(self, i):
+                return torch.full((3, 64, 64), i % 251, dtype=torch.uint8), i
+        loader = create_loader(Pixels(), 8, train=True, num_workers=2, device="cpu")
+        kept = [batch for _, batch in zip(range(30), loader)]  # some batches still held at exit
+        print(len(kept))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    left = {
+        name
+        for name in set(os.listdir("/dev/shm")) - before
+        if "torch" in name or "fastdata" in name
+    }
+    assert not left
