@@ -25,6 +25,7 @@ __all__ = [
     "SkippedFile",
     "StoreMeta",
     "check_labels",
+    "class_count",
     "new_store_id",
     "record_key",
 ]
@@ -325,3 +326,25 @@ def check_labels(raw: bytes | memoryview | None, meta: StoreMeta, where: str) ->
         )
     labels.setflags(write=False)
     return labels
+
+
+MAX_CLASSES = 1 << 20
+"""Stores from other tools have no class list; one is made from their labels, up to this many."""
+
+
+def class_count(labels: Any, where: str) -> int:
+    """The number of classes implied by integer ``labels`` of a store without a class list.
+
+    Raises:
+        StoreError: a label is negative or absurdly large (a damaged store), which would
+            otherwise size a list of class names.
+    """
+    if not len(labels):
+        return 0
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= MAX_CLASSES:
+        raise StoreError(
+            f"{where}: label {low if low < 0 else high} is out of range (0 to {MAX_CLASSES - 1}); "
+            "the store or its index is damaged"
+        )
+    return high + 1

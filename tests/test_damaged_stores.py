@@ -211,3 +211,20 @@ def test_export_refuses_a_record_that_fails_its_checksum(store: Path, tmp_path: 
     result = cli("export", str(store), str(out), "-q", "--resume", "--skip-damaged")
     assert result.returncode == 1 and "left out 1 damaged record(s)" in result.stdout
     assert len(list(out.rglob("*.jpg"))) == 239 and not (out / "c0" / "0005.jpg").exists()
+
+
+def test_a_pickle_store_with_an_absurd_label(tmp_path: Path) -> None:
+    import pickle
+
+    from fastdata import LMDBImageDataset
+    from fastdata.errors import StoreError
+
+    path = tmp_path / "legacy.lmdb"
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(b"0", pickle.dumps((jpeg_bytes(), 2**40)))  # a list of 2**40 class names?
+        txn.put(b"__keys__", pickle.dumps([b"0"]))
+    env.close()
+    ds = LMDBImageDataset(path, allow_pickle=True)
+    with pytest.raises(StoreError, match="label 1099511627776 is out of range"):
+        ds.classes

@@ -25,6 +25,7 @@ import pickle
 import shutil
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -44,7 +45,15 @@ from ..errors import (
     StoreNotFoundError,
     StoreReplacedError,
 )
-from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels, record_key
+from ..records import (
+    Progress,
+    Record,
+    RecordHeader,
+    StoreMeta,
+    check_labels,
+    class_count,
+    record_key,
+)
 from . import lmdb_file
 from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
 
@@ -121,10 +130,13 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _forget_inherited() -> None:
-    """In a forked child, close what the parent had open (called under the registry lock)."""
+    """In a forked child, close what the parent had open; apply queued releases (called under
+    the registry lock)."""
     global _envs_pid
     if _envs_pid == os.getpid():
+        _drain()
         return
+    _pending.clear()
     for entry in _envs.values():
         with suppress(lmdb.Error):
             entry.env.close()
@@ -203,17 +215,35 @@ def _damage(where: str, what: str) -> RecordError:
     )
 
 
+_pending: deque[tuple[int, int]] = deque()
+"""Releases made by garbage collection, applied under the registry lock."""
+
+
 def _release(key: tuple[int, int], pid: int) -> None:
+    # Also called by the garbage collector, which may run while this very thread holds the
+    # registry lock: the release is queued, and applied now only if the lock is free.
     if os.getpid() != pid:
         return
-    with _envs_lock:
+    _pending.append(key)
+    if _envs_lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _envs_lock.release()
+
+
+def _drain() -> None:
+    """Apply queued releases (called with the registry lock held)."""
+    while _pending:
+        key = _pending.popleft()
         entry = _envs.get(key)
-        if entry is None or _envs_pid != pid:
-            return
+        if entry is None or _envs_pid != os.getpid():
+            continue
         entry.refs -= 1
         if entry.refs <= 0:
             del _envs[key]
-            entry.env.close()
+            with suppress(lmdb.Error):
+                entry.env.close()
 
 
 def _lease(entry: _Env) -> Lease:
@@ -763,7 +793,7 @@ class PickleLMDBStore(_Leased):
     def meta(self) -> StoreMeta:
         if self._lazy_meta is None:
             labels = self.labels
-            n_classes = int(labels.max()) + 1 if len(labels) else 0
+            n_classes = class_count(labels, self.path)
             self._lazy_meta = StoreMeta(
                 count=len(self),
                 classes=[str(c) for c in range(n_classes)],

@@ -43,7 +43,7 @@ from ..errors import (
     StoreNotFoundError,
     StoreReplacedError,
 )
-from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels
+from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels, class_count
 from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
 
 __all__ = [
@@ -835,12 +835,18 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
                 f"{path}: {len(paths)} paths but {len(labels)} labels; the index is damaged"
             )
         # One fixed-width byte array and one int array, not two lists of Python objects.
-        self._names = np.array([p.encode("utf-8") for p in paths], dtype=np.bytes_)
-        self._labels = np.asarray(labels, dtype=np.int64)
+        try:
+            self._names = np.array([p.encode("utf-8") for p in paths], dtype=np.bytes_)
+            self._labels = np.asarray(labels, dtype=np.int64)
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+            raise StoreError(
+                f'{path}: not a usable index file ({exc}); "path_list" must hold strings and '
+                '"label_list" integers'
+            ) from None
         self._labels.setflags(write=False)
         self._meta = StoreMeta(
             count=len(paths),
-            classes=_legacy_classes(paths, self._labels),
+            classes=_legacy_classes(paths, self._labels, str(path)),
             source=str(path),
             format="img_name/bson_img",
             version=0,
@@ -891,8 +897,8 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         return out
 
 
-def _legacy_classes(paths: Sequence[str], labels: np.ndarray) -> list[str]:
-    n = int(labels.max()) + 1 if len(labels) else 0
+def _legacy_classes(paths: Sequence[str], labels: np.ndarray, where: str) -> list[str]:
+    n = class_count(labels, where)
     names: dict[int, str] = {}
     for p, label in zip(paths, labels.tolist()):
         first = p.split("/", 1)[0] if "/" in p else None
