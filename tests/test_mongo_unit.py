@@ -35,9 +35,11 @@ def test_is_mongo_uri() -> None:
 
 def test_legacy_classes_from_paths_or_numbers() -> None:
     labels = np.array([0, 0, 1])
-    assert _legacy_classes(["cat/a.jpg", "cat/b.jpg", "dog/c.jpg"], labels) == ["cat", "dog"]
-    assert _legacy_classes(["a.jpg", "b.jpg", "c.jpg"], labels) == ["0", "1"]
-    assert _legacy_classes(["cat/a", "dog/b", "dog/c"], labels) == ["0", "1"]  # inconsistent
+    assert _legacy_classes(["cat/a.jpg", "cat/b.jpg", "dog/c.jpg"], labels, "i") == ["cat", "dog"]
+    assert _legacy_classes(["a.jpg", "b.jpg", "c.jpg"], labels, "i") == ["0", "1"]
+    assert _legacy_classes(["cat/a", "dog/b", "dog/c"], labels, "i") == ["0", "1"]  # inconsistent
+    with pytest.raises(StoreError, match="index.json: label 4294967296 is out of range"):
+        _legacy_classes(["a.jpg"], np.array([2**32]), "index.json")
 
 
 def test_collection_and_database_are_required() -> None:
