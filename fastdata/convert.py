@@ -236,7 +236,8 @@ def convert(
         state = writer.start(fresh, overwrite=overwrite, resume=resume)
         if state is None:
             assert writer.completed is not None, "start() returns None only for a complete store"
-            return _complete_report(writer.completed, writer.location, scan, started)
+            log.info("%s: the conversion is complete already; nothing to do", writer.location)
+            return _report(writer.completed, writer.location, scan, started, total)
         resumed_from = state.next_sample
         batch: list[Record] = []
         batch_bytes = 0
@@ -303,28 +304,15 @@ def convert(
             fingerprint=state.fingerprint,
         )
         writer.finish(meta, labels)
-        location = writer.location
     if progress is not None:
         progress(total, total)
-    return ConvertReport(
-        destination=location,
-        count=state.count,
-        repaired=state.repairs,
-        skipped=list(state.skipped),
-        non_image_files=scan.skipped_files,
-        total_bytes=state.total_bytes,
-        seconds=time.perf_counter() - started,
-        resumed_from=resumed_from,
-        converted=total - resumed_from,
-        classes=list(scan.classes),
-    )
+    return _report(meta, writer.location, scan, started, resumed_from)
 
 
-def _complete_report(
-    meta: StoreMeta, location: str, scan: FolderScan, started: float
+def _report(
+    meta: StoreMeta, location: str, scan: FolderScan, started: float, resumed_from: int
 ) -> ConvertReport:
-    """The report of a ``resume`` that found the same conversion already complete."""
-    log.info("%s: the conversion is complete already; nothing to do", location)
+    """The report of a conversion that ended with the store ``meta`` describes."""
     return ConvertReport(
         destination=location,
         count=meta.count,
@@ -333,7 +321,7 @@ def _complete_report(
         non_image_files=scan.skipped_files,
         total_bytes=meta.total_bytes,
         seconds=time.perf_counter() - started,
-        resumed_from=len(scan.samples),
-        converted=0,
+        resumed_from=resumed_from,
+        converted=len(scan.samples) - resumed_from,
         classes=list(meta.classes),
     )
