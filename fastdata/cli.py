@@ -221,6 +221,8 @@ def info(store: str, as_json: bool, **options: Any) -> None:
         click.echo(f"source:     {facts['source']}")
     if facts["created"]:
         click.echo(f"created:    {facts['created']}")
+    if facts["id"]:
+        click.echo(f"id:         {facts['id']}")
     counts = facts["images_per_class"]
     click.echo(f"classes:    {facts['classes']}")
     shown = list(counts.items())

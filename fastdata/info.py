@@ -12,7 +12,8 @@ __all__ = ["store_info"]
 
 
 def store_info(reader: StoreReader) -> dict[str, Any]:
-    """Count, classes with their sizes, bytes, repairs, skipped files and format version."""
+    """Count, classes with their sizes, bytes, repairs, skipped files, format version and the
+    store's id (new for every conversion: it changes when the store is replaced)."""
     meta = reader.meta
     per_class = np.bincount(reader.labels, minlength=len(meta.classes))
     return {
@@ -28,4 +29,5 @@ def store_info(reader: StoreReader) -> dict[str, Any]:
         "skipped": [{"name": s.name, "reason": s.reason} for s in meta.skipped],
         "source": meta.source,
         "created": meta.created,
+        "id": meta.id,
     }

@@ -5,6 +5,7 @@ writers at once, a kill at any point, a full disk."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import shutil
@@ -178,6 +179,8 @@ def test_training_reads_while_another_process_overwrites(
     assert "replaced: " in out and "create the dataset" in out
     assert LMDBImageDataset(dst).classes == ["b0", "b1"]
     assert records(dst) == records(_fresh(folder_b, tmp_path))
+    ids = [cli("info", str(store), "--json").stdout for store in (dst, _fresh(folder_b, tmp_path))]
+    assert len({json.loads(i)["id"] for i in ids}) == 2  # every conversion has its own id
 
 
 def test_kill_during_overwrite_leaves_the_old_store_whole(

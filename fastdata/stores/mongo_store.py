@@ -367,9 +367,9 @@ class MongoWriter(_MongoTarget, StoreWriter):
             left = held.get("expires", 0) - time.time() if "expires" in held else ttl
             raise StoreLockedError(
                 f"{self.location}: another conversion is writing this collection "
-                f"({describe_holder(held)}); wait for it to finish, or stop it: its claim "
-                f"expires {max(0.0, left):.0f} s after its last renewal if it is gone, then run "
-                "the same command with --resume"
+                f"({describe_holder(held)}); wait for it to finish. If that process is gone, its "
+                f"claim expires in {max(0.0, left):.0f} s (a running writer renews it every "
+                f"{ttl / 4:g} s): then run the same command with --resume"
             )
         self._token = token
         self._heartbeat = threading.Thread(
