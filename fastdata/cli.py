@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import click
 
@@ -96,6 +96,28 @@ def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 _quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 
 
+class ByteSize(click.ParamType):
+    """A size in bytes: ``123``, ``64K``, ``512M``, ``2G`` (powers of 1024)."""
+
+    name = "size"
+    _units: ClassVar[dict[str, int]] = {
+        "": 1,
+        "K": 1 << 10,
+        "M": 1 << 20,
+        "G": 1 << 30,
+        "T": 1 << 40,
+    }
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+        number, unit = text.rstrip("KMGT"), text[len(text.rstrip("KMGT")) :]
+        if unit in self._units and number.isdigit():
+            return int(number) * self._units[unit]
+        self.fail(f"{value!r} is not a size (e.g. 500M, 2G)", param, ctx)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fastdata")
 @click.option("--verbose", "-v", is_flag=True, help="Log what the library does.")
@@ -124,6 +146,13 @@ def cli(verbose: bool) -> None:
 @click.option(
     "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
 )
+@click.option(
+    "--max-file-size",
+    type=ByteSize(),
+    default="1G",
+    show_default=True,
+    help="Skip files larger than this (bytes, or with K, M, G).",
+)
 @_quiet
 def convert(
     src: str,
@@ -134,6 +163,7 @@ def convert(
     verify_decode: bool,
     resume: bool,
     overwrite: bool,
+    max_file_size: int,
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (SRC/<class>/<image>) into the store DST.
@@ -164,6 +194,7 @@ def convert(
                 overwrite=overwrite,
                 progress=progress,
                 collection=collection,
+                max_file_bytes=max_file_size,
             )
     except KeyboardInterrupt:
         click.echo(

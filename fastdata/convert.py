@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -22,7 +23,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from .errors import CorruptImageError, SourceError
-from .folder import FolderScan, Sample, scan_folder
+from .folder import FolderScan, Sample, file_kind, os_reason, scan_folder
 from .jpeg import checksum, validate_image
 from .memory import tune_malloc
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
@@ -43,6 +44,9 @@ CHUNK = 8
 """Samples per task handed to a reader thread."""
 READ_AHEAD = 256
 """Samples read ahead of the writer (about one commit's worth of typical JPEGs)."""
+MAX_FILE_BYTES = 1 << 30
+"""Files larger than this are skipped (``max_file_bytes``, ``--max-file-size``): no image in a
+training set is that large, and reading one whole would hold it all in memory."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -127,19 +131,48 @@ def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
         yield items[start : start + size]
 
 
+def read_file(path: str, limit: int) -> bytes | str:
+    """The bytes of the regular file at ``path``, or why it cannot be used.
+
+    The file is opened without blocking (a FIFO would wait forever for a writer) and checked with
+    ``fstat`` before anything is read: FIFOs, sockets and devices, directly or through a link, are
+    refused, and so is a file over ``limit`` bytes; no more than ``limit`` bytes are ever read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return os_reason(exc)
+    with open(fd, "rb", closefd=True) as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return f"not a regular file ({file_kind(st.st_mode)})"
+            if st.st_size > limit:
+                return _too_large(st.st_size, limit)
+            data = f.read(limit + 1)
+        except OSError as exc:
+            return os_reason(exc)
+    if len(data) > limit:
+        return _too_large(len(data), limit)
+    return data
+
+
+def _too_large(size: int, limit: int) -> str:
+    return f"too large ({size} bytes; the limit is {limit}: --max-file-size)"
+
+
 def _loader(
-    scan: FolderScan, verify_decode: bool
+    scan: FolderScan, verify_decode: bool, max_file_bytes: int
 ) -> Callable[[list[Sample]], list[tuple[Sample, _Loaded | SkippedFile]]]:
     """The workers' job: read, validate and checksum a chunk of samples (never writes)."""
 
     root = os.fspath(scan.root)
 
     def load_one(sample: Sample) -> _Loaded | SkippedFile:
-        try:  # a plain string join: building a Path per file costs more than reading it
-            with open(os.path.join(root, *sample.name.split("/")), "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            return SkippedFile(sample.name, f"unreadable: {exc.strerror or exc}")
+        # a plain string join: building a Path per file costs more than reading it
+        data = read_file(os.path.join(root, *sample.name.split("/")), max_file_bytes)
+        if isinstance(data, str):
+            return SkippedFile(sample.name, data)
         try:
             checked = validate_image(data, sample.name, decode=verify_decode)
         except CorruptImageError as exc:
@@ -187,6 +220,7 @@ def convert(
     progress: ProgressCallback | None = None,
     commit_records: int = COMMIT_RECORDS,
     collection: str | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``) into a store.
 
@@ -206,6 +240,7 @@ def convert(
         progress: called as ``progress(done, total)`` as samples are handled.
         commit_records: records per committed batch.
         collection: the Mongo collection (default: the source folder's name).
+        max_file_bytes: files larger than this are skipped.
 
     Returns:
         A :class:`ConvertReport`.
@@ -220,6 +255,12 @@ def convert(
     started = time.perf_counter()
     tune_malloc()
     scan = scan_folder(source)
+    if strict and scan.unusable:
+        first = scan.unusable[0]
+        raise SourceError(
+            f"{scan.root / first.name}: {first.reason} (--strict stops at the first unusable "
+            "file; without it such files are skipped and listed)"
+        )
     total = len(scan.samples)
     fresh = Progress(
         source=os.path.realpath(scan.root),
@@ -248,7 +289,7 @@ def convert(
             batch, batch_bytes = [], 0
 
         todo = scan.samples[state.next_sample :]
-        load = _loader(scan, verify_decode)
+        load = _loader(scan, verify_decode, max_file_bytes)
         # Chunks of a few samples keep the per-task overhead small. The window (samples read
         # ahead) spans about one commit, so the readers keep working while a batch is flushed,
         # and it bounds memory.
@@ -297,7 +338,7 @@ def convert(
             classes=list(scan.classes),
             repairs=state.repairs,
             total_bytes=state.total_bytes,
-            skipped=list(state.skipped),
+            skipped=scan.unusable + state.skipped,
             source=state.source,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             id=state.store_id,

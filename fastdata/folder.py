@@ -1,19 +1,22 @@
 """Scan an ImageFolder tree (``root/<class>/.../<image>``) into samples and classes.
 
 The result matches what ``torchvision.datasets.ImageFolder`` sees: classes are the sorted names of
-the root's immediate subfolders, images are found recursively below each of them, and the order is
-deterministic. Hidden files and folders (names starting with ``.``) are skipped.
+the root's immediate subfolders, images are found recursively below each of them (links to folders
+followed, each folder once), and the order is deterministic. Hidden files and folders (names
+starting with ``.``) are skipped.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-from collections.abc import Iterator
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SourceError
+from .records import SkippedFile
 
 __all__ = ["IMG_EXTENSIONS", "FolderScan", "Sample", "scan_folder"]
 
@@ -52,12 +55,15 @@ class FolderScan:
         classes: class names, sorted.
         samples: every image, in deterministic order (by class, then by path).
         skipped_files: files below the class folders that are not images (wrong extension).
+        unusable: image files and folders that cannot be converted, with the reason (not a
+            regular file, unreadable folder, path too long, a link to a folder scanned already).
     """
 
     root: Path
     classes: list[str]
     samples: list[Sample]
     skipped_files: int = 0
+    unusable: list[SkippedFile] = field(default_factory=list)
     class_to_idx: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,14 +87,115 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def _walk(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        dirnames[:] = [d for d in dirnames if not _is_hidden(d)]
-        yield dirpath, dirnames, filenames
+def os_reason(exc: OSError, what: str = "unreadable") -> str:
+    """A short reason for a file or folder that could not be used."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return "path too long for the operating system"
+    if exc.errno == errno.ELOOP:
+        return "a link loop"
+    if exc.errno == errno.ENOENT:
+        return "vanished, or a broken link"
+    return f"{what}: {exc.strerror or exc}"
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages."""
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+class _Walk:
+    """An iterative walk of class folders: links to folders are followed, every folder is
+    scanned once (by device and inode), any depth; what cannot be used is listed, not dropped."""
+
+    def __init__(self, root: Path, classes: list[str]) -> None:
+        self.root = root
+        self.unusable: list[SkippedFile] = []
+        self.non_images = 0
+        self.seen: dict[tuple[int, int], str] = {}
+        for name in ["", *classes]:  # a link back to the root or to a class is a loop
+            st = os.stat(root / name) if name else os.stat(root)
+            self.seen.setdefault((st.st_dev, st.st_ino), name or ".")
+
+    def folders(self, cls: str) -> list[tuple[str, list[os.DirEntry[str]]]]:
+        """``(relative path, file entries)`` of every folder under class ``cls``."""
+        out = []
+        stack = [(str(self.root / cls), cls, True)]
+        while stack:
+            path, rel, is_class = stack.pop()
+            if not is_class:
+                try:
+                    st = os.stat(path)
+                except OSError as exc:
+                    self.unusable.append(
+                        SkippedFile(rel + "/", os_reason(exc, "unreadable folder"))
+                    )
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in self.seen:
+                    self.unusable.append(
+                        SkippedFile(
+                            rel + "/",
+                            f"a link to a folder scanned already ({self.seen[key]}): its images "
+                            "are converted once",
+                        )
+                    )
+                    continue
+                self.seen[key] = rel
+            try:
+                with os.scandir(path) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                self.unusable.append(SkippedFile(rel + "/", os_reason(exc, "unreadable folder")))
+                continue
+            files = []
+            for entry in entries:
+                if _is_hidden(entry.name):
+                    continue
+                try:
+                    is_dir = entry.is_dir()  # follows links
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    stack.append((entry.path, f"{rel}/{entry.name}", False))
+                else:
+                    files.append(entry)
+            out.append((rel, files))
+        return out
+
+    def image(self, rel: str, entry: os.DirEntry[str]) -> bool:
+        """Whether ``entry`` is an image to convert; a non-image is counted, an image that is not
+        a regular file (a FIFO, a device, a broken link, directly or through a link) is listed."""
+        if not entry.name.lower().endswith(IMG_EXTENSIONS):
+            self.non_images += 1
+            return False
+        name = f"{rel}/{entry.name}"
+        try:
+            if entry.is_file():  # follows links
+                return True
+            mode = entry.stat().st_mode
+        except OSError as exc:
+            self.unusable.append(SkippedFile(name, os_reason(exc)))
+            return False
+        self.unusable.append(SkippedFile(name, f"not a regular file ({file_kind(mode)})"))
+        return False
 
 
 def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
     """Scan ``root/<class>/...`` for images.
+
+    Only the folder tree is read; files are not opened. Links to folders are followed, each folder
+    is scanned once (a link loop neither repeats images nor hangs), at any depth. Image files that
+    cannot be used (not regular files, in unreadable folders, paths too long) are listed in
+    ``FolderScan.unusable`` with their reason.
 
     Args:
         root: the folder whose immediate subfolders are the classes.
@@ -105,35 +212,36 @@ def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
         raise SourceError(f"{root_path}: no such folder; give the root of an image folder tree")
     if not root_path.is_dir():
         raise SourceError(f"{root_path}: not a folder; give the root of an image folder tree")
-    classes = sorted(
-        entry.name
-        for entry in os.scandir(root_path)
-        if entry.is_dir() and not _is_hidden(entry.name)
-    )
+    try:
+        with os.scandir(root_path) as it:
+            classes = sorted(
+                entry.name for entry in it if not _is_hidden(entry.name) and _is_dir(entry)
+            )
+    except OSError as exc:
+        raise SourceError(f"{root_path}: {os_reason(exc, 'cannot read the folder')}") from None
     if not classes:
         raise SourceError(
             f"{root_path}: no class folders found; images must be laid out as "
             f"{root_path}/<class>/<image>"
         )
+    walk = _Walk(root_path, classes)
     samples: list[Sample] = []
-    skipped = 0
     for label, cls in enumerate(classes):
-        # Sorted by directory path, then file name: the order ImageFolder produces.
-        walked = sorted(
-            (dirpath, filenames) for dirpath, dirnames, filenames in _walk(root_path / cls)
-        )
-        for dirpath, filenames in walked:
-            rel_dir = Path(dirpath).relative_to(root_path).as_posix()
-            for fname in sorted(filenames):
-                if _is_hidden(fname):
-                    continue
-                if fname.lower().endswith(IMG_EXTENSIONS):
-                    samples.append(Sample(f"{rel_dir}/{fname}", label))
-                else:
-                    skipped += 1
+        # Sorted by folder path, then file name: the order ImageFolder produces.
+        for rel, entries in sorted(walk.folders(cls), key=lambda f: f[0]):
+            samples.extend(
+                Sample(f"{rel}/{entry.name}", label) for entry in entries if walk.image(rel, entry)
+            )
     if not samples:
         raise SourceError(
             f"{root_path}: no images found in its {len(classes)} class folder(s); "
             f"accepted extensions: {' '.join(IMG_EXTENSIONS)}"
         )
-    return FolderScan(root_path, classes, samples, skipped)
+    return FolderScan(root_path, classes, samples, walk.non_images, walk.unusable)
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
