@@ -1,13 +1,24 @@
-"""Encoded image bytes to pixels.
+"""Encoded image bytes to pixels: the only place that decodes an image or reads its size.
 
 Decoding is where a data loader spends its time (reading the bytes costs about 1% of decoding
-them), so this module keeps the path short: Pillow by default, and ``simplejpeg`` (libjpeg-turbo)
-for JPEGs to numpy when it is installed (``pip install fastdata[turbo]``).
+them), so this module keeps the path short: ``simplejpeg`` (libjpeg-turbo) for JPEGs when it is
+installed (``pip install fastdata[turbo]``), Pillow for everything else.
+
+Every path reads the image's size from its header first and refuses an image that declares more
+pixels than :data:`MAX_IMAGE_PIXELS` before any decoder allocates for it: a 2 kB file can declare
+60000 x 60000 pixels (10.8 GB decoded).
+
+Decoding is lenient by default, as training wants (a JPEG whose scan data ends early still gives
+an image); ``strict=True``, used by ``--verify-decode`` and ``verify --decode``, turns the
+decoder's warnings about corrupt or missing scan data into errors. That needs libjpeg-turbo:
+Pillow does not report them.
 """
 
 from __future__ import annotations
 
 import io
+import logging
+import warnings
 from typing import TYPE_CHECKING
 
 from .errors import CorruptImageError
@@ -16,12 +27,29 @@ if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
-__all__ = ["decode_check", "decode_numpy", "decode_pil", "has_turbo"]
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "decode_array",
+    "decode_check",
+    "decode_numpy",
+    "decode_pil",
+    "has_turbo",
+    "image_size",
+    "pixel_limit",
+]
+
+log = logging.getLogger(__name__)
 
 try:  # optional libjpeg-turbo decoder
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
     _simplejpeg = None
+
+MAX_IMAGE_PIXELS: int | None = None
+"""The most pixels an image may declare. None follows Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``
+(about 89 million unless changed there; None there too means no limit)."""
+
+_SOI = b"\xff\xd8"
 
 
 def has_turbo() -> bool:
@@ -29,20 +57,128 @@ def has_turbo() -> bool:
     return _simplejpeg is not None
 
 
-def _open(data: bytes | memoryview) -> Image.Image:
+def pixel_limit() -> int | None:
+    """The pixel limit in force (see :data:`MAX_IMAGE_PIXELS`)."""
+    if MAX_IMAGE_PIXELS is not None:
+        return MAX_IMAGE_PIXELS
     from PIL import Image
 
-    return Image.open(io.BytesIO(data))
+    return Image.MAX_IMAGE_PIXELS
+
+
+def _check_pixels(height: int, width: int, name: str) -> None:
+    limit = pixel_limit()
+    if limit is not None and height * width > limit:
+        raise CorruptImageError(
+            name,
+            f"declares {width} x {height} pixels, over the limit of {limit} "
+            "(fastdata.decode.MAX_IMAGE_PIXELS); refused before decoding",
+        )
+
+
+def _is_jpeg(data: bytes | memoryview) -> bool:
+    return bytes(data[:2]) == _SOI
+
+
+def _open(data: bytes | memoryview, name: str) -> Image.Image:
+    """Pillow's lazy image (header read, nothing decoded), checked against the pixel limit."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            # the limit is checked below, with fastdata's message
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise CorruptImageError(name, f"refused before decoding: {exc}") from None
+    except Exception as exc:
+        raise CorruptImageError(name, f"cannot decode image: {exc}") from exc
+    _check_pixels(img.height, img.width, name)
+    return img
+
+
+def image_size(data: bytes | memoryview, name: str = "<bytes>") -> tuple[int, int]:
+    """``(height, width)`` from the header, without decoding.
+
+    Raises:
+        CorruptImageError: no readable header, or more pixels than the limit.
+    """
+    if _simplejpeg is not None and _is_jpeg(data):
+        try:
+            h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            pass  # Pillow below says what is wrong
+        else:
+            _check_pixels(int(h), int(w), name)
+            return int(h), int(w)
+    img = _open(data, name)
+    return img.height, img.width
+
+
+def _corrupt_scan(exc: ValueError) -> bool:
+    """Whether libjpeg-turbo's error is about damaged data (not an unsupported feature)."""
+    text = str(exc).lower()
+    return "corrupt" in text or "premature" in text or "truncated" in text
+
+
+def decode_array(
+    data: bytes | memoryview,
+    name: str = "<bytes>",
+    *,
+    shrink: int = 1,
+    fast: bool = False,
+    strict: bool = False,
+) -> np.ndarray:
+    """Decode bytes into an ``HxWx3`` uint8 RGB array, at ``1/shrink`` of the full size where
+    the decoder can scale (JPEG: 2, 4 or 8, in the DCT domain).
+
+    Args:
+        data: the encoded image.
+        name: what to call it in errors.
+        shrink: a power of two; the result is at least ``1/shrink`` of each side.
+        fast: libjpeg-turbo's fast integer IDCT and chroma upsampling.
+        strict: a JPEG whose scan data is corrupt or ends early is an error.
+
+    Raises:
+        CorruptImageError: the bytes cannot be decoded, declare more pixels than the limit, or
+            (``strict``) hold damaged scan data.
+    """
+    import numpy as np
+
+    h, w = image_size(data, name)
+    if _simplejpeg is not None and _is_jpeg(data):
+        try:
+            return _simplejpeg.decode_jpeg(
+                data,
+                colorspace="RGB",
+                fastdct=fast,
+                fastupsample=fast,
+                min_height=-(-h // shrink) if shrink > 1 else 0,
+                min_width=-(-w // shrink) if shrink > 1 else 0,
+                strict=strict,
+            )
+        except (ValueError, RuntimeError) as exc:
+            if strict and isinstance(exc, ValueError) and _corrupt_scan(exc):
+                raise CorruptImageError(name, f"damaged JPEG data: {exc}") from None
+            # JPEGs outside libjpeg-turbo's fast path: Pillow below
+    img = _open(data, name)
+    try:
+        if shrink > 1 and img.format == "JPEG":
+            img.draft("RGB", (-(-w // shrink), -(-h // shrink)))
+        return np.array(img.convert("RGB"))  # a writable copy: torch takes it as it is
+    except Exception as exc:
+        raise CorruptImageError(name, f"cannot decode image: {exc}") from exc
 
 
 def decode_pil(data: bytes | memoryview, name: str = "<bytes>") -> Image.Image:
     """Decode bytes into an RGB ``PIL.Image`` (grayscale, palette and CMYK are converted).
 
     Raises:
-        CorruptImageError: the bytes cannot be decoded; the message names ``name``.
+        CorruptImageError: the bytes cannot be decoded or declare more pixels than the limit;
+            the message names ``name``.
     """
+    img = _open(data, name)
     try:
-        img = _open(data)
         img.load()
     except Exception as exc:
         raise CorruptImageError(name, f"cannot decode image: {exc}") from exc
@@ -52,23 +188,29 @@ def decode_pil(data: bytes | memoryview, name: str = "<bytes>") -> Image.Image:
 
 
 def decode_numpy(data: bytes | memoryview, name: str = "<bytes>") -> np.ndarray:
-    """Decode bytes into an ``HxWx3`` uint8 RGB array.
-
-    JPEGs go through libjpeg-turbo when ``simplejpeg`` is installed; everything else through Pillow.
+    """Decode bytes into an ``HxWx3`` uint8 RGB array (leniently, as training wants).
 
     Raises:
         CorruptImageError: the bytes cannot be decoded; the message names ``name``.
     """
-    import numpy as np
+    return decode_array(data, name)
 
-    if _simplejpeg is not None and bytes(data[:2]) == b"\xff\xd8":
-        try:
-            return _simplejpeg.decode_jpeg(data, colorspace="RGB")
-        except (ValueError, RuntimeError):
-            pass  # CMYK and a few other JPEGs are outside libjpeg-turbo's fast path: use Pillow
-    return np.asarray(decode_pil(data, name))
+
+_warned = False
 
 
 def decode_check(data: bytes | memoryview, name: str) -> None:
-    """Decode fully and discard the pixels: raise :class:`CorruptImageError` if that fails."""
-    decode_pil(data, name)
+    """Decode fully and strictly, and discard the pixels.
+
+    Raises:
+        CorruptImageError: the image cannot be decoded, is over the pixel limit, or its scan data
+            is corrupt or ends early (JPEGs, with libjpeg-turbo installed).
+    """
+    global _warned
+    if _is_jpeg(data) and _simplejpeg is None and not _warned:
+        _warned = True
+        log.warning(
+            "strict decoding without libjpeg-turbo: JPEGs whose scan data ends early are not "
+            "detected; pip install 'fastdata[turbo]'"
+        )
+    decode_array(data, name, strict=True)

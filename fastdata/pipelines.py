@@ -13,72 +13,15 @@ process decodes it: ``create_loader`` derives the seed from its own seed, the ep
 
 from __future__ import annotations
 
-import io
 import math
 import random
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CorruptImageError
+from .decode import decode_array, image_size
 
 __all__ = ["EvalPipeline", "Pipeline", "TrainPipeline", "sample_crop"]
-
-try:
-    import simplejpeg as _simplejpeg
-except ImportError:  # pragma: no cover - depends on the environment
-    _simplejpeg = None
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    if _simplejpeg is None or data[:2] != b"\xff\xd8":
-        return None
-    try:
-        h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
-        return int(h), int(w)
-    except ValueError:
-        return None
-
-
-def _decode(data: bytes, shrink: int, fast: bool) -> np.ndarray:
-    """Decode at ``1/shrink`` of the full size (``shrink`` a power of two; JPEG only)."""
-    if _simplejpeg is not None and data[:2] == b"\xff\xd8":
-        try:
-            if shrink > 1:
-                h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
-                return _simplejpeg.decode_jpeg(
-                    data,
-                    colorspace="RGB",
-                    fastdct=fast,
-                    fastupsample=fast,
-                    min_height=-(-h // shrink),
-                    min_width=-(-w // shrink),
-                )
-            return _simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast)
-        except (ValueError, RuntimeError):
-            pass  # CMYK and other JPEGs outside the fast path: Pillow below
-    from PIL import Image
-
-    try:
-        source = Image.open(io.BytesIO(data))
-        if shrink > 1 and source.format == "JPEG":
-            source.draft("RGB", (-(-source.width // shrink), -(-source.height // shrink)))
-        return np.array(source.convert("RGB"))  # a writable copy: torch takes it as it is
-    except Exception as exc:
-        raise CorruptImageError("<bytes>", f"cannot decode image: {exc}") from exc
-
-
-def _size(data: bytes) -> tuple[int, int]:
-    found = _jpeg_size(data)
-    if found is not None:
-        return found
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return img.height, img.width
-    except Exception as exc:
-        raise CorruptImageError("<bytes>", f"cannot read image size: {exc}") from exc
 
 
 def _shrink_for(kept_h: float, kept_w: float, out_h: int, out_w: int) -> int:
@@ -116,7 +59,7 @@ def _region(
     image, resize it to ``size`` square, flip it if asked."""
     height, width = full
     top, left, h, w = box
-    img = _decode(data, _shrink_for(h, w, size, size), fast)
+    img = decode_array(data, shrink=_shrink_for(h, w, size, size), fast=fast)
     fy, fx = img.shape[0] / height, img.shape[1] / width
     y0, x0 = int(top * fy), int(left * fx)
     y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))
@@ -185,7 +128,7 @@ class TrainPipeline(Pipeline):
 
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
         rng = random.Random(seed)  # cheap to create per sample, unlike numpy's generators
-        height, width = _size(data)
+        height, width = image_size(data)
         top, left, h, w = sample_crop(rng, height, width, self.scale, self.ratio)
         flip = bool(rng.random() < self.hflip)
         return _region(data, (height, width), (top, left, h, w), self.size, self.fast_decode, flip)
@@ -206,7 +149,7 @@ class EvalPipeline(Pipeline):
     fast_decode: bool = False
 
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
-        height, width = _size(data)
+        height, width = image_size(data)
         short = min(height, width)
         resized = self.size / self.crop_pct
         # the central square of the source that ends up in the output
