@@ -267,6 +267,7 @@ def convert(
         fingerprint=scan.fingerprint(),
         total=total,
         verify_decode=verify_decode,
+        skipped=list(scan.unusable),
     )
     n_workers = workers if workers is not None else default_workers()
     writer = open_writer(
@@ -338,7 +339,7 @@ def convert(
             classes=list(scan.classes),
             repairs=state.repairs,
             total_bytes=state.total_bytes,
-            skipped=scan.unusable + state.skipped,
+            skipped=list(state.skipped),
             source=state.source,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             id=state.store_id,

@@ -46,7 +46,7 @@ def safe_destination(outdir: Path, name: str) -> Path:
         or name.startswith("/")
         or "\x00" in name
         or any(p in ("", ".", "..") for p in parts)
-        or (len(parts[0]) >= 2 and parts[0][1] == ":")
+        or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
     ):
         raise UnsafePathError(
             f"record name {name!r} is not a safe relative path; refusing to write it"

@@ -45,6 +45,7 @@ from ..errors import (
     StoreNotFoundError,
     StoreReplacedError,
 )
+from ..packed import PackedStrings
 from ..records import (
     Progress,
     Record,
@@ -744,10 +745,8 @@ class PickleLMDBStore(_Leased):
             isinstance(k, (bytes, str)) for k in keys
         ):
             raise StoreError(f"{self.path}: __keys__ is not a list of keys")
-        # One fixed-width byte array instead of a list of Python objects in every worker.
-        self._keys = np.array(
-            [k.encode() if isinstance(k, str) else bytes(k) for k in keys], dtype=np.bytes_
-        )
+        # One packed buffer instead of a list of Python objects in every worker.
+        self._keys = PackedStrings([k.encode() if isinstance(k, str) else bytes(k) for k in keys])
         self._lazy_labels: np.ndarray | None = None
         self._lazy_meta: StoreMeta | None = None
 
@@ -755,7 +754,7 @@ class PickleLMDBStore(_Leased):
         return len(self._keys)
 
     def _get(self, txn: Any, i: int) -> tuple[bytes, int]:
-        key = bytes(self._keys[i])
+        key = self._keys[i]
         raw = self._env().value(txn.get(key), f"{self.path}: key {key!r}")
         if raw is None:
             raise RecordError(f"{self.path}: key {key!r} listed in __keys__ is missing")
@@ -772,7 +771,7 @@ class PickleLMDBStore(_Leased):
         out = []
         for i, (data, label) in zip(self.check_indices(indices), self.read_samples(indices)):
             fmt = sniff(data) or "unknown"
-            key = bytes(self._keys[i]).decode("ascii", "replace")
+            key = self._keys[i].decode("ascii", "replace")
             header = RecordHeader(f"{label}/{key}.{fmt}", label, len(data), checksum(data), fmt)
             out.append(Record(i, header, data))
         return out

@@ -43,6 +43,7 @@ from ..errors import (
     StoreNotFoundError,
     StoreReplacedError,
 )
+from ..packed import PackedStrings
 from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels, class_count
 from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
 
@@ -313,6 +314,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._heartbeat: threading.Thread | None = None
         self._lost = ""
         self._store_id = ""
+        self._skipped_saved = 0
         self._sender: ThreadPoolExecutor | None = None
         self._inflight: Future[None] | None = None
 
@@ -440,38 +442,72 @@ class MongoWriter(_MongoTarget, StoreWriter):
         other = ""
         if coll in docs:
             try:
-                meta = StoreMeta.from_dict(docs[coll], self.location)
+                meta = StoreMeta.from_dict(_names_from_bson(docs[coll]), self.location)
             except StoreError as exc:
                 other = f"holds a store with damaged metadata ({exc})"
         elif f"{coll}:progress" in docs:
-            progress = _progress(docs[f"{coll}:progress"], self.location)
+            progress = self._progress(docs[f"{coll}:progress"])
         elif has_docs:
             other = "the collection holds documents but no fastdata store"
         aside_progress = docs.get(f"{aside}:progress")
         return Existing(
             meta,
             progress,
-            _progress(aside_progress, self.location) if aside_progress else None,
+            self._progress(aside_progress) if aside_progress else None,
             aside in docs,
             other,
         )
 
+    def _progress(self, doc: dict[str, Any]) -> Progress:
+        """A saved progress, with its skipped list gathered from its own documents."""
+        state = _names_from_bson({k: v for k, v in doc.items() if k != "_id"})
+        count = state.pop("skipped_count", None)
+        if count is not None:
+            state["skipped"] = self._run(
+                "reading the skipped list",
+                lambda: _load_skipped(
+                    self._conn.db(), str(state.get("store_id", "")), count, self.location
+                ),
+            )
+        return Progress.from_json(json.dumps(state, default=str), self.location)
+
+    def _state(self, progress: Progress) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The progress document (BSON-safe, the skipped list left out: it has documents of its
+        own, so the progress stays small however many files are skipped), and the skipped-list
+        documents not saved yet."""
+        state = json.loads(progress.to_json())
+        items = state.pop("skipped")
+        state["skipped_count"] = len(items)
+        chunks = _skipped_chunks(self._store_id, items, self._skipped_saved)
+        self._skipped_saved = len(items)
+        return _to_bson(state), chunks
+
     def _open(self, progress: Progress, *, new: bool) -> None:
         self._store_id = progress.store_id
+        self._skipped_saved = len(progress.skipped)  # a resumed one's are saved already
         if new:
             name = self._name()
             self._run("clearing the destination", functools.partial(self._drop, name))
-            state = json.loads(progress.to_json())
+            self._skipped_saved = 0
             self._run(
-                "saving progress",
-                lambda: self._meta_coll().replace_one(
-                    {"_id": f"{name}:progress"}, state, upsert=True
-                ),
+                "saving progress", functools.partial(self._save, name, *self._state(progress))
             )
 
+    def _save(self, name: str, state: dict[str, Any], chunks: list[dict[str, Any]]) -> None:
+        """Save the skipped-list documents, then the progress that counts them."""
+        meta = self._meta_coll()
+        for chunk in chunks:
+            meta.replace_one({"_id": chunk["_id"]}, chunk, upsert=True)
+        meta.replace_one({"_id": f"{name}:progress"}, state, upsert=True)
+
     def _drop(self, name: str) -> None:
-        """Drop collection ``name``, its metadata and progress, and the buckets of no store."""
+        """Drop collection ``name``, its metadata, progress and skipped lists, and the buckets of
+        no store."""
         db = self._conn.db()
+        for doc in db[META_COLLECTION].find({"_id": {"$in": [name, f"{name}:progress"]}}):
+            for key in ("id", "store_id"):
+                if isinstance(doc.get(key), str) and doc[key]:
+                    db[META_COLLECTION].delete_many(_skipped_ids(doc[key]))
         db[name].drop()
         db[META_COLLECTION].delete_many({"_id": {"$in": [name, f"{name}:progress"]}})
         self._drop_orphan_buckets()
@@ -501,6 +537,9 @@ class MongoWriter(_MongoTarget, StoreWriter):
             doc = db[META_COLLECTION].find_one({"_id": aside})
             if doc is None:
                 raise StoreError(f"{self.location}: the replacement lost its metadata")
+            old = db[META_COLLECTION].find_one({"_id": coll}, {"id": 1})
+            if old is not None and isinstance(old.get("id"), str) and old["id"] != doc.get("id"):
+                db[META_COLLECTION].delete_many(_skipped_ids(old["id"]))
             if aside in db.list_collection_names():
                 db.client.admin.command(
                     "renameCollection",
@@ -529,7 +568,11 @@ class MongoWriter(_MongoTarget, StoreWriter):
         docs = []
         bucket_name = _bucket(self.collection, self._store_id)
         for rec in records:
-            doc: dict[str, Any] = {"_id": rec.index, **asdict(rec.header), "store": self._store_id}
+            doc: dict[str, Any] = {
+                "_id": rec.index,
+                **_to_bson(asdict(rec.header)),
+                "store": self._store_id,
+            }
             if len(rec.data) > GRIDFS_THRESHOLD:
                 file_id = f"{self._store_id}:{rec.index}"
                 bucket = _gridfs(self._conn.db(), bucket_name)
@@ -559,14 +602,16 @@ class MongoWriter(_MongoTarget, StoreWriter):
     def write(self, records: Sequence[Record], progress: Progress) -> None:
         self._check_claim()
         docs = self.documents(records)
-        state = json.loads(progress.to_json())  # as it is now: the caller goes on changing it
+        state, chunks = self._state(progress)  # as it is now: the caller goes on changing it
         self._wait()
         if self._sender is None:
             self._sender = ThreadPoolExecutor(1, thread_name_prefix="fastdata-mongo-writer")
-        self._inflight = self._sender.submit(self._send, docs, state)
+        self._inflight = self._sender.submit(self._send, docs, state, chunks)
 
-    def _send(self, docs: list[dict[str, Any]], state: dict[str, Any]) -> None:
-        """Insert ``docs`` in requests of moderate size, then save ``state``."""
+    def _send(
+        self, docs: list[dict[str, Any]], state: dict[str, Any], chunks: list[dict[str, Any]]
+    ) -> None:
+        """Insert ``docs`` in requests of moderate size, then save the progress ``state``."""
         from pymongo.errors import BulkWriteError
 
         name = self._name()
@@ -588,10 +633,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
             what = f"inserting records {group[0]['_id']}-{group[-1]['_id']}"
             self._run(what, functools.partial(insert, group))
         self._check_claim()
-        self._run(
-            "saving progress",
-            lambda: self._meta_coll().replace_one({"_id": f"{name}:progress"}, state, upsert=True),
-        )
+        self._run("saving progress", functools.partial(self._save, name, state, chunks))
 
     def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
         from bson import Binary
@@ -601,7 +643,20 @@ class MongoWriter(_MongoTarget, StoreWriter):
         db = self._conn.db()
         name = self._name()
         bucket = _bucket(self.collection, self._store_id)
-        doc: dict[str, Any] = {"_id": name, **meta.to_dict(), "gridfs_bucket": bucket}
+        fields = meta.to_dict()
+        skipped = fields.pop("skipped")
+        for chunk in _skipped_chunks(self._store_id, skipped, self._skipped_saved):
+            save = functools.partial(
+                db[META_COLLECTION].replace_one, {"_id": chunk["_id"]}, chunk, upsert=True
+            )
+            self._run("saving the skipped list", save)
+        self._skipped_saved = len(skipped)
+        doc: dict[str, Any] = {
+            "_id": name,
+            **_to_bson(fields),
+            "skipped_count": len(skipped),
+            "gridfs_bucket": bucket,
+        }
         raw = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
         if len(raw) > LABELS_INLINE_MAX:
             file_id = f"{self._store_id}:labels"
@@ -636,9 +691,83 @@ class MongoWriter(_MongoTarget, StoreWriter):
             super().close()
 
 
-def _progress(doc: dict[str, Any], where: str) -> Progress:
-    state = {k: v for k, v in doc.items() if k != "_id"}
-    return Progress.from_json(json.dumps(state, default=str), where)
+SKIPPED_PER_DOC = 1000
+"""Skipped files per document of a skipped list (names are at most 4 kB: under 5 MB a document)."""
+
+
+def _skipped_ids(store_id: str) -> dict[str, Any]:
+    """The filter of the skipped-list documents of one store (``skipped:<id>:<n>``)."""
+    return {"_id": {"$gte": f"skipped:{store_id}:", "$lt": f"skipped:{store_id};"}}
+
+
+def _skipped_chunks(store_id: str, items: list[Any], saved: int) -> list[dict[str, Any]]:
+    """The skipped-list documents that hold items from ``saved`` on (the last one saved may be
+    partly filled: it is written again, whole)."""
+    first = saved // SKIPPED_PER_DOC
+    return [
+        {
+            "_id": f"skipped:{store_id}:{k:09d}",
+            "items": _to_bson(items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]),
+        }
+        for k in range(first, -(-len(items) // SKIPPED_PER_DOC))
+    ]
+
+
+def _load_skipped(db: Any, store_id: str, count: Any, where: str) -> list[Any]:
+    """The first ``count`` entries of a store's skipped list."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise StoreError(f"{where}: damaged metadata ('skipped_count' is {count!r})")
+    items: list[Any] = []
+    for doc in db[META_COLLECTION].find(_skipped_ids(store_id)).sort("_id", 1):
+        found = doc.get("items")
+        if isinstance(found, list):
+            items.extend(found)
+        if len(items) >= count:
+            break
+    return [_names_from_bson(i) if isinstance(i, dict) else i for i in items[:count]]
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _to_bson(value: Any) -> Any:
+    """``value`` with every string that is not valid UTF-8 (a file name with other bytes) as BSON
+    binary of its bytes: BSON strings must be UTF-8. Mapping keys that are not (``class_to_idx``,
+    which readers derive from ``classes``) are left out."""
+    from bson import Binary
+
+    if isinstance(value, str):
+        return value if _utf8(value) else Binary(os.fsencode(value))
+    if isinstance(value, list):
+        return [_to_bson(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_bson(v) for k, v in value.items() if not isinstance(k, str) or _utf8(k)}
+    return value
+
+
+def _names_from_bson(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document's names (``name``, ``source``, ``classes``, skipped names) back as strings."""
+
+    def text(value: Any) -> Any:
+        return os.fsdecode(value) if isinstance(value, bytes) else value
+
+    out = dict(doc)
+    for key in ("name", "source"):
+        if key in out:
+            out[key] = text(out[key])
+    if isinstance(out.get("classes"), list):
+        out["classes"] = [text(c) for c in out["classes"]]
+    if isinstance(out.get("skipped"), list):
+        out["skipped"] = [
+            {**item, "name": text(item.get("name"))} if isinstance(item, dict) else item
+            for item in out["skipped"]
+        ]
+    return out
 
 
 # --------------------------------------------------------------------------- readers
@@ -697,6 +826,11 @@ class MongoStore(_MongoTarget, StoreReader):
             raise StoreNotFoundError(
                 f"{self.location}: no fastdata store here; create one with "
                 f"`fastdata convert SRC {mask_uri(self.uri)} --collection {self.collection}`"
+            )
+        doc = _names_from_bson(doc)
+        if "skipped_count" in doc:
+            doc["skipped"] = _load_skipped(
+                db, str(doc.get("id", "")), doc["skipped_count"], self.location
             )
         meta = StoreMeta.from_dict(doc, self.location)
         bucket = doc.get("gridfs_bucket", _bucket(self.collection, ""))
@@ -793,7 +927,7 @@ class MongoStore(_MongoTarget, StoreReader):
         idx = self.check_indices(indices)
         out = []
         for doc, i in zip(self._fetch(idx, None), idx):
-            header = RecordHeader.from_dict(doc, f"{self.location}: record {i}")
+            header = RecordHeader.from_dict(_names_from_bson(doc), f"{self.location}: record {i}")
             out.append(Record(i, header, bytes(doc["data"])))
         return out
 
@@ -834,9 +968,9 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
             raise StoreError(
                 f"{path}: {len(paths)} paths but {len(labels)} labels; the index is damaged"
             )
-        # One fixed-width byte array and one int array, not two lists of Python objects.
+        # One packed buffer and one int array, not two lists of Python objects.
         try:
-            self._names = np.array([p.encode("utf-8") for p in paths], dtype=np.bytes_)
+            self._names = PackedStrings([p.encode("utf-8", "surrogateescape") for p in paths])
             self._labels = np.asarray(labels, dtype=np.int64)
         except (AttributeError, TypeError, ValueError, OverflowError) as exc:
             raise StoreError(
@@ -855,7 +989,7 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
     def _fetch(self, idx: list[int]) -> list[tuple[str, bytes, bool]]:
         from ..jpeg import JpegState, inspect_jpeg
 
-        names = [bytes(self._names[i]).decode("utf-8") for i in idx]
+        names = [self._names[i].decode("utf-8", "surrogateescape") for i in idx]
 
         def query() -> dict[str, bytes]:
             coll = self._conn.db()[self.collection]

@@ -1,0 +1,38 @@
+"""Many byte strings kept as one buffer and an offsets array.
+
+A numpy array of ``bytes_`` takes the width of its longest entry for every entry: one absurdly
+long path in an index of a million makes it gigabytes. Here memory is what the strings hold plus
+8 bytes each, and nothing per entry is a Python object (workers get one buffer, not a list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["PackedStrings"]
+
+
+class PackedStrings:
+    """An immutable sequence of byte strings, packed."""
+
+    def __init__(self, items: Sequence[bytes]) -> None:
+        lengths = np.fromiter((len(b) for b in items), dtype=np.int64, count=len(items))
+        self._offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self._offsets[1:])
+        self._data = b"".join(items)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, index: int) -> bytes:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        return self._data[self._offsets[index] : self._offsets[index + 1]]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the strings and their offsets."""
+        return len(self._data) + self._offsets.nbytes
