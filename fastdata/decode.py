@@ -90,7 +90,11 @@ def _open(data: bytes | memoryview, name: str) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
-        raise CorruptImageError(name, f"refused before decoding: {exc}") from None
+        raise CorruptImageError(
+            name,
+            f"declares more pixels than the limit of {pixel_limit()} "
+            f"(fastdata.decode.MAX_IMAGE_PIXELS); refused before decoding ({exc})",
+        ) from None
     except Exception as exc:
         raise CorruptImageError(name, f"cannot decode image: {exc}") from exc
     _check_pixels(img.height, img.width, name)
