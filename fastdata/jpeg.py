@@ -174,14 +174,16 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
     Args:
         data: the image file's bytes.
         name: what to call the image in errors (its relative path).
-        decode: also decode the image fully with Pillow (slower, catches damaged pixel data).
+        decode: also decode the image fully and strictly (slower, catches damaged pixel data);
+            without it only the header is read, for the image's size.
 
     Returns:
         The bytes to store, their format and whether they were repaired.
 
     Raises:
-        CorruptImageError: empty bytes, an unknown format, a JPEG that cannot be repaired, or (with
-            ``decode``) bytes Pillow cannot decode.
+        CorruptImageError: empty bytes, an unknown format, a JPEG that cannot be repaired, a
+            header that cannot be read or declares more pixels than the limit, or (with
+            ``decode``) bytes that cannot be decoded.
     """
     if not data:
         raise CorruptImageError(name, "empty file (0 bytes)")
@@ -195,8 +197,10 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
             raise CorruptImageError(name, reason)
         if state is JpegState.MISSING_EOI:
             data, repaired = data + EOI, True
-    if decode:
-        from .decode import decode_check
+    from .decode import decode_check, image_size
 
+    if decode:
         decode_check(data, name)
+    else:
+        image_size(data, name)  # a readable header, within the pixel limit
     return CheckedImage(data, fmt, repaired)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import struct
 from pathlib import Path
@@ -24,6 +25,21 @@ from fastdata.pipelines import EvalPipeline, TrainPipeline
 
 from .conftest import jpeg_bytes, snapshot, write
 from .procs import cli
+
+
+@pytest.fixture(autouse=True)
+def deadline():  # type: ignore[no-untyped-def]
+    """Each test fails after 120 s instead of hanging the run (SIGALRM interrupts a blocked
+    system call, such as an open() waiting on a FIFO)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError("the test ran past its 120 s deadline: something hangs")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 def reasons(report_or_meta: object) -> dict[str, str]:
@@ -105,12 +121,28 @@ def chain(top: Path, name: str, depth: int, image: bytes) -> None:
     os.close(fd)
 
 
+def remove_chain(top: Path, name: str) -> None:
+    """Remove what :func:`chain` made, bottom-up, one level at a time (a recursive removal, such
+    as pytest's own clean-up, would exceed Python's recursion limit)."""
+    fds = [os.open(top, os.O_RDONLY)]
+    while name in os.listdir(fds[-1]):
+        fds.append(os.open(name, os.O_RDONLY, dir_fd=fds[-1]))
+    os.unlink("far.jpg", dir_fd=fds[-1])
+    while len(fds) > 1:
+        os.close(fds.pop())
+        os.rmdir(name, dir_fd=fds[-1])
+    os.close(fds[0])
+
+
 def test_a_tree_1200_folders_deep(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write(src / "c" / "top.jpg", jpeg_bytes(seed=1))
     chain(src / "c", "d", 1200, jpeg_bytes())
-    report = convert(src, tmp_path / "s.lmdb")
-    assert report.count == 2 and not report.skipped
+    try:
+        report = convert(src, tmp_path / "s.lmdb")
+        assert report.count == 2 and not report.skipped
+    finally:
+        remove_chain(src / "c", "d")
 
 
 def test_paths_longer_than_the_system_allows_are_listed(tmp_path: Path) -> None:
@@ -180,25 +212,43 @@ def pixel_bomb() -> bytes:
     return bytes(data)
 
 
+def write_store_with(dst: Path, images: list[bytes]) -> None:
+    """A store of ``images`` written record by record, as another tool could."""
+    from fastdata.jpeg import checksum
+    from fastdata.records import Progress, Record, RecordHeader, StoreMeta
+    from fastdata.stores.lmdb_store import LMDBWriter
+
+    with LMDBWriter(dst) as writer:
+        progress = Progress(source="elsewhere", fingerprint="f", total=len(images))
+        writer.start(progress, overwrite=False, resume=False)
+        records = [
+            Record(i, RecordHeader(f"c/{i}.jpg", 0, len(d), checksum(d), "jpeg"), d)
+            for i, d in enumerate(images)
+        ]
+        writer.write(records, progress)
+        meta = StoreMeta(count=len(images), classes=["c"], id=progress.store_id)
+        writer.finish(meta, np.zeros(len(images), dtype=np.int64))
+
+
 def test_a_pixel_bomb_is_refused_on_every_path(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write(src / "c" / "bomb.jpg", pixel_bomb())
     write(src / "c" / "fine.jpg", jpeg_bytes())
-    report = convert(src, tmp_path / "checked.lmdb", verify_decode=True)
-    assert "over the limit" in reasons(report)["c/bomb.jpg"] and report.count == 1
+    for verify_decode in (False, True):  # the header is checked at convert either way
+        report = convert(src, tmp_path / f"{verify_decode}.lmdb", verify_decode=verify_decode)
+        assert "over the limit" in reasons(report)["c/bomb.jpg"] and report.count == 1
+    # a store written elsewhere (or before the limit was lowered) holds it: refused when decoded
     dst = tmp_path / "s.lmdb"
-    assert convert(src, dst).count == 2  # its header is valid: stored, and refused when decoded
+    write_store_with(dst, [pixel_bomb(), jpeg_bytes()])
     for output in ("pil", "numpy"):
-        with pytest.raises(
-            CorruptImageError, match=r"record 0 \(c/bomb.jpg\).*(over|than) the limit"
-        ):
+        with pytest.raises(CorruptImageError, match=r"record 0 \(c/0.jpg\).*(over|than) the limit"):
             LMDBImageDataset(dst, output=output)[0]  # type: ignore[arg-type]
     for pipeline in (TrainPipeline(32), EvalPipeline(32)):
         with pytest.raises(CorruptImageError, match="over the limit"):
             LMDBImageDataset(dst, pipeline=pipeline)[0]
     assert LMDBImageDataset(dst, output="numpy")[1][0].shape == (48, 64, 3)
     report = verify_store(open_store(dst), decode=True)
-    assert [f.name for f in report.failures] == ["c/bomb.jpg"]
+    assert [f.name for f in report.failures] == ["c/0.jpg"]
     result = cli("verify", str(dst), "--decode", "-q")
     assert result.returncode == 1 and "over the limit" in result.stdout
 
