@@ -149,7 +149,11 @@ def read_file(path: str, limit: int) -> bytes | str:
                 return f"not a regular file ({file_kind(st.st_mode)})"
             if st.st_size > limit:
                 return _too_large(st.st_size, limit)
-            data = f.read(limit + 1)
+            # read(n) allocates n bytes up front: ask for what fstat said, plus one to see if
+            # the file grew since, and only then for the rest (still bounded by the limit)
+            data = f.read(st.st_size + 1)
+            if len(data) > st.st_size:
+                data += f.read(limit + 1 - len(data))
         except OSError as exc:
             return os_reason(exc)
     if len(data) > limit:
