@@ -245,7 +245,7 @@ def plot_report(report: BenchReport, path: str) -> None:
         from .errors import MissingDependencyError
 
         raise MissingDependencyError(
-            "--plot needs matplotlib: pip install 'fastdata[plot]'"
+            "--plot needs matplotlib: pip install 'fastdata-images[plot]'"
         ) from exc
     workers = sorted(report.loader_per_s)
     rates = [report.loader_per_s[w] for w in workers]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import click
 

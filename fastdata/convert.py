@@ -13,12 +13,12 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -345,7 +345,7 @@ def convert(
             total_bytes=state.total_bytes,
             skipped=list(state.skipped),
             source=state.source,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
             id=state.store_id,
             fingerprint=state.fingerprint,
         )

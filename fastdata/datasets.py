@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
-from typing import Any, Callable, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -110,7 +110,7 @@ class ImageStoreDataset(Dataset):
         pairs = [(int(k[0]), int(k[1])) if isinstance(k, tuple) else (int(k), None) for k in keys]
         samples = self.reader.read_samples([i for i, _ in pairs])
         out = []
-        for (i, seed), (data, label) in zip(pairs, samples):
+        for (i, seed), (data, label) in zip(pairs, samples, strict=True):
             image = self._decode(data, i, seed)
             if self.transform is not None:
                 image = self.transform(image)

@@ -2,7 +2,7 @@
 
 Decoding is where a data loader spends its time (reading the bytes costs about 1% of decoding
 them), so this module keeps the path short: ``simplejpeg`` (libjpeg-turbo) for JPEGs when it is
-installed (``pip install fastdata[turbo]``), Pillow for everything else.
+installed (``pip install 'fastdata-images[turbo]'``), Pillow for everything else.
 
 Every path reads the image's size from its header first and refuses an image that declares more
 pixels than :data:`MAX_IMAGE_PIXELS` before any decoder allocates for it: a 2 kB file can declare
@@ -215,6 +215,6 @@ def decode_check(data: bytes | memoryview, name: str) -> None:
         _warned = True
         log.warning(
             "strict decoding without libjpeg-turbo: JPEGs whose scan data ends early are not "
-            "detected; pip install 'fastdata[turbo]'"
+            "detected; pip install 'fastdata-images[turbo]'"
         )
     decode_array(data, name, strict=True)

@@ -22,7 +22,7 @@ def store_info(reader: StoreReader) -> dict[str, Any]:
         "version": meta.version,
         "count": meta.count,
         "classes": len(meta.classes),
-        "images_per_class": {c: int(n) for c, n in zip(meta.classes, per_class)},
+        "images_per_class": {c: int(n) for c, n in zip(meta.classes, per_class, strict=True)},
         "total_bytes": meta.total_bytes,
         "mean_bytes": meta.total_bytes // meta.count if meta.count else 0,
         "repaired": meta.repairs,

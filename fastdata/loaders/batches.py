@@ -6,8 +6,8 @@ which is passed through untouched (strings, ints, None, ...).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -26,11 +26,11 @@ import shutil
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -673,7 +673,7 @@ class LMDBStore(_Leased):
         with _reading(self.path), lease.env.begin(buffers=True) as txn:
             for i in sorted(set(idx)):
                 data[i] = self._record(lease, txn, record_key(i))
-        return list(zip([data[i] for i in idx], labels))
+        return list(zip([data[i] for i in idx], labels, strict=True))
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
@@ -769,7 +769,9 @@ class PickleLMDBStore(_Leased):
         from ..jpeg import checksum, sniff
 
         out = []
-        for i, (data, label) in zip(self.check_indices(indices), self.read_samples(indices)):
+        for i, (data, label) in zip(
+            self.check_indices(indices), self.read_samples(indices), strict=True
+        ):
             fmt = sniff(data) or "unknown"
             key = self._keys[i].decode("ascii", "replace")
             header = RecordHeader(f"{label}/{key}.{fmt}", label, len(data), checksum(data), fmt)

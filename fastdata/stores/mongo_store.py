@@ -921,12 +921,12 @@ class MongoStore(_MongoTarget, StoreReader):
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
         docs = self._fetch(idx, {"data": 1, "gridfs_id": 1, "size": 1, "store": 1})
-        return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx)]
+        return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx, strict=True)]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
         out = []
-        for doc, i in zip(self._fetch(idx, None), idx):
+        for doc, i in zip(self._fetch(idx, None), idx, strict=True):
             header = RecordHeader.from_dict(_names_from_bson(doc), f"{self.location}: record {i}")
             out.append(Record(i, header, bytes(doc["data"])))
         return out
@@ -1011,14 +1011,17 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        return [(data, int(self._labels[i])) for (_, data, _), i in zip(self._fetch(idx), idx)]
+        return [
+            (data, int(self._labels[i]))
+            for (_, data, _), i in zip(self._fetch(idx), idx, strict=True)
+        ]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         from ..jpeg import checksum, sniff
 
         idx = self.check_indices(indices)
         out = []
-        for (name, data, repaired), i in zip(self._fetch(idx), idx):
+        for (name, data, repaired), i in zip(self._fetch(idx), idx, strict=True):
             header = RecordHeader(
                 name,
                 int(self._labels[i]),
@@ -1034,7 +1037,7 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
 def _legacy_classes(paths: Sequence[str], labels: np.ndarray, where: str) -> list[str]:
     n = class_count(labels, where)
     names: dict[int, str] = {}
-    for p, label in zip(paths, labels.tolist()):
+    for p, label in zip(paths, labels.tolist(), strict=True):
         first = p.split("/", 1)[0] if "/" in p else None
         if first is None or names.setdefault(label, first) != first:
             return [str(i) for i in range(n)]
