@@ -34,6 +34,7 @@ __all__ = [
     "StoreReplacedError",
     "TrainPipeline",
     "UnsafePathError",
+    "UsageError",
     "__version__",
     "background",
     "convert",
@@ -81,6 +82,7 @@ _LOCATIONS = {
             "StoreNotFoundError",
             "StoreReplacedError",
             "UnsafePathError",
+            "UsageError",
         )
     },
 }
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
         StoreNotFoundError,
         StoreReplacedError,
         UnsafePathError,
+        UsageError,
     )
     from .export import export_store
     from .folder import scan_folder

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,11 +19,19 @@ __all__ = ["main"]
 
 
 class _Group(click.Group):
-    """Turns library errors into one line on stderr and their exit code, without a traceback."""
+    """Turns library errors into one line on stderr and their exit code, without a traceback.
+
+    Exit codes: 0 success; 1 a failure (a damaged record, a server away, a full disk, another
+    writer); 2 a usage mistake (a bad option, a store that exists or does not, nothing to resume);
+    130 interrupted. A closed pipe (``fastdata info | head``) ends quietly.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(0)
         except FastdataError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
@@ -65,6 +74,19 @@ def _human(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
+def _silence_stdout() -> None:
+    """The reader of our output went away: send the rest nowhere, so that nothing complains."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _mongo(options: dict[str, Any]) -> dict[str, Any]:
+    """The MongoDB options given on the command line (none when not given)."""
+    timeout = options.pop("timeout", None)
+    return {"timeout_s": timeout} if timeout is not None else {}
+
+
 def _open(store: str, options: dict[str, Any]) -> Any:
     from .stores import open_store
 
@@ -73,7 +95,15 @@ def _open(store: str, options: dict[str, Any]) -> Any:
         allow_pickle=options["allow_pickle"],
         collection=options["collection"],
         index_file=options["index_file"],
+        **_mongo(options),
     )
+
+
+_timeout = click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds to wait for a MongoDB server to answer (default 10).",
+)
 
 
 def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,6 +118,7 @@ def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(dir_okay=False, exists=True),
         help="JSON index of a Mongo collection in the img_name/bson_img layout.",
     )(fn)
+    fn = _timeout(fn)
     return click.option(
         "--collection", "-c", help="The collection, when STORE is a mongodb:// URI."
     )(fn)
@@ -153,6 +184,7 @@ def cli(verbose: bool) -> None:
     show_default=True,
     help="Skip files larger than this (bytes, or with K, M, G).",
 )
+@_timeout
 @_quiet
 def convert(
     src: str,
@@ -164,6 +196,7 @@ def convert(
     resume: bool,
     overwrite: bool,
     max_file_size: int,
+    timeout: float | None,
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (SRC/<class>/<image>) into the store DST.
@@ -195,6 +228,7 @@ def convert(
                 progress=progress,
                 collection=collection,
                 max_file_bytes=max_file_size,
+                timeout_s=timeout,
             )
     except KeyboardInterrupt:
         click.echo(
@@ -245,7 +279,11 @@ def info(store: str, as_json: bool, **options: Any) -> None:
     click.echo(f"store:      {facts['location']}")
     click.echo(f"format:     {facts['format']} v{facts['version']}")
     click.echo(f"images:     {facts['count']}")
-    click.echo(f"size:       {_human(facts['total_bytes'])} (mean {_human(facts['mean_bytes'])})")
+    if facts["format"] == "fastdata":
+        total, mean = _human(facts["total_bytes"]), _human(facts["mean_bytes"])
+        click.echo(f"size:       {total} (mean {mean})")
+    else:
+        click.echo("size:       not recorded (a store written by another tool)")
     click.echo(f"repaired:   {facts['repaired']}")
     click.echo(f"skipped:    {len(facts['skipped'])}")
     if facts["source"]:
@@ -302,7 +340,10 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress)
     if report.ok:
-        what = "checksums and decoding" if decode else "checksums"
+        if report.checksums:
+            what = "checksums and decoding" if decode else "checksums"
+        else:
+            what = "read" + (" and decoded" if decode else "") + "; the store has no checksums"
         click.echo(f"{report.location}: {report.checked} records OK ({what})")
         return
     if report.damaged_pages:
@@ -422,6 +463,7 @@ def bench(
         step_ms=step_ms,
         seconds=seconds,
         image_size=image_size,
+        **_mongo(options),
         **{k: v for k, v in options.items() if v is not None and v is not False},
     )
     if plot:
@@ -455,7 +497,13 @@ def bench(
 
 def main() -> None:
     """Console-script entry point."""
-    cli()
+    try:
+        cli()
+    finally:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
 
 
 if __name__ == "__main__":  # pragma: no cover

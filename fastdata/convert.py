@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -225,6 +225,7 @@ def convert(
     commit_records: int = COMMIT_RECORDS,
     collection: str | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
+    timeout_s: float | None = None,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``) into a store.
 
@@ -245,6 +246,7 @@ def convert(
         commit_records: records per committed batch.
         collection: the Mongo collection (default: the source folder's name).
         max_file_bytes: files larger than this are skipped.
+        timeout_s: for a MongoDB destination, the server selection and connection timeout.
 
     Returns:
         A :class:`ConvertReport`.
@@ -274,8 +276,9 @@ def convert(
         skipped=list(scan.unusable),
     )
     n_workers = workers if workers is not None else default_workers()
+    mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
     writer = open_writer(
-        destination, collection=collection, default_collection=scan.root.resolve().name
+        destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
     )
     _check_destination(scan, writer)
     with writer:

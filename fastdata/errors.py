@@ -21,6 +21,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreReplacedError",
     "UnsafePathError",
+    "UsageError",
 ]
 
 
@@ -28,6 +29,14 @@ class FastdataError(Exception):
     """Base of every fastdata error."""
 
     exit_code = 1
+
+
+class UsageError(FastdataError):
+    """A call or command asks for something that cannot apply (an unknown URI scheme, an option
+    that does not fit the store, ``--resume`` with nothing to resume); the message says what to
+    give instead. Like the command line's own usage errors, it exits with code 2."""
+
+    exit_code = 2
 
 
 class SourceError(FastdataError):

@@ -30,4 +30,5 @@ def store_info(reader: StoreReader) -> dict[str, Any]:
         "source": meta.source,
         "created": meta.created,
         "id": meta.id,
+        "checksums": reader.has_checksums,
     }

@@ -31,6 +31,8 @@ class VerifyReport:
     decoded: int = 0
     failures: list[Failure] = field(default_factory=list)
     damaged_pages: list[str] = field(default_factory=list)
+    checksums: bool = True
+    """Whether the store has checksums to check (stores of other tools have none)."""
 
     @property
     def ok(self) -> bool:
@@ -50,7 +52,7 @@ def verify_store(
     Damaged pages and the records that fail are listed in the report; records under a damaged
     page are not read; reading goes on after a failure.
     """
-    report = VerifyReport(reader.location)
+    report = VerifyReport(reader.location, checksums=reader.has_checksums)
     report.damaged_pages = reader.structure_damage()
     total = len(reader)
     for start in range(0, total, batch_size):

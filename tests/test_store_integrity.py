@@ -219,6 +219,7 @@ def test_twenty_random_kills_then_resume_lose_and_duplicate_nothing(
     folder_a: Path, tmp_path: Path
 ) -> None:
     dst = tmp_path / "s.lmdb"
+    assert run_script(KILLED_CONVERT, folder_a, dst, 1).returncode == -signal.SIGKILL
     rng = random.Random(7)
     code = KILLED_CONVERT.replace("commits = ", "commits = 10**9 or ")  # killed from outside
     for _ in range(20):

@@ -284,6 +284,13 @@ def create_loader(
         world_size=world,
         with_seeds=with_seeds,
     )
+    if drop and sampler.per_rank() < batch_size:
+        raise ValueError(
+            f"the dataset's {len(dataset)} samples ({sampler.per_rank()} per rank) make no "  # type: ignore[arg-type]
+            f"whole batch of {batch_size}, and the last partial batch is dropped (train=True): "
+            "the loader would yield nothing; lower batch_size, or pass drop_last=False to keep "
+            "the partial batch"
+        )
     target = torch.device(device) if device is not None else default_device()
     pin = target.type == "cuda" if pin_memory is None else pin_memory
     collate = collate_fn or fast_collate

@@ -3,11 +3,37 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from .base import StoreReader, StoreWriter
 
 __all__ = ["StoreReader", "StoreWriter", "open_store", "open_writer"]
+
+
+def _check_target(target: object, **mongo_only: object) -> bool:
+    """Whether ``target`` is a MongoDB URI; a URI of another scheme, or options meant for
+    MongoDB given with an LMDB path, are usage errors."""
+    from ..errors import UsageError
+    from .mongo_store import is_mongo_uri
+
+    if is_mongo_uri(target):
+        return True
+    text = os.fspath(target) if isinstance(target, (str, os.PathLike)) else ""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):/", str(text))
+    if scheme:
+        raise UsageError(
+            f"{text}: unknown scheme {scheme.group(1)}:; a MongoDB store is "
+            "mongodb://host:port/DB (or mongodb+srv://...), an LMDB store a folder path"
+        )
+    for option, value in mongo_only.items():
+        if value not in (None, False):
+            flag = {"timeout_s": "--timeout"}.get(option, "--" + option.replace("_", "-"))
+            raise UsageError(
+                f"{text}: {flag} applies to mongodb:// stores, and this is an LMDB path; "
+                f"leave {flag} out"
+            )
+    return False
 
 
 def _mongo_options(options: dict[str, Any]) -> Any:
@@ -37,13 +63,15 @@ def open_store(
         **mongo_options: fields of :class:`~fastdata.stores.mongo_store.MongoOptions`
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``).
     """
-    from .mongo_store import is_mongo_uri
-
-    if is_mongo_uri(target):
-        from ..errors import StoreError
+    if _check_target(target, collection=collection, index_file=index_file, **mongo_options):
+        from ..errors import StoreError, UsageError
         from .mongo_store import LegacyMongoStore, MongoStore, mask_uri
 
         uri = str(target)
+        if allow_pickle:
+            raise UsageError(
+                f"{mask_uri(uri)}: --allow-pickle applies to LMDB stores; leave it out"
+            )
         if not collection:
             raise StoreError(f"{mask_uri(uri)}: name the collection (--collection NAME)")
         options = _mongo_options(mongo_options)
@@ -67,9 +95,7 @@ def open_writer(
     (else ``default_collection``), or a writer given as it is."""
     if isinstance(target, StoreWriter):
         return target
-    from .mongo_store import is_mongo_uri
-
-    if is_mongo_uri(target):
+    if _check_target(target, collection=collection, **mongo_options):
         from ..errors import StoreError
         from .mongo_store import MongoWriter, mask_uri
 
@@ -78,13 +104,6 @@ def open_writer(
             raise StoreError(f"{mask_uri(str(target))}: name the collection (--collection NAME)")
         return MongoWriter(
             str(target), name, database=database, options=_mongo_options(mongo_options)
-        )
-    if collection:
-        from ..errors import StoreError
-
-        raise StoreError(
-            f"{target}: --collection names a MongoDB collection, but the destination is an LMDB "
-            "folder; give a mongodb:// URI, or leave --collection out"
         )
     from .lmdb_store import LMDBWriter
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError, StoreExistsError
+from ..errors import StoreError, StoreExistsError, UsageError
 from ..records import Progress, Record, StoreMeta, new_store_id
 
 if TYPE_CHECKING:
@@ -145,7 +145,10 @@ class StoreWriter(abc.ABC):
                     f"{self.location}: {found.other}; nothing to resume: pass --overwrite to "
                     "replace it"
                 )
-            log.warning("%s: no conversion to resume; starting a new one", self.location)
+            raise UsageError(
+                f"{self.location}: nothing to resume (no interrupted conversion here); run the "
+                "same command without --resume"
+            )
         elif not found.empty and not overwrite:
             raise StoreExistsError(self._exists_message(found))
         self._aside = not found.empty
@@ -244,6 +247,10 @@ class StoreReader(abc.ABC):
 
     location: str
     """The store's path or URI (password masked), for messages."""
+
+    has_checksums = True
+    """Whether records carry a checksum written with them (stores of other tools have none: their
+    readers compute one from the bytes they return, which proves nothing)."""
 
     # Readers of fastdata stores load both when they open; readers of other layouts override.
     _meta: StoreMeta

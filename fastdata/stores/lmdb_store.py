@@ -265,8 +265,14 @@ def open_reader(path: str) -> Lease:
     if not os.path.exists(path) or (
         os.path.isdir(path) and not os.path.exists(os.path.join(path, DATA_FILE))
     ):
+        if os.path.isdir(path) and any(e.is_dir() for e in os.scandir(path)):
+            store = os.path.normpath(path) + ".lmdb"
+            raise StoreNotFoundError(
+                f"{path}: an image folder, not a store; convert it first: "
+                f"`fastdata convert {path} {store}`, then use {store}"
+            )
         raise StoreNotFoundError(
-            f"{path}: no LMDB store here; create one with `fastdata convert SRC {path}`"
+            f"{path}: no LMDB store here; create one with `fastdata convert IMAGE_FOLDER {path}`"
         )
     data_file = _data_file(path)
     for _ in range(5):
@@ -338,10 +344,14 @@ def open_writable(folder: str, map_size: int) -> Lease:
         return _lease(_Env(key, folder, env, True, None, size))
 
 
-def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool]:
-    """The metadata, progress and whether there is a pickle-recipe key list, of ``path``."""
+def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
+    """The metadata, progress and whether there is a pickle-recipe key list, of ``path``; None
+    for the last when the environment holds nothing at all (a writer stopped right after
+    creating it)."""
     lease = open_reader(path)
     try:
+        if lease.env.stat()["entries"] == 0:
+            return None, None, None
         with _reading(path), lease.env.begin(buffers=True) as txn:
             raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
@@ -445,7 +455,7 @@ class LMDBWriter(StoreWriter):
             else:
                 if meta is not None:
                     progress = None  # kept beside the metadata; the store is complete
-                elif progress is None:
+                elif progress is None and has_keys is not None:
                     other = (
                         "holds an LMDB store written by another tool"
                         if has_keys
@@ -729,6 +739,8 @@ class PickleLMDBStore(_Leased):
     those recipes: they are gathered by reading every record, once, when first asked for.
     """
 
+    has_checksums = False
+
     def __init__(self, path: str | os.PathLike[str], lease: Lease | None = None) -> None:
         self.path = os.fspath(path)
         self.location = self.path
@@ -817,6 +829,11 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     path = os.fspath(path)
     lease = open_reader(path)
     try:
+        if lease.env.stat()["entries"] == 0:
+            raise IncompleteStoreError(
+                f"{path}: an empty store: a conversion into it stopped before it began; run "
+                f"`fastdata convert IMAGE_FOLDER {path}` again"
+            )
         with _reading(path), lease.env.begin(buffers=True) as txn:
             has_meta = txn.get(META_KEY) is not None
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")

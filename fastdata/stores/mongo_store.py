@@ -132,8 +132,7 @@ def _database_name(uri: str, database: str | None) -> str:
     name = parse_uri(uri).get("database")
     if not name:
         raise StoreError(
-            f"{mask_uri(uri)}: no database named; put it in the URI (mongodb://host:port/DB) "
-            "or pass database="
+            f"{mask_uri(uri)}: no database named; put it in the URI: mongodb://host:port/DB"
         )
     return str(name)
 
@@ -175,7 +174,8 @@ class _Connection:
         from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
         budget = 0.0 if first else self.options.retry_budget_s
-        deadline = time.monotonic() + budget
+        started = time.monotonic()
+        deadline = started + budget
         delay = 0.2
         attempt = 0
         while True:
@@ -194,7 +194,7 @@ class _Connection:
                 if time.monotonic() + delay > deadline:
                     raise StoreError(
                         f"{location}: {what} failed after {attempt} attempt(s) in "
-                        f"{budget + self.options.timeout_s:g} s: {type(exc).__name__}: "
+                        f"{time.monotonic() - started:.1f} s: {type(exc).__name__}: "
                         f"{_short(exc)}; check that the server is running and reachable"
                     ) from None
                 log.warning("%s: %s failed (%s); retrying in %.1f s", location, what, exc, delay)
@@ -944,6 +944,8 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         uri, collection, database, options: as for :class:`MongoStore`.
         index_file: the JSON index.
     """
+
+    has_checksums = False
 
     def __init__(
         self,
