@@ -72,22 +72,48 @@ def measure_loader(
     seconds: float = 2.0,
     batch_size: int,
 ) -> float:
-    """Images per second of ``make_loader(workers)`` once its first batch has arrived."""
+    """Images per second of ``make_loader(workers)`` in steady state.
+
+    The batches the workers prepared while starting up (``prefetch_factor`` each) are taken
+    before the clock starts: counted, they made short measurements of several workers look
+    faster than the CPUs can decode.
+    """
     loader = make_loader(workers)
+    source = getattr(loader, "dataloader", loader)  # create_loader's Loader wraps a DataLoader
+    ready = 1 + workers * (getattr(source, "prefetch_factor", None) or 0)
     it = iter(loader)
-    try:
-        next(it)  # worker start-up is not throughput
-    except StopIteration:
-        return 0.0
+    for _ in range(ready):
+        try:
+            next(it)  # worker start-up and the batches it queued are not throughput
+        except StopIteration:
+            break
 
     def step() -> int:
+        nonlocal it
         try:
-            next(it)
+            batch = next(it)
         except StopIteration:
-            return 0
-        return batch_size
+            it = iter(loader)  # a small store is read again: another epoch
+            try:
+                batch = next(it)
+            except StopIteration:
+                return 0
+        return _batch_len(batch, batch_size)
 
     return _timed_loop(step, seconds)  # the workers stop when the iterator is dropped
+
+
+def _cpus() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a batch ``(images, labels, ...)`` (the last one of an epoch may be short)."""
+    try:
+        return len(batch[1])
+    except (TypeError, IndexError):
+        return default
 
 
 def worker_candidates(cpus: int | None = None) -> list[int]:
@@ -95,15 +121,13 @@ def worker_candidates(cpus: int | None = None) -> list[int]:
 
     More workers than CPUs only pay where reading waits on a network; pass an integer then.
     """
-    if cpus is None:
-        affinity = getattr(os, "sched_getaffinity", None)
-        cpus = len(affinity(0)) if affinity else (os.cpu_count() or 1)
-    cpus = min(32, cpus)
+    cpus = min(32, cpus if cpus is not None else _cpus())
     return sorted({1, max(1, cpus // 4), max(1, cpus // 2), cpus})
 
 
-def choose_workers(rates: dict[int, float], tolerance: float = 0.05) -> int:
-    """The fewest workers within ``tolerance`` of the best measured throughput."""
+def choose_workers(rates: dict[int, float], tolerance: float = 0.10) -> int:
+    """The fewest workers within ``tolerance`` of the best measured throughput (10%: closer
+    than that, repeated runs on a quiet machine disagree about which is faster)."""
     best = max(rates.values())
     return min(w for w, r in rates.items() if r >= best * (1 - tolerance))
 
@@ -135,7 +159,13 @@ class BenchReport:
     reads_per_s: float
     pipeline_per_s: float
     loader_per_s: dict[int, float] = field(default_factory=dict)
+    """The median of the rounds, per worker count."""
+    loader_spread: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """The slowest and fastest round, per worker count."""
     chosen_workers: int = 0
+    cpus: int = 1
+    notes: list[str] = field(default_factory=list)
+    """Figures that deserve a second look (e.g. more than the CPUs can give)."""
     step_ms: float | None = None
     verdict: dict[str, float] | None = None
     decoder: str = ""
@@ -143,6 +173,7 @@ class BenchReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["loader_per_s"] = {str(k): v for k, v in self.loader_per_s.items()}
+        d["loader_spread"] = {str(k): list(v) for k, v in self.loader_spread.items()}
         return d
 
 
@@ -152,13 +183,23 @@ def measure_workers(
     *,
     batch_size: int,
     seconds: float,
-) -> dict[int, float]:
-    """Loader throughput for each worker count."""
-    rates = {}
-    for w in candidates:
-        rates[w] = measure_loader(make_loader, w, seconds=seconds, batch_size=batch_size)
-        log.debug("%d workers: %.0f images/s", w, rates[w])
+    rounds: int = 1,
+) -> dict[int, list[float]]:
+    """Loader throughput for each worker count, ``rounds`` times, the counts interleaved (so that
+    a change in the machine's load touches them all alike)."""
+    rates: dict[int, list[float]] = {w: [] for w in candidates}
+    for _ in range(rounds):
+        for w in candidates:
+            rate = measure_loader(make_loader, w, seconds=seconds, batch_size=batch_size)
+            rates[w].append(rate)
+            log.debug("%d workers: %.0f images/s", w, rate)
     return rates
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def bench_store(
@@ -169,6 +210,7 @@ def bench_store(
     step_ms: float | None = None,
     seconds: float = 1.0,
     image_size: int = 224,
+    rounds: int = 3,
     **open_options: Any,
 ) -> BenchReport:
     """Measure a store on this machine: raw reads, decode+pipeline per process, and the loader
@@ -180,8 +222,9 @@ def bench_store(
         workers: ``"auto"`` to choose among the measured counts, or a count to mark as chosen
             (it is measured too).
         step_ms: the training step time, for the verdict.
-        seconds: measuring time of each figure.
+        seconds: measuring time of each figure (each loader round).
         image_size: output side of the train pipeline.
+        rounds: loader rounds per worker count (the median is reported, with the spread).
     """
     from .datasets import ImageStoreDataset
     from .decode import has_turbo
@@ -200,7 +243,8 @@ def bench_store(
         step_ms=step_ms,
         decoder="libjpeg-turbo (simplejpeg)" if has_turbo() else "Pillow",
     )
-    candidates = worker_candidates()
+    report.cpus = _cpus()
+    candidates = worker_candidates(report.cpus)
     if isinstance(workers, int):
         candidates = sorted({*candidates, workers})
 
@@ -217,9 +261,19 @@ def bench_store(
             drop_last=False,
         )
 
-    report.loader_per_s = measure_workers(
-        make_loader, candidates, batch_size=batch_size, seconds=seconds
+    rounds_per_s = measure_workers(
+        make_loader, candidates, batch_size=batch_size, seconds=seconds, rounds=rounds
     )
+    report.loader_per_s = {w: median(r) for w, r in rounds_per_s.items()}
+    report.loader_spread = {w: (min(r), max(r)) for w, r in rounds_per_s.items()}
+    for w, rate in report.loader_per_s.items():
+        can_give = report.pipeline_per_s * max(1, min(w, report.cpus))
+        if rate > 1.2 * can_give:
+            report.notes.append(
+                f"{w} workers measured {rate:.0f} images/s, more than {min(w, report.cpus)} "
+                f"CPU(s) at {report.pipeline_per_s:.0f} images/s each can decode: the figure is "
+                "cache-bound or too short; measure longer (--seconds)"
+            )
     report.chosen_workers = (
         workers if isinstance(workers, int) else choose_workers(report.loader_per_s)
     )

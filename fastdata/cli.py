@@ -477,8 +477,12 @@ def bench(
     click.echo(f"                ({report.decoder}, {image_size} px train pipeline)")
     click.echo(f"loader, batch {report.batch_size}:")
     for w, rate in sorted(report.loader_per_s.items()):
+        low, high = report.loader_spread.get(w, (rate, rate))
         mark = "  <- chosen" if w == report.chosen_workers else ""
-        click.echo(f"  {w:>3} workers {rate:10.0f} images/s{mark}")
+        click.echo(f"  {w:>3} workers {rate:10.0f} images/s  ({low:.0f}-{high:.0f}){mark}")
+    click.echo(f"                (median of the rounds, slowest-fastest; {report.cpus} CPUs)")
+    for note in report.notes:
+        click.echo(f"note: {note}")
     if report.verdict is not None:
         v = report.verdict
         if v["wait_ms"] > 0:

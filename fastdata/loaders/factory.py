@@ -66,12 +66,15 @@ def pick_workers(
     from ..bench import choose_workers, measure_workers, worker_candidates
 
     started = time.perf_counter()
-    rates = measure_workers(
-        make_loader,
-        list(candidates or worker_candidates()),
-        batch_size=batch_size,
-        seconds=seconds,
-    )
+    rates = {
+        w: r[0]
+        for w, r in measure_workers(
+            make_loader,
+            list(candidates or worker_candidates()),
+            batch_size=batch_size,
+            seconds=seconds,
+        ).items()
+    }
     chosen = choose_workers(rates)
     log.info(
         "num_workers=auto: measured %s images/s in %.1f s; chose %d (the fewest within 5%% of "
