@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -20,10 +20,47 @@ from .errors import CorruptImageError
 from .pipelines import Pipeline
 from .stores.base import StoreReader
 
-__all__ = ["OUTPUTS", "ImageStoreDataset", "LMDBImageDataset", "MongoImageDataset", "Output"]
+__all__ = [
+    "OUTPUTS",
+    "ImageStoreDataset",
+    "LMDBImageDataset",
+    "MongoImageDataset",
+    "Output",
+    "Samples",
+]
 
 Output = Literal["pil", "numpy", "bytes"]
 OUTPUTS: tuple[str, ...] = ("pil", "numpy", "bytes")
+
+
+class Samples(Sequence[tuple[str, int]]):
+    """A read-only sequence of ``(name, label)`` over a store: each item is read when asked,
+    a slice or a loop reads in batches. Unlike ``ImageFolder.samples`` it cannot be appended to:
+    the store is what it holds."""
+
+    def __init__(self, reader: StoreReader) -> None:
+        self._reader = reader
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[str, int]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return self._read(range(len(self))[index])
+        return self._read([index])[0]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        for start in range(0, len(self), 256):
+            yield from self._read(range(start, min(len(self), start + 256)))
+
+    def _read(self, indices: Sequence[int]) -> list[tuple[str, int]]:
+        return [(r.header.name, r.header.label) for r in self._reader.read_records(indices)]
 
 
 class ImageStoreDataset(Dataset):
@@ -79,6 +116,16 @@ class ImageStoreDataset(Dataset):
     def targets(self) -> np.ndarray:
         """Every record's label, as one read-only int64 array (not a list of Python ints)."""
         return self.reader.labels
+
+    @property
+    def samples(self) -> Samples:
+        """``(name, label)`` of every record, like ``ImageFolder.samples``, read from the store
+        when asked (nothing per sample is held). Names are paths relative to the converted
+        folder, not files on this machine."""
+        return Samples(self.reader)
+
+    imgs = samples
+    """The same, under ImageFolder's older name."""
 
     # -- reading
 

@@ -160,6 +160,10 @@ class BackgroundGenerator(Generic[T]):
             item = self._transfer.hand_over(item)
         return item
 
+    def next(self) -> T:
+        """``next(gen)``, by the method name prefetch_generator's users call."""
+        return self.__next__()
+
     def close(self) -> None:
         """Stop the producer thread and wait for it (bounded); iteration then ends."""
         self._done = True
