@@ -228,7 +228,7 @@ class LMDBImageDataset(ImageStoreDataset):
         from .stores.lmdb_store import open_lmdb
 
         super().__init__(
-            open_lmdb(path, allow_pickle=allow_pickle),
+            open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle),
             transform,
             target_transform,
             output=output,

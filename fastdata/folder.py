@@ -207,7 +207,7 @@ def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
         SourceError: the root does not exist, is not a folder, has no class folders, or holds no
             images.
     """
-    root_path = Path(root)
+    root_path = Path(root).expanduser()
     if not root_path.exists():
         raise SourceError(f"{root_path}: no such folder; give the root of an image folder tree")
     if not root_path.is_dir():

@@ -80,7 +80,7 @@ def open_store(
         return MongoStore(uri, collection, database=database, options=options)
     from .lmdb_store import open_lmdb
 
-    return open_lmdb(target, allow_pickle=allow_pickle)
+    return open_lmdb(os.path.expanduser(target), allow_pickle=allow_pickle)
 
 
 def open_writer(
@@ -107,4 +107,4 @@ def open_writer(
         )
     from .lmdb_store import LMDBWriter
 
-    return LMDBWriter(target)
+    return LMDBWriter(os.path.expanduser(target))
