@@ -4,7 +4,9 @@ ensure_venv() {
     local extras="$1"
     local python="${PYTHON:-python3}"
     if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-        echo "fastdata needs Python 3.11 or newer; $python is $("$python" -V 2>&1 || echo missing)." \
+        local version
+        version=$("$python" -V 2>&1 | head -n 1)
+        echo "fastdata needs Python 3.11 or newer; $python is ${version:-missing}." \
             "Set PYTHON=/path/to/python3.11 and run again." >&2
         exit 2
     fi

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import click
 import torch
 from torch import nn
 
-from fastdata import LMDBImageDataset, convert, create_loader
+from fastdata import FastdataError, LMDBImageDataset, convert, create_loader
 from fastdata.samples import make_image_folder
 
 
@@ -91,17 +92,20 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     store = args.store or sample_store(args.workdir)
-    dataset = LMDBImageDataset(store)
     workers = args.workers if args.workers == "auto" else int(args.workers)
-    loader = create_loader(
-        dataset,
-        args.batch_size,
-        image_size=args.image_size,
-        num_workers=workers,
-        device=args.device,
-        seed=args.seed,
-        channels_last=True,
-    )
+    try:
+        dataset = LMDBImageDataset(store)
+        loader = create_loader(
+            dataset,
+            args.batch_size,
+            image_size=args.image_size,
+            num_workers=workers,
+            device=args.device,
+            seed=args.seed,
+            channels_last=True,
+        )
+    except (FastdataError, ValueError) as exc:  # a store that cannot train: say why, stop
+        sys.exit(f"Error: {exc}")
     device = loader.device
     model = compact_cnn(len(dataset.classes)).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)

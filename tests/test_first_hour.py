@@ -1,0 +1,276 @@
+"""What got in a new user's way in the first hour, each reproduced and now answered."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastdata import LMDBImageDataset, convert, create_loader
+from fastdata.bench import measure_loader
+from fastdata.errors import StoreError
+
+from .conftest import jpeg_bytes, write
+from .mongo_server import free_port
+from .procs import REPO, cli, run_script
+
+# -------------------------------------------------------------- install
+
+
+def test_python_versions_agree(tmp_path: Path) -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    assert cfg["options"]["python_requires"] == ">=3.11"
+    assert cfg["mypy"]["python_version"] == "3.11"
+    assert 'target-version = "py311"' in (REPO / "ruff.toml").read_text()
+    assert "Python 3.11 or newer" in (REPO / "README.md").read_text()
+    # the scripts check the interpreter first, and say in one line what is needed
+    old = tmp_path / "python3.9"
+    old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.9.18'\nexit 1\n")
+    old.chmod(0o755)
+    result = subprocess.run(
+        ["bash", "-c", "source scripts/_venv.sh && ensure_venv ."],
+        cwd=REPO,
+        env=dict(os.environ, PYTHON=str(old)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"fastdata needs Python 3.11 or newer; {old} is Python 3.9.18. "
+        "Set PYTHON=/path/to/python3.11 and run again."
+    )
+
+
+def test_every_pip_command_names_the_distribution() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    name = cfg["metadata"]["name"]
+    assert name == "fastdata-images"
+    texts = [p.read_text() for p in (REPO / "fastdata").rglob("*.py")]
+    texts += [(REPO / "README.md").read_text(), (REPO / "docs" / "migrating.md").read_text()]
+    for text in texts:
+        for command in re.findall(r"pip install '?([\w.-]+)\[", text):
+            assert command == name
+
+
+# -------------------------------------------------------------- no silent no-ops
+
+
+@pytest.fixture
+def small_store(good_folder: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "small.lmdb"
+    convert(good_folder, dst)  # 12 images
+    return dst
+
+
+def test_a_store_smaller_than_a_batch_is_an_error_not_an_empty_epoch(small_store: Path) -> None:
+    with pytest.raises(ValueError, match=r"12 samples .* no whole batch of 64.*drop_last=False"):
+        create_loader(LMDBImageDataset(small_store), 64, num_workers=0, device="cpu")
+    loader = create_loader(
+        LMDBImageDataset(small_store), 64, num_workers=0, device="cpu", drop_last=False
+    )
+    assert [len(labels) for _, labels in loader] == [12]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), str(small_store), "--workers", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert result.returncode == 1 and "no whole batch of 64" in result.stderr
+    assert "images/s" not in result.stdout
+
+
+def test_an_unknown_scheme_is_a_usage_error(good_folder: Path, tmp_path: Path) -> None:
+    result = cli("convert", str(good_folder), "mongo://host/db", "-q")
+    assert result.returncode == 2
+    assert "unknown scheme mongo:" in result.stderr and "mongodb://host:port/DB" in result.stderr
+    assert not Path("mongo:").exists()
+
+
+def test_options_that_do_not_fit_the_store_are_usage_errors(
+    good_folder: Path, small_store: Path
+) -> None:
+    result = cli("convert", str(good_folder), str(small_store) + "2", "-c", "train", "-q")
+    assert result.returncode == 2 and "--collection applies to mongodb://" in result.stderr
+    result = cli("info", str(small_store), "--timeout", "3")
+    assert result.returncode == 2 and "--timeout applies to mongodb://" in result.stderr
+    result = cli("info", "mongodb://127.0.0.1:1/db", "-c", "x", "--allow-pickle")
+    assert result.returncode == 2 and "--allow-pickle applies to LMDB" in result.stderr
+
+
+def test_resume_with_nothing_to_resume_is_a_usage_error(good_folder: Path, tmp_path: Path) -> None:
+    result = cli("convert", str(good_folder), str(tmp_path / "new.lmdb"), "--resume", "-q")
+    assert result.returncode == 2
+    assert "nothing to resume" in result.stderr and "without --resume" in result.stderr
+
+
+# -------------------------------------------------------------- hints
+
+
+def test_info_on_an_image_folder_says_to_convert_it(good_folder: Path) -> None:
+    result = cli("info", str(good_folder))
+    assert result.returncode == 2
+    assert f"an image folder, not a store; convert it first: `fastdata convert {good_folder} " in (
+        result.stderr
+    )
+    assert f"{good_folder}.lmdb`" in result.stderr
+
+
+def test_messages_speak_the_clis_words() -> None:
+    result = cli("info", "mongodb://127.0.0.1:1", "-c", "x")
+    assert result.returncode != 0
+    assert "put it in the URI: mongodb://host:port/DB" in result.stderr
+    assert "database=" not in result.stderr
+
+
+@pytest.mark.mongo
+def test_the_outage_message_reports_the_time_it_measured() -> None:
+    from fastdata import MongoImageDataset
+
+    uri = f"mongodb://127.0.0.1:{free_port()}/db"
+    started = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        MongoImageDataset(uri, "c", timeout_s=1.0)
+    elapsed = time.monotonic() - started
+    reported = float(re.search(r"in ([\d.]+) s", str(info.value)).group(1))  # type: ignore[union-attr]
+    assert abs(reported - elapsed) < 0.5
+    for command in ("convert", "info", "verify", "export", "bench"):
+        assert "--timeout" in cli(command, "--help").stdout
+
+
+def test_a_closed_pipe_ends_quietly(small_store: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastdata", "info", str(small_store), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # `| head` that read nothing and went away
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and err == ""
+
+
+def test_exit_codes(good_folder: Path, small_store: Path, tmp_path: Path) -> None:
+    assert cli("convert", str(good_folder), str(small_store), "-q").returncode == 2  # exists
+    assert cli("info", str(tmp_path / "missing.lmdb")).returncode == 2  # not found
+    assert cli("convert", "--workers", "0", "a", "b").returncode == 2  # click's own check
+    assert cli("info", "mongodb://127.0.0.1:1/db", "-c", "x", "--timeout", "0.5").returncode == 1
+
+
+def test_a_store_of_another_tool_says_what_it_lacks(tmp_path: Path) -> None:
+    import pickle
+
+    import lmdb
+
+    path = tmp_path / "legacy.lmdb"
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(b"0", pickle.dumps((jpeg_bytes(), 0)))
+        txn.put(b"__keys__", pickle.dumps([b"0"]))
+    env.close()
+    info = cli("info", str(path), "--allow-pickle")
+    assert "size:       not recorded (a store written by another tool)" in info.stdout
+    verify = cli("verify", str(path), "--allow-pickle", "-q")
+    assert verify.returncode == 0 and "the store has no checksums" in verify.stdout
+    assert "OK (checksums" not in verify.stdout
+
+
+# -------------------------------------------------------------- bench
+
+
+def test_bench_does_not_time_the_batches_queued_at_start_up() -> None:
+    class Queued:
+        """A loader whose first batches were ready at once, then one every 10 ms."""
+
+        prefetch_factor = 2
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for i in range(10_000):
+                if i >= 5:  # 1 + 2 workers x 2 queued
+                    time.sleep(0.01)
+                yield None, [0] * 8
+
+    rate = measure_loader(lambda w: Queued(), 2, seconds=0.3, batch_size=8)
+    assert 600 < rate < 850  # 8 images per 10 ms, not inflated by the queued ones
+
+
+def test_bench_reports_the_spread_and_chooses_the_same_count(small_store: Path) -> None:
+    import json
+
+    chosen = set()
+    for _ in range(2):
+        result = cli("bench", str(small_store), "--batch-size", "4", "--seconds", "0.3", "--json")
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        for w, (low, high) in report["loader_spread"].items():
+            assert low <= report["loader_per_s"][w] <= high
+        chosen.add(report["chosen_workers"])
+    assert len(chosen) == 1
+
+
+# -------------------------------------------------------------- the recipes people come from
+
+
+def test_samples_and_imgs_like_imagefolder(small_store: Path, good_folder: Path) -> None:
+    ds = LMDBImageDataset(small_store)
+    assert len(ds.samples) == 12 and ds.imgs[5] == ("dog/000.jpg", 1)
+    assert ds.samples[0] == ("cat/000.jpg", 0) and ds.samples[-1] == ("eel/002.jpg", 2)
+    assert [label for _, label in ds.samples] == list(ds.targets)
+    assert ds.samples[10:] == [("eel/001.jpg", 2), ("eel/002.jpg", 2)]
+    assert all((good_folder / name).is_file() for name, _ in ds.samples)
+    with pytest.raises(AttributeError):
+        ds.samples.append(("x", 0))  # type: ignore[attr-defined]
+
+
+def test_the_apex_loop_ends_with_none(small_store: Path) -> None:
+    result = run_script(
+        """
+        import sys
+        from torch.utils.data import DataLoader
+        from fastdata import LMDBImageDataset, fast_collate
+        from fastdata.compat.apex import data_prefetcher
+        from fastdata.pipelines import EvalPipeline
+
+        ds = LMDBImageDataset(sys.argv[1], pipeline=EvalPipeline(32))
+        prefetcher = data_prefetcher(DataLoader(ds, batch_size=5, collate_fn=fast_collate))
+        input, target = prefetcher.next()
+        shapes = []
+        while input is not None:
+            shapes.append(tuple(input.shape))
+            input, target = prefetcher.next()
+        print(shapes, prefetcher.next())
+        """,
+        small_store,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[(5, 3, 32, 32), (5, 3, 32, 32), (2, 3, 32, 32)] (None, None)"
+
+
+def test_timms_call_shape(small_store: Path) -> None:
+    from fastdata.compat.timm import create_loader as timm_create_loader
+
+    loader = timm_create_loader(
+        LMDBImageDataset(small_store),
+        (3, 32, 32),
+        4,
+        is_training=True,
+        use_prefetcher=True,
+        num_workers=0,
+        re_prob=0.25,  # logged as not applied
+    )
+    images, targets = next(iter(loader))
+    assert images.shape == (4, 3, 32, 32) and images.dtype.is_floating_point
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        timm_create_loader(LMDBImageDataset(small_store), 32, 4, not_a_timm_option=1)
+    with pytest.raises(ValueError, match="equal height and width"):
+        timm_create_loader(LMDBImageDataset(small_store), (3, 32, 48), 4)
