@@ -49,6 +49,23 @@ def test_python_versions_agree(tmp_path: Path) -> None:
     )
 
 
+def test_the_scripts_say_when_they_install(tmp_path: Path) -> None:
+    """A first install takes about a minute: the scripts say so instead of showing nothing."""
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(
+        '#!/bin/sh\n[ "$1" = -c ] && exit 1\necho "pip $*" >> pip.log\nexit 0\n'
+    )  # fastdata not importable yet; pip "succeeds"
+    (venv / "python").chmod(0o755)
+    script = f"source {REPO}/scripts/_venv.sh && ensure_venv '.[turbo]'"
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "installing fastdata and its dependencies into .venv (about a minute" in result.stderr
+    assert "-c constraints.txt -e .[turbo]" in (tmp_path / "pip.log").read_text()
+
+
 def test_every_pip_command_names_the_distribution() -> None:
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
