@@ -58,7 +58,7 @@ def pick_workers(
     seconds: float = 1.0,
     candidates: Sequence[int] | None = None,
 ) -> tuple[int, dict[int, float]]:
-    """Measure a few worker counts on the real data and return the fewest within 5% of the best.
+    """Measure a few worker counts on the real data and return the fewest within 10% of the best.
 
     Each candidate runs for about ``seconds`` after its first batch. Returns the choice and the
     measured images/s per count.
@@ -77,7 +77,7 @@ def pick_workers(
     }
     chosen = choose_workers(rates)
     log.info(
-        "num_workers=auto: measured %s images/s in %.1f s; chose %d (the fewest within 5%% of "
+        "num_workers=auto: measured %s images/s in %.1f s; chose %d (the fewest within 10%% of "
         "the best)",
         ", ".join(f"{w}: {r:.0f}" for w, r in sorted(rates.items())),
         time.perf_counter() - started,
@@ -247,7 +247,7 @@ def create_loader(
         train: shuffle, augment and drop the last partial batch (unless ``drop_last`` says).
         image_size: output side of the built-in pipelines.
         num_workers: worker processes, or ``"auto"`` to measure a few counts briefly on this
-            dataset and take the fewest within 5% of the best (logged).
+            dataset and take the fewest within 10% of the best (logged).
         device: where batches go; None picks the current accelerator, else the CPU.
         mean, std: normalisation in 0-1 units (None for both: no normalisation, images become
             ``dtype`` scaled to 0-1 if a ``dtype`` is given, else stay uint8).
