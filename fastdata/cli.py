@@ -127,6 +127,21 @@ def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 _quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 
 
+class WorkerCount(click.ParamType):
+    """``auto`` or a whole number of worker processes."""
+
+    name = "auto|N"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        if isinstance(value, int) or value == "auto":
+            return value
+        if str(value).isdigit():
+            return int(value)
+        self.fail(f"{value!r} is neither 'auto' nor a whole number", param, ctx)
+
+
 class ByteSize(click.ParamType):
     """A size in bytes: ``123``, ``64K``, ``512M``, ``2G`` (powers of 1024)."""
 
@@ -229,6 +244,7 @@ def convert(
                 collection=collection,
                 max_file_bytes=max_file_size,
                 timeout_s=timeout,
+                tune_allocator=True,  # this process is the conversion's alone
             )
     except KeyboardInterrupt:
         click.echo(
@@ -421,6 +437,7 @@ def export(
 @click.option(
     "--workers",
     "-j",
+    type=WorkerCount(),
     default="auto",
     show_default=True,
     help="'auto' to choose among the measured counts, or a count to mark.",
@@ -434,7 +451,7 @@ def export(
 def bench(
     store: str,
     batch_size: int,
-    workers: str,
+    workers: int | str,
     step_ms: float | None,
     seconds: float,
     image_size: int,
@@ -454,12 +471,10 @@ def bench(
     """
     from .bench import bench_store, plot_report
 
-    if workers != "auto" and not workers.isdigit():
-        raise click.BadParameter("'auto' or a whole number", param_hint="--workers")
     report = bench_store(
         store,
         batch_size=batch_size,
-        workers="auto" if workers == "auto" else int(workers),
+        workers=workers,
         step_ms=step_ms,
         seconds=seconds,
         image_size=image_size,

@@ -25,7 +25,7 @@ import numpy as np
 from .errors import CorruptImageError, SourceError
 from .folder import FolderScan, Sample, file_kind, os_reason, scan_folder
 from .jpeg import checksum, validate_image
-from .memory import tune_malloc
+from .malloc import tune_malloc
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
 from .stores import StoreWriter, open_writer
 
@@ -226,6 +226,7 @@ def convert(
     collection: str | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
     timeout_s: float | None = None,
+    tune_allocator: bool = False,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``) into a store.
 
@@ -247,6 +248,9 @@ def convert(
         collection: the Mongo collection (default: the source folder's name).
         max_file_bytes: files larger than this are skipped.
         timeout_s: for a MongoDB destination, the server selection and connection timeout.
+        tune_allocator: retune glibc's allocator for image-sized buffers
+            (:func:`fastdata.malloc.tune_malloc`), for the rest of the process: what the
+            ``fastdata convert`` command does, since the process is the conversion's alone.
 
     Returns:
         A :class:`ConvertReport`.
@@ -259,7 +263,8 @@ def convert(
         CorruptImageError: with ``strict``, the first unusable file.
     """
     started = time.perf_counter()
-    tune_malloc()
+    if tune_allocator:
+        tune_malloc()
     scan = scan_folder(source)
     if strict and scan.unusable:
         first = scan.unusable[0]

@@ -22,6 +22,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from .errors import CorruptImageError
+from .jpeg import is_jpeg as _is_jpeg
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,8 +50,6 @@ MAX_IMAGE_PIXELS: int | None = None
 """The most pixels an image may declare. None follows Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``
 (about 89 million unless changed there; None there too means no limit)."""
 
-_SOI = b"\xff\xd8"
-
 
 def has_turbo() -> bool:
     """Whether the libjpeg-turbo JPEG decoder (``simplejpeg``) is available."""
@@ -74,10 +73,6 @@ def _check_pixels(height: int, width: int, name: str) -> None:
             f"declares {width} x {height} pixels, over the limit of {limit} "
             "(fastdata.decode.MAX_IMAGE_PIXELS); refused before decoding",
         )
-
-
-def _is_jpeg(data: bytes | memoryview) -> bool:
-    return bytes(data[:2]) == _SOI
 
 
 def _open(data: bytes | memoryview, name: str) -> Image.Image:

@@ -24,12 +24,14 @@ except ImportError:  # pragma: no cover - depends on the environment
     _crc32 = zlib.crc32
 
 __all__ = [
-    "EOI",
-    "SOI",
     "CheckedImage",
+    "EOI",
     "JpegState",
+    "SOI",
     "checksum",
     "inspect_jpeg",
+    "is_jpeg",
+    "repair_if_cut",
     "repair_jpeg",
     "sniff",
     "validate_image",
@@ -146,6 +148,20 @@ def repair_jpeg(data: bytes) -> tuple[bytes, bool]:
     if state is JpegState.MISSING_EOI:
         return data + EOI, True
     raise CorruptImageError("<bytes>", reason)
+
+
+def is_jpeg(data: bytes | memoryview) -> bool:
+    """Whether the bytes start with a JPEG's start-of-image marker."""
+    return bytes(data[:2]) == SOI
+
+
+def repair_if_cut(data: bytes) -> tuple[bytes, bool]:
+    """A JPEG that lacks only its end-of-image marker gets it appended; anything else comes back
+    as it is (for readers of stores that other tools wrote, which must not refuse what they
+    cannot judge). Returns the bytes and whether they were repaired."""
+    if is_jpeg(data) and inspect_jpeg(data)[0] is JpegState.MISSING_EOI:
+        return data + EOI, True
+    return data, False
 
 
 def checksum(data: bytes | memoryview) -> int:

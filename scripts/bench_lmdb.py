@@ -25,9 +25,9 @@ import lmdb
 
 from fastdata import convert
 from fastdata.folder import scan_folder
-from fastdata.memory import tune_malloc
+from fastdata.malloc import tune_malloc
 from fastdata.records import record_key
-from fastdata.samples import make_image_folder
+from fastdata.synthetic import make_image_folder
 
 # LMDBImageDataset (and with it torch) is imported in run(): the memory-measuring child process
 # runs this file too, and must weigh what a conversion weighs, not what torch does.
@@ -91,7 +91,7 @@ def rss_child(src: str, dst: str) -> None:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    convert(src, dst, overwrite=True)
+    convert(src, dst, overwrite=True, tune_allocator=True)  # as the CLI converts
     done.set()
     sampler.join()
     print(peak["VmRSS"], peak["RssAnon"])
@@ -127,7 +127,7 @@ def main() -> None:
         return
 
     # Both sides of every comparison run in this process, under the same allocator settings:
-    # those fastdata uses for conversion (see fastdata.memory).
+    # those fastdata uses for conversion (see fastdata.malloc).
     tune_malloc()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
     work.mkdir(parents=True, exist_ok=True)

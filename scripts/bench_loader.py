@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from fastdata import LMDBImageDataset, create_loader
 from fastdata.folder import scan_folder
 from fastdata.pipelines import TrainPipeline, sample_crop
-from fastdata.samples import make_image_folder
+from fastdata.synthetic import make_image_folder
 
 # the plain loader's Pillow arrays are read-only; torch warns once when it wraps them
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

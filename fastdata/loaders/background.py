@@ -182,55 +182,29 @@ class BackgroundGenerator(Generic[T]):
 
 
 class _DeviceTransfer:
-    """Moves batches to a device inside the producer thread."""
+    """Moves batches to a device inside the producer thread (on a side stream on CUDA)."""
 
     def __init__(self, device: Any) -> None:
         import torch
 
-        from .batches import default_device
+        from .device import SideStream, default_device
 
         self.device = torch.device(device) if device != "auto" else default_device()
-        self.stream: Any = None
+        self._side = SideStream(self.device)
 
     def __call__(self, batch: Any) -> Any:
-        import torch
-
-        from .batches import map_tensors, to_device
+        from .device import copy_async, to_device
 
         if self.device.type != "cuda":
             return to_device(batch, self.device)
-        if self.stream is None:
-            self.stream = torch.cuda.Stream(device=self.device)
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            if t.device.type == "cpu" and not t.is_pinned():
-                t = t.pin_memory()
-            return t.to(self.device, non_blocking=True)
-
-        with torch.cuda.stream(self.stream):
-            moved = map_tensors(batch, move)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return _InFlight(moved, event)
+        # the producer thread cannot see the consumer's stream: the copy is not ordered after it
+        return self._side.copy(batch, lambda t: copy_async(t, self.device), after_consumer=False)
 
     def hand_over(self, item: Any) -> Any:
         """In the consumer: make its stream wait for the copy, and tie the memory to it."""
-        if not isinstance(item, _InFlight):
-            return item
-        import torch
+        from .device import InFlight
 
-        from .batches import record_stream
-
-        consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(item.event)
-        record_stream(item.batch, consumer)
-        return item.batch
-
-
-class _InFlight:
-    def __init__(self, batch: Any, event: Any) -> None:
-        self.batch = batch
-        self.event = event
+        return self._side.hand_over(item) if isinstance(item, InFlight) else item
 
 
 def background(

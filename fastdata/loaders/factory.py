@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from .batches import default_device
 from .collate import fast_collate
+from .device import default_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .prefetch import PrefetchLoader
 from .sampler import EpochSampler
@@ -27,7 +27,7 @@ Workers = Union[int, str]
 
 
 def _worker_init(worker_id: int) -> None:
-    from ..memory import tune_malloc
+    from ..malloc import tune_malloc
 
     # torch seeds each worker from the loader's generator; the other generators follow it, so a
     # user transform that draws from random or numpy is reproducible for a given worker count.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batches import is_image_batch
+from .device import is_image_batch
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Normalizer"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .batches import default_device, map_tensors, record_stream
+from .device import SideStream, copy_async, default_device, map_tensors
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 
 __all__ = ["PrefetchLoader"]
@@ -69,7 +69,7 @@ class PrefetchLoader:
             std = tuple(std) if std is not None else IMAGENET_STD
         self.normalizer = Normalizer(mean, std, dtype, channels_last)
         self._constants = self.normalizer.constants(self.device)
-        self._stream: Any = None  # one side stream for the loader's lifetime, made on first use
+        self._side = SideStream(self.device)  # one side stream for the loader's lifetime
 
     # -- pass-through to the wrapped loader
 
@@ -99,44 +99,34 @@ class PrefetchLoader:
 
     # -- iteration
 
-    def _prepare(self, batch: Any, non_blocking: bool) -> Any:
-        def move(t: torch.Tensor) -> torch.Tensor:
-            if non_blocking and t.device.type == "cpu" and not t.is_pinned():
-                t = t.pin_memory()  # an async copy needs page-locked memory
-            t = t.to(self.device, non_blocking=non_blocking)
-            return self.normalizer.apply(t, self._constants)
+    def _move(self, t: torch.Tensor) -> torch.Tensor:
+        """The synchronous path: copy, then convert and normalise."""
+        return self.normalizer.apply(t.to(self.device), self._constants)
 
-        return map_tensors(batch, move)
+    def _move_async(self, t: torch.Tensor) -> torch.Tensor:
+        """On the side stream: copy without blocking, then convert and normalise there."""
+        return self.normalizer.apply(copy_async(t, self.device), self._constants)
 
     def __iter__(self) -> Iterator[Any]:
         if self.device.type == "cuda":
             return self._iter_cuda()
-        return (self._prepare(batch, non_blocking=False) for batch in self.loader)
+        return (map_tensors(batch, self._move) for batch in self.loader)
 
     def _iter_cuda(self) -> Iterator[Any]:
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
-        stream = self._stream
         source = iter(self.loader)
 
-        def preload() -> tuple[bool, Any, BaseException | None]:
+        def preload() -> tuple[bool, Any, Exception | None]:
             try:
                 batch = next(source)
             except StopIteration:
                 return False, None, None
-            except BaseException as exc:  # handed to the caller after the batch before it
+            except Exception as exc:  # handed to the caller after the batch before it
                 return False, None, exc
-            consumer = torch.cuda.current_stream(self.device)
-            with torch.cuda.stream(stream):
-                stream.wait_stream(consumer)
-                return True, self._prepare(batch, non_blocking=True), None
+            return True, self._side.copy(batch, self._move_async, after_consumer=True), None
 
         ok, pending, error = preload()
         while ok:
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_stream(stream)
-            batch = pending
-            record_stream(batch, consumer)
+            batch = self._side.hand_over(pending)
             ok, pending, error = preload()  # the next copy overlaps the caller's work on this one
             yield batch
         if error is not None:

@@ -133,8 +133,8 @@ def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Owner | None]:
     pool = _worker_pool()
     slot = pool.acquire(nbytes) if pool is not None else None
     if pool is None or slot is None:
-        storage = torch.UntypedStorage._new_shared(nbytes)
-        return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape), None
+        # fresh shared memory, which PyTorch then sends without a copy (public API only)
+        return torch.empty(shape, dtype=torch.uint8).share_memory_(), None
     return slot.view(shape), (pool, slot)
 
 

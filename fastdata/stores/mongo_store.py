@@ -989,7 +989,7 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         )
 
     def _fetch(self, idx: list[int]) -> list[tuple[str, bytes, bool]]:
-        from ..jpeg import JpegState, inspect_jpeg
+        from ..jpeg import repair_if_cut
 
         names = [self._names[i].decode("utf-8", "surrogateescape") for i in idx]
 
@@ -998,7 +998,15 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
             docs = coll.find(
                 {"img_name": {"$in": sorted(set(names))}}, {"img_name": 1, "bson_img": 1}
             )
-            return {d["img_name"]: bytes(d["bson_img"]) for d in docs}
+            out = {}
+            for d in docs:
+                if not isinstance(d.get("bson_img"), bytes):
+                    raise RecordError(
+                        f"{self.location}: the document of {d.get('img_name')!r} holds no "
+                        "binary 'bson_img'; the collection is damaged"
+                    )
+                out[d["img_name"]] = d["bson_img"]
+            return out
 
         span = f"{min(idx)}-{max(idx)}" if idx else "none"
         found = self._run(f"reading images {span}", query)
@@ -1006,9 +1014,8 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         for name in names:
             if name not in found:
                 raise RecordError(f"{self.location}: no document with img_name {name!r}")
-            data = found[name]
-            repaired = data[:2] == b"\xff\xd8" and inspect_jpeg(data)[0] is JpegState.MISSING_EOI
-            out.append((name, data + b"\xff\xd9" if repaired else data, repaired))
+            data, repaired = repair_if_cut(found[name])
+            out.append((name, data, repaired))
         return out
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:

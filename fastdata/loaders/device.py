@@ -1,0 +1,123 @@
+"""Moving batches to a device: nested structures of tensors, and the CUDA side stream.
+
+A batch may be a tensor, a tuple, list, namedtuple or mapping of batches, or any other object,
+which is passed through untouched (strings, ints, None, ...).
+
+:class:`SideStream` is the one implementation of a stream-correct copy, used by
+``PrefetchLoader`` and ``BackgroundGenerator(device=...)``: the copy runs on a side stream made
+once per owner (optionally after the consumer's queued work), from pinned memory without
+blocking; an event marks its end; before the consumer gets the batch, its stream waits for that
+event and every tensor is ``record_stream``-ed on it, so the caching allocator does not reuse the
+memory while the consumer may still use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "InFlight",
+    "SideStream",
+    "copy_async",
+    "default_device",
+    "is_image_batch",
+    "map_tensors",
+    "record_stream",
+    "to_device",
+]
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Return ``batch`` with ``fn`` applied to every tensor in it, keeping its structure."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(b, fn) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(b, fn) for b in batch)
+    if isinstance(batch, Mapping):
+        items = [(k, map_tensors(v, fn)) for k, v in batch.items()]
+        try:
+            return type(batch)(items)  # type: ignore[call-arg]  # dict, OrderedDict, ...
+        except TypeError:
+            return dict(items)
+    return batch
+
+
+def default_device() -> torch.device:
+    """The current accelerator (CUDA, ...) when there is one, else the CPU."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():
+        found = accelerator.current_accelerator()
+        if found is not None:
+            return torch.device(found.type, accelerator.current_device_index())
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def is_image_batch(t: torch.Tensor) -> bool:
+    """Whether a tensor is a batch of images to normalise: uint8 and 4-D (N, C, H, W)."""
+    return t.dtype == torch.uint8 and t.dim() == 4
+
+
+def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """Move every tensor of ``batch`` to ``device``."""
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def record_stream(batch: Any, stream: Any) -> None:
+    """Tie every tensor's memory to ``stream``: the allocator waits for its work before reuse."""
+    map_tensors(batch, lambda t: t.record_stream(stream))
+
+
+def copy_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, copied without blocking (from page-locked memory: pinned first when
+    it is not)."""
+    if t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+class InFlight:
+    """A batch whose copy was queued on a side stream, and the event that marks its end."""
+
+    def __init__(self, batch: Any, event: Any) -> None:
+        self.batch = batch
+        self.event = event
+
+
+class SideStream:
+    """One CUDA side stream for copies to ``device``, made on first use, kept for the owner's
+    life (a stream per epoch leaks device memory)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._stream: Any = None
+
+    def copy(
+        self, batch: Any, fn: Callable[[torch.Tensor], Any], *, after_consumer: bool
+    ) -> InFlight:
+        """Queue ``fn`` (a copy, and what follows it on the device) over every tensor of
+        ``batch`` on the side stream; with ``after_consumer``, after the work the consumer's
+        stream has queued so far."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        stream = self._stream
+        if after_consumer:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            moved = map_tensors(batch, fn)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return InFlight(moved, event)
+
+    def hand_over(self, item: InFlight) -> Any:
+        """In the consumer: its stream waits for the copy; the memory is tied to its stream."""
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(item.event)
+        record_stream(item.batch, consumer)
+        return item.batch
