@@ -4,12 +4,20 @@ the scripts: raw record reads, decode+pipeline per process, and whole loaders pe
 from __future__ import annotations
 
 import logging
-import os
 import random
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .loaders.tuning import (
+    choose_workers,
+    cpu_count,
+    measure_loader,
+    measure_workers,
+    median,
+    timed_loop,
+    worker_candidates,
+)
 
 __all__ = [
     "BenchReport",
@@ -27,21 +35,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _timed_loop(step: Callable[[], int], seconds: float, min_steps: int = 1) -> float:
-    """Run ``step`` (returning items done) for about ``seconds``; items per second."""
-    done = 0
-    steps = 0
-    start = time.perf_counter()
-    while steps < min_steps or time.perf_counter() - start < seconds:
-        n = step()
-        if n == 0:
-            break
-        done += n
-        steps += 1
-    elapsed = time.perf_counter() - start
-    return done / elapsed if elapsed > 0 else 0.0
-
-
 def _random_batches(n: int, batch_size: int, seed: int = 0) -> Iterable[list[int]]:
     rng = random.Random(seed)
     while True:
@@ -51,7 +44,7 @@ def _random_batches(n: int, batch_size: int, seed: int = 0) -> Iterable[list[int
 def measure_reads(reader: Any, *, batch_size: int = 64, seconds: float = 1.0) -> float:
     """Raw record reads per second: random batches of encoded bytes, no decoding."""
     batches = iter(_random_batches(len(reader), batch_size))
-    return _timed_loop(lambda: len(reader.read_samples(next(batches))), seconds)
+    return timed_loop(lambda: len(reader.read_samples(next(batches))), seconds)
 
 
 def measure_pipeline(dataset: Any, *, seconds: float = 1.0) -> float:
@@ -62,74 +55,7 @@ def measure_pipeline(dataset: Any, *, seconds: float = 1.0) -> float:
         return len(dataset.__getitems__([(i, i) for i in next(batches)]))
 
     step()  # warm caches
-    return _timed_loop(step, seconds)
-
-
-def measure_loader(
-    make_loader: Callable[[int], Iterable[Any]],
-    workers: int,
-    *,
-    seconds: float = 2.0,
-    batch_size: int,
-) -> float:
-    """Images per second of ``make_loader(workers)`` in steady state.
-
-    The batches the workers prepared while starting up (``prefetch_factor`` each) are taken
-    before the clock starts: counted, they made short measurements of several workers look
-    faster than the CPUs can decode.
-    """
-    loader = make_loader(workers)
-    source = getattr(loader, "dataloader", loader)  # create_loader's Loader wraps a DataLoader
-    ready = 1 + workers * (getattr(source, "prefetch_factor", None) or 0)
-    it = iter(loader)
-    for _ in range(ready):
-        try:
-            next(it)  # worker start-up and the batches it queued are not throughput
-        except StopIteration:
-            break
-
-    def step() -> int:
-        nonlocal it
-        try:
-            batch = next(it)
-        except StopIteration:
-            it = iter(loader)  # a small store is read again: another epoch
-            try:
-                batch = next(it)
-            except StopIteration:
-                return 0
-        return _batch_len(batch, batch_size)
-
-    return _timed_loop(step, seconds)  # the workers stop when the iterator is dropped
-
-
-def _cpus() -> int:
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity else (os.cpu_count() or 1)
-
-
-def _batch_len(batch: Any, default: int) -> int:
-    """Samples in a batch ``(images, labels, ...)`` (the last one of an epoch may be short)."""
-    try:
-        return len(batch[1])
-    except (TypeError, IndexError):
-        return default
-
-
-def worker_candidates(cpus: int | None = None) -> list[int]:
-    """Worker counts worth measuring: 1, a quarter, half and all of the CPUs (at most 32).
-
-    More workers than CPUs only pay where reading waits on a network; pass an integer then.
-    """
-    cpus = min(32, cpus if cpus is not None else _cpus())
-    return sorted({1, max(1, cpus // 4), max(1, cpus // 2), cpus})
-
-
-def choose_workers(rates: dict[int, float], tolerance: float = 0.10) -> int:
-    """The fewest workers within ``tolerance`` of the best measured throughput (10%: closer
-    than that, repeated runs on a quiet machine disagree about which is faster)."""
-    best = max(rates.values())
-    return min(w for w, r in rates.items() if r >= best * (1 - tolerance))
+    return timed_loop(step, seconds)
 
 
 def input_bound(images_per_s: float, batch_size: int, step_ms: float) -> dict[str, float]:
@@ -177,31 +103,6 @@ class BenchReport:
         return d
 
 
-def measure_workers(
-    make_loader: Callable[[int], Iterable[Any]],
-    candidates: Sequence[int],
-    *,
-    batch_size: int,
-    seconds: float,
-    rounds: int = 1,
-) -> dict[int, list[float]]:
-    """Loader throughput for each worker count, ``rounds`` times, the counts interleaved (so that
-    a change in the machine's load touches them all alike)."""
-    rates: dict[int, list[float]] = {w: [] for w in candidates}
-    for _ in range(rounds):
-        for w in candidates:
-            rate = measure_loader(make_loader, w, seconds=seconds, batch_size=batch_size)
-            rates[w].append(rate)
-            log.debug("%d workers: %.0f images/s", w, rate)
-    return rates
-
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def bench_store(
     store: str,
     *,
@@ -243,7 +144,7 @@ def bench_store(
         step_ms=step_ms,
         decoder="libjpeg-turbo (simplejpeg)" if has_turbo() else "Pillow",
     )
-    report.cpus = _cpus()
+    report.cpus = cpu_count()
     candidates = worker_candidates(report.cpus)
     if isinstance(workers, int):
         candidates = sorted({*candidates, workers})

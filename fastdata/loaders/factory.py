@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Union
@@ -18,8 +17,9 @@ from .device import default_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .prefetch import PrefetchLoader
 from .sampler import EpochSampler
+from .tuning import pick_workers
 
-__all__ = ["Loader", "create_loader", "pick_workers"]
+__all__ = ["Loader", "create_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -49,41 +49,6 @@ def _distributed(distributed: bool | None) -> tuple[int, int]:
             "torch.distributed.init_process_group first"
         )
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
-
-
-def pick_workers(
-    make_loader: Callable[[int], Any],
-    *,
-    batch_size: int,
-    seconds: float = 1.0,
-    candidates: Sequence[int] | None = None,
-) -> tuple[int, dict[int, float]]:
-    """Measure a few worker counts on the real data and return the fewest within 10% of the best.
-
-    Each candidate runs for about ``seconds`` after its first batch. Returns the choice and the
-    measured images/s per count.
-    """
-    from ..bench import choose_workers, measure_workers, worker_candidates
-
-    started = time.perf_counter()
-    rates = {
-        w: r[0]
-        for w, r in measure_workers(
-            make_loader,
-            list(candidates or worker_candidates()),
-            batch_size=batch_size,
-            seconds=seconds,
-        ).items()
-    }
-    chosen = choose_workers(rates)
-    log.info(
-        "num_workers=auto: measured %s images/s in %.1f s; chose %d (the fewest within 10%% of "
-        "the best)",
-        ", ".join(f"{w}: {r:.0f}" for w, r in sorted(rates.items())),
-        time.perf_counter() - started,
-        chosen,
-    )
-    return chosen, rates
 
 
 def _shut_down(dataloader: DataLoader[Any]) -> None:
