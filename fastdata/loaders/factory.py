@@ -129,8 +129,7 @@ class Loader:
         return -(-per_rank // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        self.sampler.set_epoch(self.epoch)
-        self.sampler.start = self._skip * self.batch_size
+        self.sampler.load_state_dict({"epoch": self.epoch}, start=self._skip * self.batch_size)
         self._consumed = self._skip
         for batch in self.device_loader:
             self._consumed += 1
@@ -141,13 +140,10 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: the epoch and the batches of it already handed out."""
         return {
+            **self.sampler.state_dict(),
             "epoch": self.epoch,
             "batches": self._consumed,
-            "seed": self.seed,
             "batch_size": self.batch_size,
-            "world_size": self.sampler.world_size,
-            "rank": self.sampler.rank,
-            "samples": self.sampler.n,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -157,15 +153,15 @@ class Loader:
             ValueError: the state comes from a loader with another seed, batch size, rank
                 layout or dataset length, whose remaining batches would not be the same.
         """
-        mine = self.state_dict()
-        for key in ("seed", "batch_size", "world_size", "rank", "samples"):
-            if key in state and state[key] != mine[key]:
-                raise ValueError(
-                    f"cannot resume: the saved loader had {key}={state[key]}, this one has "
-                    f"{mine[key]}; create the loader with the same settings"
-                )
+        if "batch_size" in state and state["batch_size"] != self.batch_size:
+            raise ValueError(
+                f"cannot resume: the saved loader had batch_size={state['batch_size']}, this one "
+                f"has {self.batch_size}; create the loader with the same settings"
+            )
+        batches = int(state["batches"])
+        self.sampler.load_state_dict(state, start=batches * self.batch_size)
         self.epoch = int(state["epoch"])
-        self._skip = self._consumed = int(state["batches"])
+        self._skip = self._consumed = batches
 
     def __repr__(self) -> str:
         return (

@@ -96,3 +96,32 @@ class EpochSampler(Sampler[Any]):
 
     def __len__(self) -> int:
         return max(0, self.per_rank() - self.start)
+
+    # -- resuming
+
+    def state_dict(self) -> dict[str, Any]:
+        """What fixes the order: the epoch, the seed, the rank layout and the dataset length."""
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "samples": self.n,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, start: int = 0) -> None:
+        """Continue the epoch of ``state`` from this rank's sample ``start``.
+
+        Raises:
+            ValueError: ``state`` has another seed, rank layout or dataset length: the rest of
+                its epoch would be other samples.
+        """
+        mine = self.state_dict()
+        for key in ("seed", "world_size", "rank", "samples"):
+            if key in state and state[key] != mine[key]:
+                raise ValueError(
+                    f"cannot resume: the saved loader had {key}={state[key]}, this one has "
+                    f"{mine[key]}; create the loader with the same settings"
+                )
+        self.epoch = int(state["epoch"])
+        self.start = start
