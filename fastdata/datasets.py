@@ -255,9 +255,9 @@ class MongoImageDataset(ImageStoreDataset):
         pipeline: decode-crop-resize straight to uint8 arrays; see :class:`ImageStoreDataset`.
         database: the database, when the URI names none.
         index_file: the JSON index of a collection in the common layout.
-        read_preference: e.g. ``"secondaryPreferred"``.
-        timeout_s: server selection and connection timeout of one attempt.
-        retry_budget_s: how long transient network errors are retried before an error.
+        **options: any field of :class:`~fastdata.stores.mongo_store.MongoOptions`
+            (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``);
+            the ones not given keep its defaults.
     """
 
     def __init__(
@@ -271,21 +271,13 @@ class MongoImageDataset(ImageStoreDataset):
         pipeline: Pipeline | None = None,
         database: str | None = None,
         index_file: str | os.PathLike[str] | None = None,
-        read_preference: str | None = None,
-        timeout_s: float = 10.0,
-        retry_budget_s: float = 60.0,
+        **options: Any,
     ) -> None:
         from .stores import open_store
 
         super().__init__(
             open_store(
-                uri,
-                collection=collection,
-                database=database,
-                index_file=index_file,
-                read_preference=read_preference,
-                timeout_s=timeout_s,
-                retry_budget_s=retry_budget_s,
+                uri, collection=collection, database=database, index_file=index_file, **options
             ),
             transform,
             target_transform,

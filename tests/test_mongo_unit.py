@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import mongomock
+import pymongo
 import numpy as np
 import pytest
 
@@ -88,3 +89,23 @@ def test_a_failed_insert_in_the_background_stops_the_conversion(
     meta = client["db"][mongo_store.META_COLLECTION]
     assert meta.find_one({"_id": "g"}) is None
     assert meta.find_one({"_id": "g:progress"})["next_sample"] == 0
+
+
+def test_the_dataset_takes_every_mongo_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastdata import MongoImageDataset
+    from fastdata.errors import UsageError
+    from fastdata.stores import mongo_store
+
+    seen = []
+
+    def fake(uri, options):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        raise pymongo.errors.ServerSelectionTimeoutError("no server")
+
+    monkeypatch.setattr(mongo_store, "_make_client", fake)
+    with pytest.raises(StoreError):
+        MongoImageDataset("mongodb://h:1/db", "c", socket_timeout_s=7.0, timeout_s=0.5)
+    assert seen[0].socket_timeout_s == 7.0 and seen[0].timeout_s == 0.5
+    assert seen[0].retry_budget_s == mongo_store.MongoOptions().retry_budget_s  # the default
+    with pytest.raises(UsageError, match="unknown MongoDB option.*sockettimeout"):
+        MongoImageDataset("mongodb://h:1/db", "c", sockettimeout=3)

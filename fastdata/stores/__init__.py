@@ -37,8 +37,19 @@ def _check_target(target: object, **mongo_only: object) -> bool:
 
 
 def _mongo_options(options: dict[str, Any]) -> Any:
+    """The :class:`MongoOptions` of the fields given (a name it lacks is a usage error)."""
+    from dataclasses import fields
+
+    from ..errors import UsageError
     from .mongo_store import MongoOptions
 
+    known = {f.name for f in fields(MongoOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(
+            f"unknown MongoDB option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(sorted(known))}"
+        )
     return MongoOptions(**options)
 
 
