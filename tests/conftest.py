@@ -102,13 +102,19 @@ def mongo_base_uri(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no
     from .mongo_server import URI_ENV, SecantusServer
 
     if os.environ.get(URI_ENV):
+        from .mongo_server import close_clients
+
         yield os.environ[URI_ENV].rstrip("/")
+        close_clients()
         return
     # on disk: the in-memory mode's cache fills up with a few hundred MB of images
+    from .mongo_server import close_clients
+
     server = SecantusServer(tmp_path_factory.mktemp("secantus")).start()
     try:
         yield server.uri
     finally:
+        close_clients()
         server.stop()
 
 
@@ -121,10 +127,9 @@ def mongo_uri(mongo_base_uri: str):  # type: ignore[no-untyped-def]
 
     name = f"fastdata_test_{uuid.uuid4().hex[:12]}"
     yield f"{mongo_base_uri}/{name}"
-    client = pymongo.MongoClient(mongo_base_uri, serverSelectionTimeoutMS=5000)
+    from .mongo_server import database
+
     try:
-        client.drop_database(name)
+        database(f"{mongo_base_uri}/{name}").client.drop_database(name)
     except pymongo.errors.PyMongoError:
         pass
-    finally:
-        client.close()

@@ -17,6 +17,22 @@ import pymongo
 
 URI_ENV = "FASTDATA_TEST_MONGO_URI"
 
+_clients: dict[str, pymongo.MongoClient] = {}
+
+
+def database(uri: str) -> pymongo.database.Database:
+    """The database a test URI names, through one client per server, closed by
+    :func:`close_clients` when the tests end."""
+    server = uri.rsplit("/", 1)[0] if uri.count("/") > 2 else uri
+    if server not in _clients:
+        _clients[server] = pymongo.MongoClient(server, serverSelectionTimeoutMS=5000)
+    return _clients[server][uri.rsplit("/", 1)[1]]
+
+
+def close_clients() -> None:
+    while _clients:
+        _clients.popitem()[1].close()
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -43,13 +59,14 @@ class SecantusServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"secantus exited with {self.proc.returncode}; see {self.log}")
+            client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=500)
             try:
-                client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=500)
                 client.admin.command("ping")
-                client.close()
                 return self
             except pymongo.errors.PyMongoError:
                 time.sleep(0.2)
+            finally:
+                client.close()
         self.stop()
         raise RuntimeError(f"secantus did not answer on port {self.port} in {timeout} s")
 

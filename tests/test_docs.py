@@ -19,13 +19,13 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
-import pymongo
 import pytest
 from bson import Binary
 
 from fastdata import convert
 
 from .conftest import jpeg_bytes, write
+from .mongo_server import database
 from .procs import REPO
 
 pytestmark = [pytest.mark.mongo, pytest.mark.slow]
@@ -112,7 +112,7 @@ def test_every_migration_snippet_runs(
         txn.put(b"__keys__", pickle.dumps(keys))
     legacy.close()
     paths = ["cat/1.jpg", "cat/2.jpg", "dog/1.jpg"]
-    coll = pymongo.MongoClient(mongo_uri).get_default_database()["legacy"]
+    coll = database(mongo_uri)["legacy"]
     coll.insert_many(
         [{"img_name": p, "bson_img": Binary(jpeg_bytes(seed=i))} for i, p in enumerate(paths)]
     )

@@ -16,7 +16,7 @@ from fastdata import LMDBImageDataset, convert, create_loader
 from fastdata.bench import measure_loader
 from fastdata.errors import StoreError
 
-from .conftest import jpeg_bytes, write
+from .conftest import jpeg_bytes
 from .mongo_server import free_port
 from .procs import REPO, cli, run_script
 
@@ -174,6 +174,7 @@ def test_a_closed_pipe_ends_quietly(small_store: Path) -> None:
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # `| head` that read nothing and went away
     err = proc.stderr.read().decode()
+    proc.stderr.close()
     assert proc.wait(60) == 0 and err == ""
 
 

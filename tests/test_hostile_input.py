@@ -24,6 +24,7 @@ from fastdata.packed import PackedStrings
 from fastdata.pipelines import EvalPipeline, TrainPipeline
 
 from .conftest import jpeg_bytes, snapshot, write
+from .mongo_server import database
 from .procs import cli
 
 
@@ -333,7 +334,6 @@ def test_any_posix_name_round_trips_through_mongo(tmp_path: Path, mongo_uri: str
 
 @pytest.mark.mongo
 def test_many_skipped_files_keep_mongo_documents_small(tmp_path: Path, mongo_uri: str) -> None:
-    import pymongo
     from bson import BSON
 
     src = tmp_path / "src"
@@ -343,7 +343,7 @@ def test_many_skipped_files_keep_mongo_documents_small(tmp_path: Path, mongo_uri
         (src / "c" / f"{long}{i:05d}.jpg").touch()  # empty: skipped
     report = convert(src, mongo_uri, collection="many", commit_records=1)
     assert report.count == 1 and len(report.skipped) == 2500
-    db = pymongo.MongoClient(mongo_uri).get_default_database()
+    db = database(mongo_uri)
     meta = db["__fastdata__"].find_one({"_id": "many"})
     assert meta["skipped_count"] == 2500 and len(BSON.encode(meta)) < 64 << 10
     chunks = list(db["__fastdata__"].find({"_id": {"$regex": "^skipped:"}}))
@@ -366,12 +366,11 @@ def test_a_legacy_index_costs_what_it_holds() -> None:
 
 @pytest.mark.mongo
 def test_a_legacy_collection_with_one_absurd_path(tmp_path: Path, mongo_uri: str) -> None:
-    import pymongo
     from bson import Binary
 
     from fastdata import MongoImageDataset
 
-    coll = pymongo.MongoClient(mongo_uri).get_default_database()["legacy"]
+    coll = database(mongo_uri)["legacy"]
     coll.insert_many(
         [{"img_name": f"c/{i}.jpg", "bson_img": Binary(jpeg_bytes())} for i in range(3)]
     )

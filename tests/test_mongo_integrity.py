@@ -25,6 +25,7 @@ from fastdata.errors import (
 from fastdata.stores.mongo_store import META_COLLECTION, MongoWriter
 
 from .conftest import snapshot
+from .mongo_server import database
 from .procs import HOLDING_CONVERT, KILLED_CONVERT, cli, run_script, script, wait_for
 from .test_store_integrity import sized_folder
 
@@ -42,7 +43,7 @@ def folder_b(tmp_path: Path) -> Path:
 
 
 def db(uri: str) -> pymongo.database.Database:
-    return pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000).get_default_database()
+    return database(uri)
 
 
 def exported(uri: str, collection: str, tmp_path: Path) -> dict[str, bytes]:

@@ -26,6 +26,7 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -137,8 +138,14 @@ def _database_name(uri: str, database: str | None) -> str:
     return str(name)
 
 
+def _close_client(client: Any, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child leaves its parent's client alone
+        client.close()
+
+
 class _Connection:
-    """A per-process client for one URI, made on first use, dropped when pickled or forked."""
+    """A per-process client for one URI, made on first use, dropped when pickled or forked, and
+    closed when closed or garbage-collected (its sockets and monitor threads go with it)."""
 
     def __init__(self, uri: str, database: str | None, options: MongoOptions) -> None:
         self.uri = uri
@@ -146,22 +153,26 @@ class _Connection:
         self.options = options
         self._client: Any = None
         self._pid = -1
+        self._closer: weakref.finalize | None = None
 
     def db(self) -> Any:
         if self._client is None or self._pid != os.getpid():
             # A client inherited across fork is left alone (never used, never closed here).
             self._client = _make_client(self.uri, self.options)
             self._pid = os.getpid()
+            self._closer = weakref.finalize(self, _close_client, self._client, self._pid)
         return self._client[self.database]
 
     def close(self) -> None:
-        if self._client is not None and self._pid == os.getpid():
-            self._client.close()
+        if self._closer is not None and self._pid == os.getpid():
+            self._closer()
         self._client = None
+        self._closer = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client"] = None
+        state["_closer"] = None
         state["_pid"] = -1
         return state
 

@@ -3,6 +3,7 @@
 import gc
 import os
 import multiprocessing
+import warnings
 import weakref
 
 import pytest
@@ -67,7 +68,9 @@ def test_mappings_of_exited_workers_are_dropped() -> None:
 
 
 def _drop_inherited_batches() -> None:
-    # what happens when a forked child lets go of the batches it inherited
+    # what happens when a forked child lets go of the batches it inherited; walking every object
+    # touches torch's deprecated `reduce_op` alias, whose FutureWarning is not ours
+    warnings.simplefilter("ignore", FutureWarning)
     for finalizer in [o for o in gc.get_objects() if isinstance(o, weakref.finalize)]:
         found = finalizer.peek()
         if found is not None and found[1] is slots._release:
