@@ -283,27 +283,41 @@ def open_reader(path: str) -> Lease:
             if entry is not None:
                 return _lease(entry)
             lmdb_file.check_file(data_file)
-            try:
-                # The data file itself is opened (py-lmdb refuses a folder it has open already,
-                # even when the file in it was replaced). lock=False: readers of a finished store
-                # need no lock file (and may lack write access); readahead stays on: with it off,
-                # every 4 KiB page of an image is a separate disk read.
-                env = lmdb.open(
-                    data_file,
-                    subdir=False,
-                    readonly=True,
-                    lock=False,
-                    readahead=True,
-                    meminit=False,
-                    max_readers=1024,
-                )
-            except lmdb.Error as exc:
-                raise StoreError(f"{path}: cannot open the LMDB store: {exc}") from None
+            # The data file itself is opened (py-lmdb refuses a folder it has open already, even
+            # when the file in it was replaced). lock=False: readers of a finished store need no
+            # lock file (and may lack write access); readahead stays on: with it off, every 4 KiB
+            # page of an image is a separate disk read.
+            env = _lmdb_open(path, data_file, READER_SETTINGS)
             if _file_key(data_file)[0] != key:  # replaced between the check and the open
                 env.close()
                 continue
             return _lease(_Env(key, path, env, False, _span(key, size), size))
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
+
+
+READER_SETTINGS: dict[str, Any] = {
+    "subdir": False,
+    "readonly": True,
+    "lock": False,
+    "readahead": True,
+    "meminit": False,
+    "max_readers": 1024,
+}
+WRITER_SETTINGS: dict[str, Any] = {
+    "subdir": True,
+    "meminit": False,
+    "sync": False,
+    "metasync": False,
+    "max_dbs": 0,
+}
+
+
+def _lmdb_open(store: str, path: str, settings: dict[str, Any]) -> Any:
+    try:
+        return lmdb.open(path, **settings)
+    except lmdb.Error as exc:
+        writing = "" if settings.get("readonly") else " for writing"
+        raise StoreError(f"{store}: cannot open the LMDB store{writing}: {exc}") from None
 
 
 def open_writable(folder: str, map_size: int) -> Lease:
@@ -323,23 +337,12 @@ def open_writable(folder: str, map_size: int) -> Lease:
                     "the datasets over it (dataset.close()) before writing to it"
                 )
             lmdb_file.check_file(data_file)
-        try:
-            # Batches are committed without fsync and the store is flushed once, before its
-            # metadata is written: an fsync per batch costs a journal commit each and, measured,
-            # as much again as the whole conversion. A killed process loses nothing committed
-            # (the page cache holds it); a machine that restarts mid-conversion may, which is
-            # why a resume after a restart is refused (see LMDBWriter._check_resumable).
-            env = lmdb.open(
-                folder,
-                map_size=map_size,
-                subdir=True,
-                meminit=False,
-                sync=False,
-                metasync=False,
-                max_dbs=0,
-            )
-        except lmdb.Error as exc:
-            raise StoreError(f"{folder}: cannot open the LMDB store for writing: {exc}") from None
+        # Batches are committed without fsync and the store is flushed once, before its metadata
+        # is written: an fsync per batch costs a journal commit each and, measured, as much again
+        # as the whole conversion. A killed process loses nothing committed (the page cache holds
+        # it); a machine that restarts mid-conversion may, which is why a resume after a restart
+        # is refused (see LMDBWriter._check_resumable).
+        env = _lmdb_open(folder, folder, {**WRITER_SETTINGS, "map_size": map_size})
         key, size = _file_key(data_file)
         return _lease(_Env(key, folder, env, True, None, size))
 
