@@ -129,7 +129,7 @@ class ImageStoreDataset(Dataset):
 
     # -- reading
 
-    def _decode(self, data: bytes, index: int, seed: int | None) -> Any:
+    def _decode(self, data: bytes, index: int, name: str, seed: int | None) -> Any:
         try:
             if self.pipeline is not None and self.transform is None:
                 return self.pipeline(data, seed)
@@ -139,7 +139,6 @@ class ImageStoreDataset(Dataset):
                 return decode_numpy(data)
             return decode_pil(data)
         except CorruptImageError as exc:
-            name = self.reader.read_records([index])[0].header.name
             raise CorruptImageError(
                 f"{self.reader.location}: record {index} ({name})", exc.reason
             ) from exc
@@ -155,10 +154,10 @@ class ImageStoreDataset(Dataset):
         if self.output == "bytes" and self._plain and not any(isinstance(k, tuple) for k in keys):
             return self.reader.read_samples([int(k) for k in keys])  # nothing to apply
         pairs = [(int(k[0]), int(k[1])) if isinstance(k, tuple) else (int(k), None) for k in keys]
-        samples = self.reader.read_samples([i for i, _ in pairs])
+        samples = self.reader.read_named([i for i, _ in pairs])
         out = []
-        for (i, seed), (data, label) in zip(pairs, samples, strict=True):
-            image = self._decode(data, i, seed)
+        for (i, seed), (name, data, label) in zip(pairs, samples, strict=True):
+            image = self._decode(data, i, name, seed)
             if self.transform is not None:
                 image = self.transform(image)
             target: Any = label

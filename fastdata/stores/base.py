@@ -278,6 +278,13 @@ class StoreReader(abc.ABC):
             IndexError: an index is out of range.
         """
 
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        """``(name, image bytes, label)`` of the given records, in the order asked: the bytes
+        with the name that errors about them must give."""
+        return [
+            (r.header.name, r.data, int(self.labels[r.index])) for r in self.read_records(indices)
+        ]
+
     def read_data(self, indices: Sequence[int]) -> list[bytes]:
         """The stored image bytes of the given records, in the order asked."""
         return [data for data, _ in self.read_samples(indices)]

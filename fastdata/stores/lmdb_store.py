@@ -701,6 +701,13 @@ class LMDBStore(_Leased):
                 out.append(Record(i, header, data))
         return out
 
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        labels = self._labels[self.check_indices(indices)].tolist()
+        return [
+            (r.header.name, r.data, label)
+            for r, label in zip(self.read_records(indices), labels, strict=True)
+        ]
+
     _damage: tuple[lmdb_file.Damage, ...] = ()
 
     def structure_damage(self) -> list[str]:

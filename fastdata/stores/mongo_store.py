@@ -934,6 +934,14 @@ class MongoStore(_MongoTarget, StoreReader):
         docs = self._fetch(idx, {"data": 1, "gridfs_id": 1, "size": 1, "store": 1})
         return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx, strict=True)]
 
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        idx = self.check_indices(indices)
+        fields = {"data": 1, "gridfs_id": 1, "size": 1, "store": 1, "name": 1}
+        return [
+            (str(_names_from_bson(d).get("name")), bytes(d["data"]), int(self._labels[i]))
+            for d, i in zip(self._fetch(idx, fields), idx, strict=True)
+        ]
+
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
         out = []
@@ -1034,6 +1042,13 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         return [
             (data, int(self._labels[i]))
             for (_, data, _), i in zip(self._fetch(idx), idx, strict=True)
+        ]
+
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        idx = self.check_indices(indices)
+        return [
+            (name, data, int(self._labels[i]))
+            for (name, data, _), i in zip(self._fetch(idx), idx, strict=True)
         ]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
