@@ -1,5 +1,5 @@
-"""Throughput measurement shared by ``fastdata bench``, ``create_loader(num_workers="auto")`` and
-the scripts: raw record reads, decode+pipeline per process, and whole loaders per worker count."""
+"""Throughput measurement behind ``fastdata bench`` and the scripts: raw record reads,
+decode+pipeline per process, and whole loaders per worker count (see ``loaders/tuning.py``)."""
 
 from __future__ import annotations
 

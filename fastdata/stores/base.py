@@ -1,5 +1,6 @@
-"""What every backend provides: a writer that commits batches and writes metadata last, and a
-reader that fetches records by index. Converters, datasets and the CLI talk only to these."""
+"""What every backend provides: a writer that commits batches and writes metadata last, under the
+policy both share (lock, resume, build aside and replace, identity), and a reader that fetches
+records by index. Converters, datasets and the CLI talk only to these."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The LMDB backend: writer, reader, and ``LMDBImageDataset``.
+"""The LMDB backend: the handle registry, the writer, and the readers (fastdata stores and the
+pickle recipes').
 
 Layout of a store folder, documented in ``docs/format.md``: ``data.mdb`` (the store),
 ``lock.mdb`` (LMDB's own), ``writer.lock`` (the writer lock) and, while a replacement is being
