@@ -378,5 +378,8 @@ def test_a_legacy_collection_with_one_absurd_path(tmp_path: Path, mongo_uri: str
     paths = [f"c/{i}.jpg" for i in range(3)] + ["y" * 2_000_000]
     index.write_text(json.dumps({"path_list": paths, "label_list": [0, 0, 0, 0]}))
     ds = MongoImageDataset(mongo_uri, "legacy", index_file=index, output="bytes")
-    assert ds.reader._names.nbytes < 2_100_000  # type: ignore[attr-defined]
+    import pickle
+
+    # what every spawned worker receives: the paths as they are, not 4 x 2 MB fixed-width slots
+    assert len(pickle.dumps(ds)) < 2_200_000
     assert ds[1][0] == jpeg_bytes()
