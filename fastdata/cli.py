@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -64,6 +64,13 @@ def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | 
     finally:
         for bar in bars:
             bar.__exit__(None, None, None)
+
+
+def _listing(title: str, lines: Iterable[str]) -> None:
+    """A title and its items, indented under it."""
+    click.echo(title)
+    for line in lines:
+        click.echo(f"  {line}")
 
 
 def _human(n: float) -> str:
@@ -267,9 +274,10 @@ def convert(
     if report.non_image_files:
         click.echo(f"non-image files ignored: {report.non_image_files}")
     if report.skipped:
-        click.echo(f"skipped {len(report.skipped)} unusable file(s):")
-        for s in report.skipped:
-            click.echo(f"  {s.name}: {s.reason}")
+        _listing(
+            f"skipped {len(report.skipped)} unusable file(s):",
+            (f"{s.name}: {s.reason}" for s in report.skipped),
+        )
 
 
 @cli.command()
@@ -425,9 +433,10 @@ def export(
     if report.kept:
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:
-        click.echo(f"left out {len(report.damaged)} damaged record(s) (checksum mismatch):")
-        for name in report.damaged:
-            click.echo(f"  {name}")
+        _listing(
+            f"left out {len(report.damaged)} damaged record(s) (checksum mismatch):",
+            report.damaged,
+        )
         sys.exit(1)
 
 

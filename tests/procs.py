@@ -78,9 +78,8 @@ HOLDING_CONVERT = """
     overwrite = "--overwrite" in sys.argv
     args = sys.argv[1:]  # sys.argv[0] is "-c"
     collection = args[args.index("-c") + 1] if "-c" in args else None
-    writer = open_writer(dst, collection=collection)
-    if "--ttl" in sys.argv:
-        writer.claim_ttl_s = float(sys.argv[sys.argv.index("--ttl") + 1])
+    ttl = {"claim_ttl_s": float(args[args.index("--ttl") + 1])} if "--ttl" in args else {}
+    writer = open_writer(dst, collection=collection, **ttl)
     real = type(writer).write
     def write(self, records, progress):
         real(self, records, progress)

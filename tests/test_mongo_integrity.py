@@ -22,7 +22,7 @@ from fastdata.errors import (
     StoreLockedError,
     StoreReplacedError,
 )
-from fastdata.stores.mongo_store import META_COLLECTION, MongoWriter
+from fastdata.stores.mongo_store import META_COLLECTION, MongoOptions, MongoWriter
 
 from .conftest import snapshot
 from .mongo_server import database
@@ -108,7 +108,7 @@ def test_a_killed_writers_claim_expires(folder_a: Path, mongo_uri: str, tmp_path
 
 
 def test_the_claim_is_renewed_while_the_conversion_runs(folder_a: Path, mongo_uri: str) -> None:
-    writer = MongoWriter(mongo_uri, "c", claim_ttl_s=0.8)
+    writer = MongoWriter(mongo_uri, "c", options=MongoOptions(claim_ttl_s=0.8))
     real = MongoWriter.write
 
     def slow(self, records, progress):  # type: ignore[no-untyped-def]

@@ -99,12 +99,15 @@ class MongoOptions:
         socket_timeout_s: how long one operation may wait for the server's answer.
         retry_budget_s: how long transient network errors are retried (backoff from 0.2 s,
             doubling, at most 5 s between attempts) before an error is raised.
+        claim_ttl_s: how long a writer's claim on a collection lasts without renewal (a writer
+            renews it every quarter of that; a killed one blocks others this long at most).
     """
 
     read_preference: str | None = None
     timeout_s: float = 10.0
     socket_timeout_s: float = 120.0
     retry_budget_s: float = 60.0
+    claim_ttl_s: float = CLAIM_TTL_S
 
 
 def _make_client(uri: str, options: MongoOptions) -> Any:
@@ -301,33 +304,22 @@ class MongoWriter(_MongoTarget, StoreWriter):
     A batch is sent from a background thread, followed by the progress that covers it, while the
     next batch is read: ``write`` waits only for the batch before (and raises its error).
 
-    Args:
-        uri: ``mongodb://[user:password@]host:port/DB``.
-        collection: the collection to create.
-        database: the database, when the URI names none.
-        options: timeouts and retries.
-        claim_ttl_s: how long the writer claim lasts without renewal.
+    Takes the arguments of every Mongo target (``uri``, ``collection``, ``database``,
+    ``options``; the claim's lifetime is ``options.claim_ttl_s``).
     """
 
-    def __init__(
-        self,
-        uri: str,
-        collection: str,
-        *,
-        database: str | None = None,
-        options: MongoOptions | None = None,
-        claim_ttl_s: float = CLAIM_TTL_S,
-    ) -> None:
-        super().__init__(uri, collection, database=database, options=options)
-        self.claim_ttl_s = claim_ttl_s
-        self._token = ""
-        self._stop = threading.Event()
-        self._heartbeat: threading.Thread | None = None
-        self._lost = ""
-        self._store_id = ""
-        self._skipped_saved = 0
-        self._sender: ThreadPoolExecutor | None = None
-        self._inflight: Future[None] | None = None
+    _token = ""
+    _heartbeat: threading.Thread | None = None
+    _stop: threading.Event | None = None
+    _lost = ""
+    _store_id = ""
+    _skipped_saved = 0
+    _sender: ThreadPoolExecutor | None = None
+    _inflight: Future[None] | None = None
+
+    @property
+    def claim_ttl_s(self) -> float:
+        return self.options.claim_ttl_s
 
     @property
     def _aside_name(self) -> str:
@@ -385,6 +377,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
                 f"{ttl / 4:g} s): then run the same command with --resume"
             )
         self._token = token
+        self._stop = threading.Event()
         self._heartbeat = threading.Thread(
             target=self._renew, args=(claim_id,), name="fastdata-mongo-claim", daemon=True
         )
@@ -394,6 +387,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
         """Renew the claim every quarter of its lifetime until told to stop."""
         from pymongo.errors import PyMongoError
 
+        assert self._stop is not None, "_lock() starts the heartbeat"
         expires = time.time() + self.claim_ttl_s
         while not self._stop.wait(self.claim_ttl_s / 4):
             try:
@@ -420,7 +414,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
             )
 
     def _unlock(self) -> None:
-        if self._heartbeat is None:
+        if self._heartbeat is None or self._stop is None:
             return
         self._stop.set()
         self._heartbeat.join()
