@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
@@ -72,27 +73,27 @@ class EpochSampler(Sampler[Any]):
             return self.n // self.world_size
         return -(-self.n // self.world_size)
 
-    def indices(self) -> list[int]:
-        """This rank's indices for the current epoch, all of them (ignoring ``start``)."""
+    def indices(self) -> np.ndarray:
+        """This rank's indices for the current epoch, all of them (ignoring ``start``), as one
+        int64 array: 8 bytes a sample, not a list of Python ints."""
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(sample_seed(self.seed, self.epoch, -1) & 0xFFFFFFFFFFFF)
-            order = torch.randperm(self.n, generator=g).tolist()
+            order = torch.randperm(self.n, generator=g).numpy()
         else:
-            order = list(range(self.n))
+            order = np.arange(self.n, dtype=np.int64)
         total = self.per_rank() * self.world_size
         if total > len(order):
-            reps = -(-total // max(1, len(order)))
-            order = (order * reps)[:total]
-        else:
-            order = order[:total]
-        return order[self.rank :: self.world_size]
+            order = np.tile(order, -(-total // max(1, len(order))))
+        return order[:total][self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[Any]:
         mine = self.indices()[self.start :]
         if not self.with_seeds:
-            return iter(mine)
-        return iter([(i, sample_seed(self.seed, self.epoch, i)) for i in mine])
+            return (int(i) for i in mine)
+        seed, epoch = self.seed, self.epoch
+        # each sample's augmentation seed is derived where it is used, not held for the epoch
+        return ((int(i), sample_seed(seed, epoch, int(i))) for i in mine)
 
     def __len__(self) -> int:
         return max(0, self.per_rank() - self.start)
