@@ -169,3 +169,21 @@ def test_pickle_stores_need_allow_pickle(
         multiprocessing_context="fork",
     )
     assert sum(len(y) for _, y in loader) == 6
+
+
+def test_a_pickled_dataset_does_not_grow_with_the_store(tmp_path: Path) -> None:
+    sizes = []
+    for n in (3, 300):
+        src = tmp_path / f"src{n}"
+        for i in range(n):
+            path = src / "c" / f"{i:04d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(jpeg_bytes(16, 16, seed=i))
+        convert(src, tmp_path / f"s{n}.lmdb")
+        ds = LMDBImageDataset(tmp_path / f"s{n}.lmdb")
+        ds[0]
+        blob = pickle.dumps(ds)
+        sizes.append(len(blob))
+        clone = pickle.loads(blob)  # what a spawned worker gets: labels read again there
+        assert len(clone) == n and list(clone.targets) == [0] * n and clone[n - 1][1] == 0
+    assert sizes[1] - sizes[0] < 16 and max(sizes) < 1024  # no label per record in the pickle

@@ -643,30 +643,68 @@ class _Leased(StoreReader):
 
 
 class LMDBStore(_Leased):
-    """Reads a complete fastdata LMDB store. Use :func:`open_lmdb` to open any LMDB store."""
+    """Reads a complete fastdata LMDB store. Use :func:`open_lmdb` to open any LMDB store.
+
+    The metadata and the labels are read when the store opens, and again in each process that
+    receives the reader pickled (a worker): a pickle holds the path and the store's id, not one
+    label per record.
+    """
 
     def __init__(self, path: str | os.PathLike[str], lease: Lease | None = None) -> None:
         self.path = os.fspath(path)
         self.location = self.path
         self._lease = lease or open_reader(self.path)
-        with _reading(self.path), self._lease.env.begin(buffers=True) as txn:
-            raw_meta = self._lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
-            raw_labels = self._lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
+        self._meta, self._labels = self._load(self._lease)
+        self._id = self._meta.id
+
+    def _load(self, lease: Lease) -> tuple[StoreMeta, np.ndarray]:
+        with _reading(self.path), lease.env.begin(buffers=True) as txn:
+            raw_meta = lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
+            raw_labels = lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
         if raw_meta is None:
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
-        self._meta = StoreMeta.from_json(raw_meta, self.path)
-        self._labels = check_labels(raw_labels, self._meta, self.path)
+        meta = StoreMeta.from_json(raw_meta, self.path)
+        return meta, check_labels(raw_labels, meta, self.path)
 
     def _check_identity(self, lease: Lease) -> None:
-        with _reading(self.path), lease.env.begin(buffers=True) as txn:
-            raw = lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
-        now = StoreMeta.from_json(raw, self.path).id if raw is not None else "(none)"
-        if now != self._meta.id:
-            raise StoreReplacedError(
-                f"{self.path}: the store was replaced since this dataset opened it (store id "
-                f"{self._meta.id or '(none)'}, now {now}); its records no longer match the labels "
-                "held here: create the dataset (and its DataLoader) again"
-            )
+        try:
+            meta, labels = self._load(lease)
+        except IncompleteStoreError:
+            raise self._replaced("(none: an unfinished store)") from None
+        if meta.id != self._id:
+            raise self._replaced(meta.id)
+        if self.__dict__.get("_meta") is None:  # unpickled: what the pickle left out
+            self._meta, self._labels = meta, labels
+
+    def _replaced(self, now: str) -> StoreReplacedError:
+        return StoreReplacedError(
+            f"{self.path}: the store was replaced since this dataset opened it (store id "
+            f"{self._id or '(none)'}, now {now}); its records no longer match the labels held "
+            "here: create the dataset (and its DataLoader) again"
+        )
+
+    def _loaded(self) -> None:
+        if self.__dict__.get("_meta") is None:
+            self._env()
+
+    def __len__(self) -> int:
+        self._loaded()
+        return self._meta.count
+
+    @property
+    def meta(self) -> StoreMeta:
+        self._loaded()
+        return self._meta
+
+    @property
+    def labels(self) -> np.ndarray:
+        self._loaded()
+        return self._labels
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_meta"] = state["_labels"] = None  # read again where it is unpickled
+        return state
 
     def _record(self, lease: Lease, txn: Any, key: bytes) -> bytes:
         where = f"{self.path}: record {key.decode()}"
@@ -680,8 +718,8 @@ class LMDBStore(_Leased):
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        labels = self._labels[idx].tolist()
         lease = self._env()
+        labels = self._labels[idx].tolist()
         # Read in key order (file order), so pages that come from disk come in ascending runs.
         data: dict[int, bytes] = {}
         with _reading(self.path), lease.env.begin(buffers=True) as txn:
@@ -703,7 +741,8 @@ class LMDBStore(_Leased):
         return out
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
-        labels = self._labels[self.check_indices(indices)].tolist()
+        idx = self.check_indices(indices)  # in an unpickled reader, this loads the labels
+        labels = self._labels[idx].tolist()
         return [
             (r.header.name, r.data, label)
             for r, label in zip(self.read_records(indices), labels, strict=True)

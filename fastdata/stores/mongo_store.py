@@ -809,6 +809,40 @@ class MongoStore(_MongoTarget, StoreReader):
             )
         finally:
             self._conn.close()  # nothing that cannot cross a fork stays open after __init__
+        self._id = self._meta.id
+
+    # The metadata and labels are read again in each process that receives the reader pickled
+    # (a worker): a pickle holds the address and the store's id, not one label per record.
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_meta"] = state["_labels"] = None
+        return state
+
+    def _loaded(self) -> None:
+        if self.__dict__.get("_meta") is None:
+            meta, labels = self._run("reading the metadata", self._load_meta)
+            if meta.id != self._id:
+                raise StoreReplacedError(
+                    f"{self.location}: the collection was replaced since this dataset opened it "
+                    f"(store id {self._id or '(none)'}, now {meta.id or '(none)'}); create the "
+                    "dataset (and its DataLoader) again"
+                )
+            self._meta, self._labels = meta, labels
+
+    def __len__(self) -> int:
+        self._loaded()
+        return self._meta.count
+
+    @property
+    def meta(self) -> StoreMeta:
+        self._loaded()
+        return self._meta
+
+    @property
+    def labels(self) -> np.ndarray:
+        self._loaded()
+        return self._labels
 
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
         db = self._conn.db()
@@ -894,10 +928,10 @@ class MongoStore(_MongoTarget, StoreReader):
     def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
         """Check a document's store id and the type of its image before using it; fetch an image
         kept in GridFS."""
-        if self._meta.id and doc.get("store") != self._meta.id:
+        if self._id and doc.get("store") != self._id:
             raise StoreReplacedError(
                 f"{self.location}: record {index} belongs to another store (id "
-                f"{doc.get('store')!r}, not {self._meta.id}): the collection was replaced since "
+                f"{doc.get('store')!r}, not {self._id}): the collection was replaced since "
                 "this dataset opened it; create the dataset (and its DataLoader) again"
             )
         data = doc.get("data")
