@@ -128,7 +128,7 @@ def bench_store(
         rounds: loader rounds per worker count (the median is reported, with the spread).
     """
     from .datasets import ImageStoreDataset
-    from .decode import has_turbo
+    from .decode import decoder_name
     from .loaders import create_loader
     from .pipelines import TrainPipeline
     from .stores import open_store
@@ -142,7 +142,7 @@ def bench_store(
         reads_per_s=measure_reads(reader, batch_size=batch_size, seconds=seconds),
         pipeline_per_s=measure_pipeline(dataset, seconds=seconds),
         step_ms=step_ms,
-        decoder="libjpeg-turbo (simplejpeg)" if has_turbo() else "Pillow",
+        decoder=decoder_name(),
     )
     report.cpus = cpu_count()
     candidates = worker_candidates(report.cpus)

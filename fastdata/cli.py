@@ -316,6 +316,7 @@ def info(store: str, as_json: bool, **options: Any) -> None:
         click.echo(f"created:    {facts['created']}")
     if facts["id"]:
         click.echo(f"id:         {facts['id']}")
+    click.echo(f"decoder:    {facts['decoder']}; CRC-32: {facts['checksum_implementation']}")
     counts = facts["images_per_class"]
     click.echo(f"classes:    {facts['classes']}")
     shown = list(counts.items())

@@ -34,6 +34,7 @@ __all__ = [
     "decode_check",
     "decode_numpy",
     "decode_pil",
+    "decoder_name",
     "has_turbo",
     "image_size",
     "pixel_limit",
@@ -41,10 +42,23 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-try:  # optional libjpeg-turbo decoder
+try:  # libjpeg-turbo, installed with fastdata; Pillow where no wheel exists
     import simplejpeg as _simplejpeg
-except ImportError:  # pragma: no cover - depends on the environment
+except ImportError as _missing:  # pragma: no cover - a platform without a simplejpeg wheel
     _simplejpeg = None
+    log.warning(
+        "JPEGs are decoded with Pillow: libjpeg-turbo's decoder (simplejpeg) could not be "
+        "imported (%s); pip install simplejpeg for the fast path and strict JPEG checks",
+        _missing,
+    )
+
+
+def decoder_name() -> str:
+    """The JPEG decoder in use, for ``fastdata info`` and ``fastdata bench``."""
+    if _simplejpeg is not None:
+        return f"libjpeg-turbo (simplejpeg {getattr(_simplejpeg, '__version__', '?')})"
+    return "Pillow (simplejpeg missing: slower, and no strict JPEG checks)"
+
 
 MAX_IMAGE_PIXELS: int | None = None
 """The most pixels an image may declare. None follows Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``

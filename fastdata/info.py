@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .decode import decoder_name
+from .jpeg import CHECKSUM_IMPLEMENTATION
 from .stores.base import StoreReader
 
 __all__ = ["store_info"]
@@ -31,4 +33,6 @@ def store_info(reader: StoreReader) -> dict[str, Any]:
         "created": meta.created,
         "id": meta.id,
         "checksums": reader.has_checksums,
+        "decoder": decoder_name(),
+        "checksum_implementation": CHECKSUM_IMPLEMENTATION,
     }

@@ -83,6 +83,8 @@ HOLDING_CONVERT = """
     real = type(writer).write
     def write(self, records, progress):
         real(self, records, progress)
+        if hasattr(self, "_wait"):
+            self._wait()  # the Mongo writer sends in the background: let the batch land
         if not os.path.exists(started):
             Path(started).touch()
             while not os.path.exists(go):

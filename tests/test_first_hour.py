@@ -292,3 +292,36 @@ def test_timms_call_shape(small_store: Path) -> None:
         timm_create_loader(LMDBImageDataset(small_store), 32, 4, not_a_timm_option=1)
     with pytest.raises(ValueError, match="equal height and width"):
         timm_create_loader(LMDBImageDataset(small_store), (3, 32, 48), 4)
+
+
+def test_the_default_install_is_the_fast_path(small_store: Path) -> None:
+    from fastdata import decode, jpeg
+
+    assert decode.has_turbo() and jpeg.CHECKSUM_IMPLEMENTATION == "ISA-L (isal)"
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    required = cfg["options"]["install_requires"]
+    assert "simplejpeg" in required and "isal" in required  # not only in an extra
+    info = cli("info", str(small_store))
+    assert "decoder:    libjpeg-turbo (simplejpeg" in info.stdout and "CRC-32: ISA-L" in info.stdout
+
+
+def test_without_the_fast_path_fastdata_falls_back_and_says_so() -> None:
+    result = run_script(
+        """
+        import logging, sys, zlib
+        sys.modules["simplejpeg"] = None  # as on a platform without the wheels
+        sys.modules["isal"] = sys.modules["isal.isal_zlib"] = None
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+        from fastdata import decode, jpeg
+        from tests.conftest import jpeg_bytes
+        data = jpeg_bytes()
+        assert decode.decode_numpy(data).shape == (48, 64, 3)  # Pillow decodes it
+        assert jpeg.checksum(data) == zlib.crc32(data)
+        print(decode.decoder_name(), "|", jpeg.CHECKSUM_IMPLEMENTATION)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Pillow (simplejpeg missing") and "| zlib" in result.stdout
+    assert "JPEGs are decoded with Pillow" in result.stderr
+    assert "CRC-32 through zlib" in result.stderr
