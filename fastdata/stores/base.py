@@ -257,18 +257,26 @@ class StoreReader(abc.ABC):
     _meta: StoreMeta
     _labels: np.ndarray
 
+    def _loaded(self) -> None:
+        """Read again what a pickle left out (readers that pickle without their metadata and
+        labels read them in each process that unpickles them)."""
+        return None
+
     def __len__(self) -> int:
         """The number of records."""
+        self._loaded()
         return self._meta.count
 
     @property
     def meta(self) -> StoreMeta:
         """The store's metadata (count, classes, repairs, ...)."""
+        self._loaded()
         return self._meta
 
     @property
     def labels(self) -> np.ndarray:
         """One int64 label per record, in index order (read-only)."""
+        self._loaded()
         return self._labels
 
     @abc.abstractmethod

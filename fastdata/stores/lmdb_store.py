@@ -687,20 +687,6 @@ class LMDBStore(_Leased):
         if self.__dict__.get("_meta") is None:
             self._env()
 
-    def __len__(self) -> int:
-        self._loaded()
-        return self._meta.count
-
-    @property
-    def meta(self) -> StoreMeta:
-        self._loaded()
-        return self._meta
-
-    @property
-    def labels(self) -> np.ndarray:
-        self._loaded()
-        return self._labels
-
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_meta"] = state["_labels"] = None  # read again where it is unpickled

@@ -830,20 +830,6 @@ class MongoStore(_MongoTarget, StoreReader):
                 )
             self._meta, self._labels = meta, labels
 
-    def __len__(self) -> int:
-        self._loaded()
-        return self._meta.count
-
-    @property
-    def meta(self) -> StoreMeta:
-        self._loaded()
-        return self._meta
-
-    @property
-    def labels(self) -> np.ndarray:
-        self._loaded()
-        return self._labels
-
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
         db = self._conn.db()
         doc = db[META_COLLECTION].find_one({"_id": self.collection})
