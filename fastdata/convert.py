@@ -206,9 +206,9 @@ def _check_destination(scan: FolderScan, writer: StoreWriter) -> None:
     root = Path(os.path.realpath(scan.root))
     if dest == root or root in dest.parents:
         raise SourceError(
-            f"{target}: the store would be written inside the source folder {scan.root}"
-            f"{f' (it resolves to {dest})' if str(dest) != os.path.abspath(target) else ''}; "
-            "choose a destination outside it (the source folder is never written to)"
+            f"{target}: the store would be written inside the source folder {scan.root} "
+            f"(links resolved, it is {dest}); choose a destination outside it (the source "
+            "folder is never written to)"
         )
 
 
