@@ -283,8 +283,11 @@ def convert(
 @cli.command()
 @click.argument("store")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option(
+    "--skipped", "list_skipped", is_flag=True, help="Also list the files the conversion left out."
+)
 @_store_options
-def info(store: str, as_json: bool, **options: Any) -> None:
+def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     """Show a store's count, classes, sizes, repairs and format version.
 
     STORE is an LMDB path or a mongodb:// URI with --collection.
@@ -296,7 +299,7 @@ def info(store: str, as_json: bool, **options: Any) -> None:
     """
     from .info import store_info
 
-    facts = store_info(_open(store, options))
+    facts = store_info(_open(store, options), list_skipped=list_skipped)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -309,7 +312,7 @@ def info(store: str, as_json: bool, **options: Any) -> None:
     else:
         click.echo("size:       not recorded (a store written by another tool)")
     click.echo(f"repaired:   {facts['repaired']}")
-    click.echo(f"skipped:    {len(facts['skipped'])}")
+    click.echo(f"skipped:    {facts['skipped']}")
     if facts["source"]:
         click.echo(f"source:     {facts['source']}")
     if facts["created"]:
@@ -324,6 +327,10 @@ def info(store: str, as_json: bool, **options: Any) -> None:
         click.echo(f"  {n:>8}  {name}")
     if len(shown) > 20:
         click.echo(f"  ... and {len(shown) - 20} more")
+    if list_skipped:
+        _listing("skipped files:", (f"{i['name']}: {i['reason']}" for i in facts["skipped_files"]))
+    elif facts["skipped"]:
+        click.echo("(list the skipped files with --skipped)")
 
 
 @cli.command()

@@ -291,7 +291,8 @@ def convert(
         if state is None:
             assert writer.completed is not None, "start() returns None only for a complete store"
             log.info("%s: the conversion is complete already; nothing to do", writer.location)
-            return _report(writer.completed, writer.location, scan, started, total)
+            # Its skipped list stays in the store (`fastdata info --skipped`).
+            return _report(writer.completed, writer.location, scan, started, total, [])
         resumed_from = state.next_sample
         batch: list[Record] = []
         batch_bytes = 0
@@ -351,27 +352,32 @@ def convert(
             classes=list(scan.classes),
             repairs=state.repairs,
             total_bytes=state.total_bytes,
-            skipped=list(state.skipped),
+            skipped_count=len(state.skipped),
             source=state.source,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             id=state.store_id,
             fingerprint=state.fingerprint,
         )
-        writer.finish(meta, labels)
+        writer.finish(meta, labels, state.skipped)
     if progress is not None:
         progress(total, total)
-    return _report(meta, writer.location, scan, started, resumed_from)
+    return _report(meta, writer.location, scan, started, resumed_from, state.skipped)
 
 
 def _report(
-    meta: StoreMeta, location: str, scan: FolderScan, started: float, resumed_from: int
+    meta: StoreMeta,
+    location: str,
+    scan: FolderScan,
+    started: float,
+    resumed_from: int,
+    skipped: list[SkippedFile],
 ) -> ConvertReport:
     """The report of a conversion that ended with the store ``meta`` describes."""
     return ConvertReport(
         destination=location,
         count=meta.count,
         repaired=meta.repairs,
-        skipped=list(meta.skipped),
+        skipped=list(skipped),
         non_image_files=scan.skipped_files,
         total_bytes=meta.total_bytes,
         seconds=time.perf_counter() - started,

@@ -13,12 +13,13 @@ from .stores.base import StoreReader
 __all__ = ["store_info"]
 
 
-def store_info(reader: StoreReader) -> dict[str, Any]:
-    """Count, classes with their sizes, bytes, repairs, skipped files, format version and the
-    store's id (new for every conversion: it changes when the store is replaced)."""
+def store_info(reader: StoreReader, *, list_skipped: bool = False) -> dict[str, Any]:
+    """Count, classes with their sizes, bytes, repairs, skipped files (their count; with
+    ``list_skipped`` also the list, under ``skipped_files``), format version and the store's id
+    (new for every conversion: it changes when the store is replaced)."""
     meta = reader.meta
     per_class = np.bincount(reader.labels, minlength=len(meta.classes))
-    return {
+    facts: dict[str, Any] = {
         "location": reader.location,
         "format": meta.format,
         "version": meta.version,
@@ -28,7 +29,7 @@ def store_info(reader: StoreReader) -> dict[str, Any]:
         "total_bytes": meta.total_bytes,
         "mean_bytes": meta.total_bytes // meta.count if meta.count else 0,
         "repaired": meta.repairs,
-        "skipped": [{"name": s.name, "reason": s.reason} for s in meta.skipped],
+        "skipped": meta.skipped_count,
         "source": meta.source,
         "created": meta.created,
         "id": meta.id,
@@ -36,3 +37,8 @@ def store_info(reader: StoreReader) -> dict[str, Any]:
         "decoder": decoder_name(),
         "checksum_implementation": CHECKSUM_IMPLEMENTATION,
     }
+    if list_skipped:
+        facts["skipped_files"] = [
+            {"name": s.name, "reason": s.reason} for s in reader.skipped_files()
+        ]
+    return facts

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import RecordError, StoreError
@@ -28,6 +29,7 @@ __all__ = [
     "class_count",
     "new_store_id",
     "record_key",
+    "skipped_file",
 ]
 
 FORMAT_NAME = "fastdata"
@@ -141,7 +143,8 @@ class Progress:
         count: records stored so far (their indices are ``0 .. count-1``).
         repairs: records whose JPEG end-of-image marker was appended.
         total_bytes: image bytes stored so far.
-        skipped: files left out so far.
+        skipped: files left out so far. Saved apart from the progress, each once (the
+            progress saves only their count), so a commit costs the same however many there are.
         boot_id: the boot of the machine that saved this progress (a writer may refuse to resume
             after a restart).
         store_id: the identity the store will carry (see ``StoreMeta.id``), fixed when the
@@ -162,13 +165,29 @@ class Progress:
     verify_decode: bool = False
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode("ascii")
+        """The progress without its skipped list, which the backends save apart (see above)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skipped"}
+        d["skipped_count"] = len(self.skipped)
+        return json.dumps(d).encode("ascii")
 
     @classmethod
-    def from_json(cls, raw: bytes | str | memoryview, where: str) -> Progress:
+    def from_json(
+        cls,
+        raw: bytes | str | memoryview,
+        where: str,
+        load_skipped: Callable[[int], list[SkippedFile]] | None = None,
+    ) -> Progress:
+        """Parse a saved progress; ``load_skipped(count)`` reads its skipped list back (without
+        it the list is left empty: fine for messages, not for resuming)."""
         try:
             d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
-            d["skipped"] = [SkippedFile(**s) for s in d.get("skipped", [])]
+            count = d.pop("skipped_count", None)
+            if "skipped" in d:  # saved inside the progress by earlier versions
+                d["skipped"] = [SkippedFile(**s) for s in d["skipped"]]
+            elif count is not None:
+                if type(count) is not int or count < 0:
+                    raise ValueError(f"'skipped_count' is {count!r}")
+                d["skipped"] = load_skipped(count) if load_skipped is not None else []
             progress = cls(**d)
         except (ValueError, TypeError, AttributeError) as exc:
             raise StoreError(
@@ -216,7 +235,7 @@ class StoreMeta:
     classes: list[str]
     repairs: int = 0
     total_bytes: int = 0
-    skipped: list[SkippedFile] = field(default_factory=list)
+    skipped_count: int = 0
     source: str = ""
     created: str = ""
     format: str = FORMAT_NAME
@@ -255,17 +274,21 @@ class StoreMeta:
                 f"{where}: store format version {version} is newer than this fastdata reads "
                 f"({FORMAT_VERSION}); upgrade fastdata"
             )
-        count, classes, skipped = d.get("count"), d.get("classes"), d.get("skipped", [])
+        count, classes = d.get("count"), d.get("classes")
         if type(count) is not int or count < 0:
             raise _damaged(where, "count")
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise _damaged(where, "classes")
-        if not isinstance(skipped, list) or not all(
-            isinstance(s, dict) and isinstance(s.get("name"), str) for s in skipped
-        ):
+        legacy = d.get("skipped")  # the list itself, in the metadata of earlier versions
+        if legacy is not None and not isinstance(legacy, list):
             raise _damaged(where, "skipped")
-        for key in ("repairs", "total_bytes"):
-            if type(d.get(key, 0)) is not int:
+        numbers = {
+            "skipped_count": d.get("skipped_count", len(legacy or ())),
+            "repairs": d.get("repairs", 0),
+            "total_bytes": d.get("total_bytes", 0),
+        }
+        for key, value in numbers.items():
+            if type(value) is not int or value < 0:
                 raise _damaged(where, key)
         for key in ("source", "created", "id", "fingerprint"):
             if not isinstance(d.get(key, ""), str):
@@ -275,7 +298,7 @@ class StoreMeta:
             classes=list(classes),
             repairs=d.get("repairs", 0),
             total_bytes=d.get("total_bytes", 0),
-            skipped=[SkippedFile(s["name"], str(s.get("reason", ""))) for s in skipped],
+            skipped_count=numbers["skipped_count"],
             source=d.get("source", ""),
             created=d.get("created", ""),
             version=version,
@@ -290,6 +313,13 @@ class StoreMeta:
         except ValueError as exc:
             raise StoreError(f"{where}: metadata is not valid JSON ({exc})") from exc
         return cls.from_dict(d, where)
+
+
+def skipped_file(item: Any, where: str) -> SkippedFile:
+    """One entry of a saved skipped list (``{"name": ..., "reason": ...}``), checked."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise _damaged(where, "skipped")
+    return SkippedFile(item["name"], str(item.get("reason", "")))
 
 
 def _damaged(where: str, field_name: str) -> StoreError:

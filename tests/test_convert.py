@@ -46,7 +46,7 @@ def test_repairs_and_formats_recorded_per_record(mixed_folder: Path, tmp_path: P
     assert records["a_class/trailing.jpg"].data.endswith(b"appended data")
     assert records["a_class/png_named.jpg"].header.format == "png"
     assert store.meta.repairs == 1
-    assert sorted(s.name for s in store.meta.skipped) == sorted(CORRUPT)
+    assert sorted(s.name for s in store.skipped_files()) == sorted(CORRUPT)
 
 
 def test_skipped_reasons_say_what_is_wrong(mixed_folder: Path, tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_interrupted_conversion_resumes_without_loss_or_duplicates(
     ]
     assert list(resumed.labels) == list(whole.labels)
     assert resumed.meta.repairs == whole.meta.repairs
-    assert sorted(s.name for s in resumed.meta.skipped) == sorted(CORRUPT)
+    assert sorted(s.name for s in resumed.skipped_files()) == sorted(CORRUPT)
 
 
 def test_resume_refuses_changed_source(
@@ -225,3 +225,41 @@ def test_resume_after_machine_restart_is_refused(
     with pytest.raises(StoreError, match="machine restarted"):
         convert(good_folder, dst, resume=True)
     assert convert(good_folder, dst, overwrite=True).count == 12
+
+
+def test_skipped_files_are_saved_once_outside_the_progress_and_the_metadata(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "src"
+    write(src / "c" / "ok.jpg", jpeg_bytes())
+    for i in range(300):
+        (src / "c" / f"{'n' * 100}{i:04d}.jpg").touch()  # empty: skipped
+    dst = tmp_path / "s.lmdb"
+    report = convert(src, dst, commit_records=1)
+    assert report.count == 1 and len(report.skipped) == 300
+    env = lmdb.open(str(dst), readonly=True, lock=False)
+    with env.begin() as txn:
+        progress, meta = txn.get(b"#progress"), txn.get(b"__fastdata__")
+        entries = [k for k, _ in txn.cursor() if k.startswith(b"#skipped/")]
+    env.close()
+    assert len(progress) < 1024 and len(meta) < 2048  # a count, not 300 names
+    assert len(entries) == 300
+    store = open_store(dst)
+    assert store.meta.skipped_count == 300
+    assert [s.name for s in store.skipped_files()] == [s.name for s in report.skipped]
+
+
+def test_info_counts_skipped_files_and_lists_them_on_request(
+    mixed_folder: Path, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from fastdata.cli import cli
+
+    convert(mixed_folder, tmp_path / "s.lmdb")
+    plain = CliRunner().invoke(cli, ["info", str(tmp_path / "s.lmdb")])
+    assert plain.exit_code == 0 and "skipped:    3" in plain.output
+    assert "a_class/empty.jpg" not in plain.output and "--skipped" in plain.output
+    listed = CliRunner().invoke(cli, ["info", str(tmp_path / "s.lmdb"), "--skipped"])
+    assert listed.exit_code == 0
+    assert all(name in listed.output for name in CORRUPT)

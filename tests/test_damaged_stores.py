@@ -166,6 +166,7 @@ def meta_with(store: Path, **changes: object) -> None:
         ({"count": 10**12}, "labels for"),
         ({"classes": "c0"}, "'classes'"),
         ({"skipped": 7}, "'skipped'"),
+        ({"skipped_count": -1}, "'skipped_count'"),
         ({"version": "1"}, "'version'"),
     ],
 )

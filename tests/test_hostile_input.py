@@ -22,6 +22,7 @@ from fastdata.errors import CorruptImageError, SourceError
 from fastdata.folder import scan_folder
 from fastdata.packed import PackedStrings
 from fastdata.pipelines import EvalPipeline, TrainPipeline
+from fastdata.records import SkippedFile
 
 from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database
@@ -43,8 +44,8 @@ def deadline():  # type: ignore[no-untyped-def]
     signal.signal(signal.SIGALRM, previous)
 
 
-def reasons(report_or_meta: object) -> dict[str, str]:
-    return {s.name: s.reason for s in report_or_meta.skipped}  # type: ignore[attr-defined]
+def reasons(skipped: list[SkippedFile]) -> dict[str, str]:
+    return {s.name: s.reason for s in skipped}
 
 
 def converted(store: Path) -> list[str]:
@@ -71,8 +72,9 @@ def test_fifos_sockets_devices_and_broken_links_are_skipped_not_read(tmp_path: P
     server.close()
     assert result.returncode == 0, result.stderr
     assert "skipped 4 unusable file(s)" in result.stdout
-    meta = open_store(dst).meta
-    assert reasons(meta) == {
+    store = open_store(dst)
+    assert store.meta.skipped_count == 4
+    assert reasons(store.skipped_files()) == {
         "c/fifo.jpg": "not a regular file (a FIFO)",
         "c/zero.jpg": "not a regular file (a character device)",
         "c/gone.jpg": "vanished, or a broken link",
@@ -103,7 +105,7 @@ def test_link_loops_neither_repeat_images_nor_hang(tmp_path: Path) -> None:
     names = converted(tmp_path / "s.lmdb")
     assert len(names) == 11 and len(set(names)) == 11
     assert "b/to-a/0.jpg" not in names  # a's images stay a's
-    skipped = reasons(open_store(tmp_path / "s.lmdb").meta)
+    skipped = reasons(open_store(tmp_path / "s.lmdb").skipped_files())
     assert "scanned already" in skipped["a/loop/"] and "scanned already" in skipped["b/to-a/"]
     assert "scanned already (a/sub)" in skipped["a/sub/self1/"]
 
@@ -180,7 +182,7 @@ def test_unreadable_folders_and_files_are_listed(
     monkeypatch.setattr(os, "open", open_)
     report = convert(src, tmp_path / "s.lmdb")
     assert report.count == 1
-    assert reasons(report) == {
+    assert reasons(report.skipped) == {
         "c/secret/": "unreadable folder: Permission denied",
         "c/locked.jpg": "unreadable: Permission denied",
     }
@@ -195,7 +197,7 @@ def test_files_over_the_size_limit_are_skipped(tmp_path: Path) -> None:
     limit = len(jpeg_bytes()) + 10
     report = convert(src, tmp_path / "s.lmdb", max_file_bytes=limit)
     assert report.count == 1
-    assert reasons(report)["c/big.jpg"].startswith("too large (")
+    assert reasons(report.skipped)["c/big.jpg"].startswith("too large (")
     result = cli("convert", str(src), str(tmp_path / "t.lmdb"), "-q", "--max-file-size", "4K")
     assert result.returncode == 0 and "too large" in result.stdout
     bad = cli("convert", str(src), str(tmp_path / "u.lmdb"), "--max-file-size", "lots")
@@ -237,7 +239,7 @@ def test_a_pixel_bomb_is_refused_on_every_path(tmp_path: Path) -> None:
     write(src / "c" / "fine.jpg", jpeg_bytes())
     for verify_decode in (False, True):  # the header is checked at convert either way
         report = convert(src, tmp_path / f"{verify_decode}.lmdb", verify_decode=verify_decode)
-        assert "over the limit" in reasons(report)["c/bomb.jpg"] and report.count == 1
+        assert "over the limit" in reasons(report.skipped)["c/bomb.jpg"] and report.count == 1
     # a store written elsewhere (or before the limit was lowered) holds it: refused when decoded
     dst = tmp_path / "s.lmdb"
     write_store_with(dst, [pixel_bomb(), jpeg_bytes()])
@@ -277,8 +279,8 @@ def test_strict_decode_catches_a_cut_scan_but_passes_a_repaired_end_marker(
     write(src / "c" / "cut.jpg", whole[: len(whole) // 10])  # 10% of its scan data
     write(src / "c" / "no-eoi.jpg", whole[:-2])  # complete scan, only the marker missing
     report = convert(src, tmp_path / "checked.lmdb", verify_decode=True)
-    assert reasons(report) == {"c/cut.jpg": reasons(report)["c/cut.jpg"]}
-    assert "damaged JPEG data" in reasons(report)["c/cut.jpg"]
+    assert reasons(report.skipped) == {"c/cut.jpg": reasons(report.skipped)["c/cut.jpg"]}
+    assert "damaged JPEG data" in reasons(report.skipped)["c/cut.jpg"]
     assert report.repaired == 1 and report.count == 1
     dst = tmp_path / "s.lmdb"
     assert convert(src, dst).count == 2  # without --verify-decode both are stored, repaired
@@ -348,7 +350,8 @@ def test_many_skipped_files_keep_mongo_documents_small(tmp_path: Path, mongo_uri
     assert meta["skipped_count"] == 2500 and len(BSON.encode(meta)) < 64 << 10
     chunks = list(db["__fastdata__"].find({"_id": {"$regex": "^skipped:"}}))
     assert len(chunks) == 3 and all(len(BSON.encode(c)) < 1 << 20 for c in chunks)
-    assert len(open_store(mongo_uri, collection="many").meta.skipped) == 2500
+    store = open_store(mongo_uri, collection="many")
+    assert store.meta.skipped_count == 2500 and len(store.skipped_files()) == 2500
 
 
 # -------------------------------------------------------------- legacy stores

@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError, StoreExistsError, UsageError
-from ..records import Progress, Record, StoreMeta, new_store_id
+from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
 
 if TYPE_CHECKING:
     import numpy as np
@@ -87,6 +87,8 @@ class StoreWriter(abc.ABC):
     """The store's path or URI (password masked), for messages."""
 
     _aside = False
+    _skipped_saved = 0
+    """How many of the conversion's skipped files are saved already (see ``_take_skipped``)."""
     completed: StoreMeta | None = None
     """After ``start`` returned None: the metadata of the complete store it found."""
 
@@ -124,6 +126,7 @@ class StoreWriter(abc.ABC):
                     )
                 self._check_resumable(saved)
                 self._aside = found.aside is not None
+                self._skipped_saved = len(saved.skipped)
                 self._open(saved, new=False)
                 log.info(
                     "%s: resuming after %d of %d samples",
@@ -156,6 +159,7 @@ class StoreWriter(abc.ABC):
         if found.aside is not None:
             self._discard_aside()
         progress.store_id = new_store_id()
+        self._skipped_saved = 0
         self._open(progress, new=True)
         return progress
 
@@ -182,11 +186,21 @@ class StoreWriter(abc.ABC):
             and os.path.realpath(meta.source) == os.path.realpath(progress.source)
         )
 
-    def finish(self, meta: StoreMeta, labels: np.ndarray) -> None:
-        """Write the labels and the metadata, last; a replacement then moves into place."""
-        self._write_meta(meta, labels)
+    def finish(
+        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile] = ()
+    ) -> None:
+        """Write the skipped files not saved yet, the labels and the metadata, last; a
+        replacement then moves into place."""
+        self._write_meta(meta, labels, skipped)
         if self._aside:
             self._promote()
+
+    def _take_skipped(self, skipped: Sequence[SkippedFile]) -> int:
+        """Mark all of ``skipped`` as saved; return how many were saved before (the ones to save
+        now start there). The list is saved apart from the progress, each entry once, so a
+        commit costs the same however many files were skipped."""
+        saved, self._skipped_saved = self._skipped_saved, len(skipped)
+        return saved
 
     # -- what each backend provides
 
@@ -220,8 +234,11 @@ class StoreWriter(abc.ABC):
         """Store ``records`` and ``progress`` together, atomically where the backend allows."""
 
     @abc.abstractmethod
-    def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
-        """Write the labels and the metadata (the store is complete once they are there)."""
+    def _write_meta(
+        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile]
+    ) -> None:
+        """Write the unsaved skipped files, the labels and the metadata (the store is complete
+        once they are there)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -278,6 +295,11 @@ class StoreReader(abc.ABC):
         """One int64 label per record, in index order (read-only)."""
         self._loaded()
         return self._labels
+
+    def skipped_files(self) -> list[SkippedFile]:
+        """The source files the conversion left out, with the reason (``meta.skipped_count`` of
+        them). Kept apart from the metadata: opening a store never reads this list."""
+        return []
 
     @abc.abstractmethod
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:

@@ -11,6 +11,8 @@ built, ``.replacement/``. Keys in ``data.mdb``:
 - ``__labels__``: the labels, one little-endian int32 per record;
 - ``__len__``: the record count as ASCII decimal; ``__keys__``: the record keys, newline-separated;
 - ``#progress``: conversion progress (JSON), saved with every committed batch;
+- ``#skipped/0000000000`` ...: each source file the conversion left out (JSON: name, reason),
+  written once, with the batch during which it was skipped;
 - ``__fastdata__``: the metadata (JSON), written last: a store without it is incomplete.
 
 Environments are owned by a per-process registry (below); readers hold a share of one.
@@ -51,10 +53,12 @@ from ..records import (
     Progress,
     Record,
     RecordHeader,
+    SkippedFile,
     StoreMeta,
     check_labels,
     class_count,
     record_key,
+    skipped_file,
 )
 from . import lmdb_file
 from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
@@ -66,6 +70,7 @@ log = logging.getLogger(__name__)
 META_KEY = b"__fastdata__"
 LABELS_KEY = b"__labels__"
 PROGRESS_KEY = b"#progress"
+SKIPPED_PREFIX = b"#skipped/"
 LEN_KEY = b"__len__"
 KEYS_KEY = b"__keys__"
 DATA_FILE = "data.mdb"
@@ -94,6 +99,32 @@ def header_key(index: int) -> bytes:
     which writes at the speed of a plain file append.
     """
     return b"#" + record_key(index)
+
+
+def skipped_key(n: int) -> bytes:
+    """The key of the ``n``-th skipped file's entry."""
+    return SKIPPED_PREFIX + record_key(n)
+
+
+def _skipped_items(skipped: Sequence[SkippedFile], start: int) -> list[tuple[bytes, bytes]]:
+    """The ``(key, JSON)`` items of ``skipped[start:]``."""
+    return [
+        (skipped_key(n), json.dumps({"name": f.name, "reason": f.reason}).encode("ascii"))
+        for n, f in enumerate(skipped[start:], start)
+    ]
+
+
+def _read_skipped(lease: Lease, txn: Any, count: int, where: str) -> list[SkippedFile]:
+    """The first ``count`` skipped-file entries (read in the caller's transaction)."""
+    out = []
+    for n in range(count):
+        raw = lease.value(txn.get(skipped_key(n)), f"{where}: skipped-file entry {n}")
+        try:
+            item = json.loads(raw) if raw is not None else None
+        except ValueError:
+            item = None
+        out.append(skipped_file(item, where))
+    return out
 
 
 # --------------------------------------------------------------------------- environment registry
@@ -360,10 +391,14 @@ def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
             raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
             has_keys = txn.get(KEYS_KEY) is not None
+            progress = None
+            if raw_progress is not None and raw_meta is None:
+                progress = Progress.from_json(
+                    raw_progress, path, lambda n: _read_skipped(lease, txn, n, path)
+                )
     finally:
         lease.release()
     meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
-    progress = Progress.from_json(raw_progress, path) if raw_progress is not None else None
     return meta, progress, has_keys
 
 
@@ -457,9 +492,7 @@ class LMDBWriter(StoreWriter):
             except StoreError as exc:
                 other = f"holds a damaged LMDB store ({exc})"
             else:
-                if meta is not None:
-                    progress = None  # kept beside the metadata; the store is complete
-                elif progress is None and has_keys is not None:
+                if meta is None and progress is None and has_keys is not None:
                     other = (
                         "holds an LMDB store written by another tool"
                         if has_keys
@@ -531,6 +564,7 @@ class LMDBWriter(StoreWriter):
     def write(self, records: Sequence[Record], progress: Progress) -> None:
         data = [(record_key(r.index), r.data) for r in records]
         headers = [(header_key(r.index), r.header.to_json()) for r in records]
+        skipped = _skipped_items(progress.skipped, self._take_skipped(progress.skipped))
         progress.boot_id = boot_id()
         state = progress.to_json()
 
@@ -544,13 +578,16 @@ class LMDBWriter(StoreWriter):
                     f"{self.path}: records from {records[0].index} on exist already; the store "
                     "is not the one this conversion started, convert again with --overwrite"
                 )
-            cursor.putmulti(headers)
+            cursor.putmulti(headers + skipped)
             txn.put(PROGRESS_KEY, state)
 
         self._commit(fill)
 
-    def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
+    def _write_meta(
+        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile]
+    ) -> None:
         assert self._lease is not None, "start() opens the store"
+        skipped_items = _skipped_items(skipped, self._take_skipped(skipped))
         try:
             self._lease.env.sync(True)  # every record on disk before the metadata says it's whole
         except lmdb.Error as exc:
@@ -560,6 +597,7 @@ class LMDBWriter(StoreWriter):
         label_bytes = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
 
         def fill(txn: Any) -> None:
+            txn.cursor().putmulti(skipped_items)
             txn.put(LABELS_KEY, label_bytes)
             txn.put(LEN_KEY, str(count).encode("ascii"))
             txn.put(KEYS_KEY, keys)
@@ -665,6 +703,16 @@ class LMDBStore(_Leased):
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
         meta = StoreMeta.from_json(raw_meta, self.path)
         return meta, check_labels(raw_labels, meta, self.path)
+
+    def skipped_files(self) -> list[SkippedFile]:
+        lease = self._env()
+        where = self.path
+        with _reading(where), lease.env.begin(buffers=True) as txn:
+            if txn.get(skipped_key(0)) is not None or not self.meta.skipped_count:
+                return _read_skipped(lease, txn, self.meta.skipped_count, where)
+            raw_meta = lease.value(txn.get(META_KEY), f"{where}: the metadata")
+        legacy = json.loads(raw_meta or b"{}").get("skipped", [])  # earlier versions kept it there
+        return [skipped_file(item, where) for item in legacy]
 
     def _check_identity(self, lease: Lease) -> None:
         try:

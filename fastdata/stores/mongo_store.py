@@ -45,7 +45,16 @@ from ..errors import (
     StoreReplacedError,
 )
 from ..packed import PackedStrings
-from ..records import Progress, Record, RecordHeader, StoreMeta, check_labels, class_count
+from ..records import (
+    Progress,
+    Record,
+    RecordHeader,
+    SkippedFile,
+    StoreMeta,
+    check_labels,
+    class_count,
+    skipped_file,
+)
 from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
 
 __all__ = [
@@ -313,7 +322,6 @@ class MongoWriter(_MongoTarget, StoreWriter):
     _stop: threading.Event | None = None
     _lost = ""
     _store_id = ""
-    _skipped_saved = 0
     _sender: ThreadPoolExecutor | None = None
     _inflight: Future[None] | None = None
 
@@ -466,34 +474,30 @@ class MongoWriter(_MongoTarget, StoreWriter):
     def _progress(self, doc: dict[str, Any]) -> Progress:
         """A saved progress, with its skipped list gathered from its own documents."""
         state = _names_from_bson({k: v for k, v in doc.items() if k != "_id"})
-        count = state.pop("skipped_count", None)
-        if count is not None:
-            state["skipped"] = self._run(
+
+        def load(count: int) -> list[SkippedFile]:
+            store_id = str(state.get("store_id", ""))
+            return self._run(
                 "reading the skipped list",
-                lambda: _load_skipped(
-                    self._conn.db(), str(state.get("store_id", "")), count, self.location
-                ),
+                lambda: _load_skipped(self._conn.db(), store_id, count, self.location),
             )
-        return Progress.from_json(json.dumps(state, default=str), self.location)
+
+        return Progress.from_json(json.dumps(state, default=str), self.location, load)
 
     def _state(self, progress: Progress) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The progress document (BSON-safe, the skipped list left out: it has documents of its
-        own, so the progress stays small however many files are skipped), and the skipped-list
-        documents not saved yet."""
+        """The progress document (BSON-safe, its skipped list saved apart, so it stays small
+        however many files are skipped), and the skipped-list documents not saved yet."""
         state = json.loads(progress.to_json())
-        items = state.pop("skipped")
-        state["skipped_count"] = len(items)
-        chunks = _skipped_chunks(self._store_id, items, self._skipped_saved)
-        self._skipped_saved = len(items)
+        chunks = _skipped_chunks(
+            self._store_id, progress.skipped, self._take_skipped(progress.skipped)
+        )
         return _to_bson(state), chunks
 
     def _open(self, progress: Progress, *, new: bool) -> None:
         self._store_id = progress.store_id
-        self._skipped_saved = len(progress.skipped)  # a resumed one's are saved already
         if new:
             name = self._name()
             self._run("clearing the destination", functools.partial(self._drop, name))
-            self._skipped_saved = 0
             self._run(
                 "saving progress", functools.partial(self._save, name, *self._state(progress))
             )
@@ -640,7 +644,9 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._check_claim()
         self._run("saving progress", functools.partial(self._save, name, state, chunks))
 
-    def _write_meta(self, meta: StoreMeta, labels: np.ndarray) -> None:
+    def _write_meta(
+        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile]
+    ) -> None:
         from bson import Binary
 
         self._wait()
@@ -648,20 +654,12 @@ class MongoWriter(_MongoTarget, StoreWriter):
         db = self._conn.db()
         name = self._name()
         bucket = _bucket(self.collection, self._store_id)
-        fields = meta.to_dict()
-        skipped = fields.pop("skipped")
-        for chunk in _skipped_chunks(self._store_id, skipped, self._skipped_saved):
+        for chunk in _skipped_chunks(self._store_id, skipped, self._take_skipped(skipped)):
             save = functools.partial(
                 db[META_COLLECTION].replace_one, {"_id": chunk["_id"]}, chunk, upsert=True
             )
             self._run("saving the skipped list", save)
-        self._skipped_saved = len(skipped)
-        doc: dict[str, Any] = {
-            "_id": name,
-            **_to_bson(fields),
-            "skipped_count": len(skipped),
-            "gridfs_bucket": bucket,
-        }
+        doc: dict[str, Any] = {"_id": name, **_to_bson(meta.to_dict()), "gridfs_bucket": bucket}
         raw = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
         if len(raw) > LABELS_INLINE_MAX:
             file_id = f"{self._store_id}:labels"
@@ -705,23 +703,26 @@ def _skipped_ids(store_id: str) -> dict[str, Any]:
     return {"_id": {"$gte": f"skipped:{store_id}:", "$lt": f"skipped:{store_id};"}}
 
 
-def _skipped_chunks(store_id: str, items: list[Any], saved: int) -> list[dict[str, Any]]:
+def _skipped_chunks(store_id: str, items: Sequence[SkippedFile], saved: int) -> list[dict[str, Any]]:
     """The skipped-list documents that hold items from ``saved`` on (the last one saved may be
     partly filled: it is written again, whole)."""
     first = saved // SKIPPED_PER_DOC
     return [
         {
             "_id": f"skipped:{store_id}:{k:09d}",
-            "items": _to_bson(items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]),
+            "items": _to_bson(
+                [
+                    {"name": f.name, "reason": f.reason}
+                    for f in items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]
+                ]
+            ),
         }
         for k in range(first, -(-len(items) // SKIPPED_PER_DOC))
     ]
 
 
-def _load_skipped(db: Any, store_id: str, count: Any, where: str) -> list[Any]:
+def _load_skipped(db: Any, store_id: str, count: int, where: str) -> list[SkippedFile]:
     """The first ``count`` entries of a store's skipped list."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise StoreError(f"{where}: damaged metadata ('skipped_count' is {count!r})")
     items: list[Any] = []
     for doc in db[META_COLLECTION].find(_skipped_ids(store_id)).sort("_id", 1):
         found = doc.get("items")
@@ -729,7 +730,15 @@ def _load_skipped(db: Any, store_id: str, count: Any, where: str) -> list[Any]:
             items.extend(found)
         if len(items) >= count:
             break
-    return [_names_from_bson(i) if isinstance(i, dict) else i for i in items[:count]]
+    if len(items) < count:
+        raise StoreError(
+            f"{where}: damaged metadata (the skipped list holds {len(items)} of its {count} "
+            "entries); run `fastdata verify` on the store and convert it again"
+        )
+    return [
+        skipped_file(_names_from_bson(i) if isinstance(i, dict) else i, where)
+        for i in items[:count]
+    ]
 
 
 def _utf8(text: str) -> bool:
@@ -830,6 +839,13 @@ class MongoStore(_MongoTarget, StoreReader):
                 )
             self._meta, self._labels = meta, labels
 
+    def skipped_files(self) -> list[SkippedFile]:
+        meta = self.meta
+        return self._run(
+            "reading the skipped list",
+            lambda: _load_skipped(self._conn.db(), meta.id, meta.skipped_count, self.location),
+        )
+
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
         db = self._conn.db()
         doc = db[META_COLLECTION].find_one({"_id": self.collection})
@@ -853,10 +869,6 @@ class MongoStore(_MongoTarget, StoreReader):
                 f"`fastdata convert SRC {mask_uri(self.uri)} --collection {self.collection}`"
             )
         doc = _names_from_bson(doc)
-        if "skipped_count" in doc:
-            doc["skipped"] = _load_skipped(
-                db, str(doc.get("id", "")), doc["skipped_count"], self.location
-            )
         meta = StoreMeta.from_dict(doc, self.location)
         bucket = doc.get("gridfs_bucket", _bucket(self.collection, ""))
         if not isinstance(bucket, str):
