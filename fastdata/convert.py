@@ -13,7 +13,7 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -126,9 +126,9 @@ class _Loaded:
     data: bytes
 
 
-def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+def _chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
     for start in range(0, len(items), size):
-        yield items[start : start + size]
+        yield list(items[start : start + size])
 
 
 def read_file(path: str, limit: int) -> bytes | str:
@@ -341,12 +341,7 @@ def convert(
                 f"{scan.root}: none of its {total} images could be used ({reasons}); "
                 "fix or remove them and convert again"
             )
-        skipped_names = {s.name for s in state.skipped}
-        labels = np.fromiter(
-            (s.label for s in scan.samples if s.name not in skipped_names),
-            dtype=np.int64,
-            count=state.count,
-        )
+        labels = _stored_labels(scan, state)
         meta = StoreMeta(
             count=state.count,
             classes=list(scan.classes),
@@ -362,6 +357,18 @@ def convert(
     if progress is not None:
         progress(total, total)
     return _report(meta, writer.location, scan, started, resumed_from, state.skipped)
+
+
+def _stored_labels(scan: FolderScan, state: Progress) -> np.ndarray:
+    """The label of every stored record: the scan's, less those of the files skipped."""
+    if state.count == len(scan.samples):
+        return scan.samples.labels.astype(np.int64)
+    skipped_names = {s.name for s in state.skipped}
+    return np.fromiter(
+        (s.label for s in scan.samples if s.name not in skipped_names),
+        dtype=np.int64,
+        count=state.count,
+    )
 
 
 def _report(

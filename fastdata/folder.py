@@ -12,13 +12,19 @@ import errno
 import hashlib
 import os
 import stat
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
+
+import numpy as np
 
 from .errors import SourceError
+from .packed import PackedStrings
 from .records import SkippedFile
 
-__all__ = ["IMG_EXTENSIONS", "FolderScan", "Sample", "scan_folder"]
+__all__ = ["IMG_EXTENSIONS", "FolderScan", "Sample", "Samples", "scan_folder"]
 
 IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -46,6 +52,91 @@ class Sample:
     label: int
 
 
+def _encode(name: str) -> bytes:
+    return name.encode("utf-8", "surrogateescape")
+
+
+class Samples(Sequence[Sample]):
+    """Every image of a scan, packed: names in one buffer with an offsets array, labels in an
+    int32 array; about the name's length plus 12 bytes per image, nothing per image a Python
+    object. Indexing gives a :class:`Sample`; slicing gives a view."""
+
+    def __init__(
+        self, names: PackedStrings, labels: np.ndarray, start: int = 0, stop: int | None = None
+    ) -> None:
+        self._names, self._labels = names, labels
+        self._start, self._stop = start, len(labels) if stop is None else stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Samples: ...
+
+    def __getitem__(self, index: int | slice) -> Sample | Samples:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("Samples slices take no step")
+            return Samples(
+                self._names, self._labels, self._start + start, self._start + max(start, stop)
+            )
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        i = self._start + index % len(self)
+        return Sample(self._names[i].decode("utf-8", "surrogateescape"), int(self._labels[i]))
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The labels, in order (a read-only view)."""
+        view = self._labels[self._start : self._stop]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the names and labels."""
+        return self._names.nbytes + self._labels.nbytes
+
+
+class _SampleBuilder:
+    """Collects samples into the packed form, a folder at a time."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._ends = array("q")
+        self._labels = array("i")
+
+    def add(self, name: str, label: int) -> None:
+        self._data += _encode(name)
+        self._ends.append(len(self._data))
+        self._labels.append(label)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def build(self) -> Samples:
+        offsets = np.zeros(len(self._ends) + 1, dtype=np.int64)
+        offsets[1:] = np.frombuffer(self._ends, dtype=np.int64)
+        names = PackedStrings.from_buffer(bytes(self._data), offsets)
+        labels = np.frombuffer(self._labels, dtype=np.int32).copy()
+        return Samples(names, labels)
+
+
 @dataclass(frozen=True)
 class FolderScan:
     """What :func:`scan_folder` found.
@@ -53,7 +144,8 @@ class FolderScan:
     Attributes:
         root: the scanned folder.
         classes: class names, sorted.
-        samples: every image, in deterministic order (by class, then by path).
+        samples: every image, in deterministic order (by class, then by path), packed (see
+            :class:`Samples`).
         skipped_files: files below the class folders that are not images (wrong extension).
         unusable: image files and folders that cannot be converted, with the reason (not a
             regular file, unreadable folder, path too long, a link to a folder scanned already).
@@ -61,7 +153,7 @@ class FolderScan:
 
     root: Path
     classes: list[str]
-    samples: list[Sample]
+    samples: Samples
     skipped_files: int = 0
     unusable: list[SkippedFile] = field(default_factory=list)
     class_to_idx: dict[str, int] = field(init=False)
@@ -79,7 +171,7 @@ class FolderScan:
         for name in self.classes:
             digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
         for sample in self.samples:
-            digest.update(f"{sample.label}\0{sample.name}\0".encode("utf-8", "surrogateescape"))
+            digest.update(f"{sample.label}\0".encode() + _encode(sample.name) + b"\0")
         return digest.hexdigest()
 
 
@@ -225,19 +317,19 @@ def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
             f"{root_path}/<class>/<image>"
         )
     walk = _Walk(root_path, classes)
-    samples: list[Sample] = []
+    samples = _SampleBuilder()
     for label, cls in enumerate(classes):
         # Sorted by folder path, then file name: the order ImageFolder produces.
         for rel, entries in sorted(walk.folders(cls), key=lambda f: f[0]):
-            samples.extend(
-                Sample(f"{rel}/{entry.name}", label) for entry in entries if walk.image(rel, entry)
-            )
-    if not samples:
+            for entry in entries:
+                if walk.image(rel, entry):
+                    samples.add(f"{rel}/{entry.name}", label)
+    if not len(samples):
         raise SourceError(
             f"{root_path}: no images found in its {len(classes)} class folder(s); "
             f"accepted extensions: {' '.join(IMG_EXTENSIONS)}"
         )
-    return FolderScan(root_path, classes, samples, walk.non_images, walk.unusable)
+    return FolderScan(root_path, classes, samples.build(), walk.non_images, walk.unusable)
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

@@ -23,6 +23,13 @@ class PackedStrings:
         np.cumsum(lengths, out=self._offsets[1:])
         self._data = b"".join(items)
 
+    @classmethod
+    def from_buffer(cls, data: bytes, offsets: np.ndarray) -> PackedStrings:
+        """Strings already packed: ``data`` and ``len + 1`` ascending offsets into it."""
+        self = cls.__new__(cls)
+        self._data, self._offsets = data, np.asarray(offsets, dtype=np.int64)
+        return self
+
     def __len__(self) -> int:
         return len(self._offsets) - 1
 

@@ -55,44 +55,45 @@ def verify_store(
     report = VerifyReport(reader.location, checksums=reader.has_checksums)
     report.damaged_pages = reader.structure_damage()
     total = len(reader)
-    for start in range(0, total, batch_size):
-        indices: list[int] = []
-        for i in range(start, min(total, start + batch_size)):
-            why = reader.damaged_record(i)
-            if why is None:
-                indices.append(i)
-            else:
-                report.failures.append(Failure(i, f"record {i}", why))
-        try:
-            records = reader.read_records(indices)
-        except FastdataError as exc:
-            records = []
-            for i in indices:  # fall back to one at a time to find the broken ones
-                try:
-                    records.extend(reader.read_records([i]))
-                except FastdataError as one:
-                    report.failures.append(Failure(i, f"record {i}", str(one)))
-            if not records and not report.failures:
-                raise exc
-        for rec in records:
-            report.checked += 1
-            h = rec.header
-            if len(rec.data) != h.size:
-                report.failures.append(
-                    Failure(rec.index, h.name, f"size {len(rec.data)}, expected {h.size}")
-                )
-                continue
-            if checksum(rec.data) != h.crc32:
-                report.failures.append(Failure(rec.index, h.name, "checksum mismatch"))
-                continue
-            if decode:
-                try:
-                    decode_check(rec.data, h.name)
-                    report.decoded += 1
-                except CorruptImageError as exc:
-                    report.failures.append(Failure(rec.index, h.name, exc.reason))
-        if progress is not None:
-            progress(min(total, start + batch_size), total)
+    with reader.sequential():
+        for start in range(0, total, batch_size):
+            indices: list[int] = []
+            for i in range(start, min(total, start + batch_size)):
+                why = reader.damaged_record(i)
+                if why is None:
+                    indices.append(i)
+                else:
+                    report.failures.append(Failure(i, f"record {i}", why))
+            try:
+                records = reader.read_records(indices)
+            except FastdataError as exc:
+                records = []
+                for i in indices:  # fall back to one at a time to find the broken ones
+                    try:
+                        records.extend(reader.read_records([i]))
+                    except FastdataError as one:
+                        report.failures.append(Failure(i, f"record {i}", str(one)))
+                if not records and not report.failures:
+                    raise exc
+            for rec in records:
+                report.checked += 1
+                h = rec.header
+                if len(rec.data) != h.size:
+                    report.failures.append(
+                        Failure(rec.index, h.name, f"size {len(rec.data)}, expected {h.size}")
+                    )
+                    continue
+                if checksum(rec.data) != h.crc32:
+                    report.failures.append(Failure(rec.index, h.name, "checksum mismatch"))
+                    continue
+                if decode:
+                    try:
+                        decode_check(rec.data, h.name)
+                        report.decoded += 1
+                    except CorruptImageError as exc:
+                        report.failures.append(Failure(rec.index, h.name, exc.reason))
+            if progress is not None:
+                progress(min(total, start + batch_size), total)
     return report
 
 

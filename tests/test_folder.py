@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from fastdata.errors import SourceError
-from fastdata.folder import scan_folder
+from fastdata.folder import Sample, scan_folder
 
 from .conftest import jpeg_bytes, write
 
@@ -51,3 +51,22 @@ def test_fingerprint_changes_with_content(good_folder: Path) -> None:
     before = scan_folder(good_folder).fingerprint()
     write(good_folder / "cat" / "new.jpg", jpeg_bytes())
     assert scan_folder(good_folder).fingerprint() != before
+
+
+def test_a_scan_holds_its_samples_packed(tmp_path: Path) -> None:
+    """Nothing per image is a Python object: memory is about the name plus 12 bytes."""
+    for c in range(3):
+        folder = tmp_path / f"class{c}"
+        folder.mkdir()
+        for i in range(2000):
+            (folder / f"img_{i:06d}.jpg").touch()
+    scan = scan_folder(tmp_path)
+    n = len(scan.samples)
+    assert n == 6000
+    name_bytes = sum(len(s.name) for s in scan.samples)
+    assert scan.samples.nbytes <= name_bytes + 12 * n + 8 < 64 * n
+    assert scan.samples[2000] == Sample("class1/img_000000.jpg", 1)
+    assert scan.samples[-1] == Sample("class2/img_001999.jpg", 2)
+    tail = scan.samples[5998:]
+    assert [s.name for s in tail] == ["class2/img_001998.jpg", "class2/img_001999.jpg"]
+    assert list(scan.samples.labels[1999:2001]) == [0, 1]

@@ -187,3 +187,55 @@ def test_a_pickled_dataset_does_not_grow_with_the_store(tmp_path: Path) -> None:
         clone = pickle.loads(blob)  # what a spawned worker gets: labels read again there
         assert len(clone) == n and list(clone.targets) == [0] * n and clone[n - 1][1] == 0
     assert sizes[1] - sizes[0] < 16 and max(sizes) < 1024  # no label per record in the pickle
+
+
+def _disk_bytes() -> int | None:
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _evict(path: Path) -> None:
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+def test_a_cold_random_read_of_a_small_record_reads_about_its_own_pages(tmp_path: Path) -> None:
+    """A store larger than memory must not pay megabytes of read-ahead per 2 kB image."""
+    import random
+
+    from fastdata.stores.lmdb_store import LMDBStore
+
+    from .test_hostile_input import write_store_with
+
+    rng = np.random.default_rng(0)
+    write_store_with(tmp_path / "s.lmdb", [rng.bytes(2000) for _ in range(20000)])
+    data = tmp_path / "s.lmdb" / "data.mdb"
+    picks = random.Random(0).sample(range(20000), 50)
+
+    def disk_per_read(read: object) -> float:
+        before = _disk_bytes()
+        for i in picks:
+            read(i)  # type: ignore[operator]
+        after = _disk_bytes()
+        assert before is not None and after is not None
+        return (after - before) / len(picks)
+
+    _evict(data)
+    env = lmdb.open(str(data), subdir=False, readonly=True, lock=False, readahead=True)
+    with env.begin() as txn:
+        control = disk_per_read(lambda i: txn.get(b"%010d" % i))
+    env.close()
+    if _disk_bytes() is None or control < 64 << 10:
+        pytest.skip("this file system shows no read-ahead to measure against")
+    _evict(data)
+    store = LMDBStore(tmp_path / "s.lmdb")
+    ours = disk_per_read(lambda i: store.read_data([i]))
+    store.close()
+    assert ours <= 64 << 10, (ours, control)

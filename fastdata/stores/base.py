@@ -8,6 +8,7 @@ import abc
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -324,11 +325,18 @@ class StoreReader(abc.ABC):
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         """Whole records (header and bytes) of the given indices, in the order asked."""
 
+    @contextmanager
+    def sequential(self) -> Iterator[None]:
+        """Tell the backend that the block reads records in index order (a scan), so it can
+        read ahead; random access is what it is tuned for otherwise."""
+        yield
+
     def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
         """Every record in index order, fetched ``batch_size`` at a time."""
         n = len(self)
-        for start in range(0, n, batch_size):
-            yield from self.read_records(range(start, min(n, start + batch_size)))
+        with self.sequential():
+            for start in range(0, n, batch_size):
+                yield from self.read_records(range(start, min(n, start + batch_size)))
 
     def check_indices(self, indices: Sequence[int]) -> list[int]:
         """Normalise negative indices and raise IndexError for any out of range."""

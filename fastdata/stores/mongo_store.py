@@ -703,7 +703,9 @@ def _skipped_ids(store_id: str) -> dict[str, Any]:
     return {"_id": {"$gte": f"skipped:{store_id}:", "$lt": f"skipped:{store_id};"}}
 
 
-def _skipped_chunks(store_id: str, items: Sequence[SkippedFile], saved: int) -> list[dict[str, Any]]:
+def _skipped_chunks(
+    store_id: str, items: Sequence[SkippedFile], saved: int
+) -> list[dict[str, Any]]:
     """The skipped-list documents that hold items from ``saved`` on (the last one saved may be
     partly filled: it is written again, whole)."""
     first = saved // SKIPPED_PER_DOC
