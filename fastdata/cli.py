@@ -191,7 +191,13 @@ def cli(verbose: bool) -> None:
 @cli.command()
 @click.argument("src", type=click.Path(file_okay=False, path_type=str))
 @click.argument("dst", type=str)
-@click.option("--workers", "-j", type=click.IntRange(1, 256), help="Reader threads.")
+@click.option(
+    "--workers",
+    "-j",
+    type=click.IntRange(1, 256),
+    help="Reader threads (default: the fastest of a few, measured as the conversion runs; "
+    "1 reads in the writing thread).",
+)
 @click.option("--strict", is_flag=True, help="Stop at the first unusable image; don't skip.")
 @click.option("--verify-decode", is_flag=True, help="Also decode every image; skip undecodable.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted conversion into DST.")
@@ -270,6 +276,9 @@ def convert(
         f"{report.converted} files read in {report.seconds:.1f} s "
         f"({report.images_per_second:.0f} files/s)"
     )
+    if report.reader_threads:
+        counts = sorted(set(report.reader_threads))
+        click.echo(f"reader threads: {'/'.join(map(str, counts))}")
     click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
     if report.non_image_files:
         click.echo(f"non-image files ignored: {report.non_image_files}")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,15 +54,16 @@ R = TypeVar("R")
 
 
 def default_workers() -> int:
-    """Reader threads for conversion: half the CPUs, at most 4, and none on two CPUs or fewer.
+    """The largest reader-thread count a conversion without ``--workers`` tries (see
+    :func:`_tuned_map`): twice the CPUs, at least 8, at most 32."""
+    return min(32, max(8, 2 * (os.cpu_count() or 1)))
 
-    Measured on a 2-CPU machine with a local disk, reading in the writing thread beat 2 and 4
-    reader threads (0.74 of the copy ceiling against 0.65 and 0.62): every thread competes for
-    the interpreter lock and the same two cores. On a network file system, where reads wait,
-    pass more (``--workers``).
-    """
-    cpus = os.cpu_count() or 1
-    return 1 if cpus <= 2 else min(4, cpus // 2)
+
+PROBE_CHUNKS = 32
+"""Chunks each candidate thread count converts while the conversion measures them."""
+RETUNE_CHUNKS = 5000
+"""Chunks converted with the chosen count before the candidates are measured again (the folder
+may turn from cold to warm, or the other way, as it goes)."""
 
 
 @dataclass
@@ -78,6 +80,9 @@ class ConvertReport:
         seconds: wall time of this run.
         resumed_from: samples already handled by an earlier run (0 for a fresh one).
         converted: samples handled by this run.
+        classes: the class names, in label order.
+        reader_threads: the reader-thread counts used: the one given, or each one the
+            conversion chose by measurement (1: reading in the writing thread).
     """
 
     destination: str
@@ -90,10 +95,55 @@ class ConvertReport:
     resumed_from: int = 0
     converted: int = 0
     classes: list[str] = field(default_factory=list)
+    reader_threads: list[int] = field(default_factory=list)
 
     @property
     def images_per_second(self) -> float:
         return self.converted / self.seconds if self.seconds > 0 else 0.0
+
+
+def _tuned_map(
+    fn: Callable[[T], R], items: Iterable[T], most: int, chosen: list[int]
+) -> Iterator[R]:
+    """``map(fn, items)`` in order, with the reader-thread count chosen by measurement.
+
+    No fixed count is right everywhere: on a warm folder and few CPUs, reading in the writing
+    thread is fastest (threads only compete for the interpreter lock); on a cold folder or a
+    network file system, where reads wait, several threads are. So the candidates (none, 2, 4, ...
+    up to ``most``, stopping once one is clearly slower than the best so far) each convert
+    ``PROBE_CHUNKS`` chunks, end to end, and the fastest converts the next ``RETUNE_CHUNKS``, then
+    they are measured again. ``chosen`` gets each count chosen.
+    """
+    it = iter(items)
+    candidates = [1] + [k for k in (2, 4, 8, 16, 32) if k <= most]
+    while True:
+        rates: list[tuple[float, int]] = []
+        for k in candidates:
+            t = time.perf_counter()
+            done = 0
+            for out in _ordered_map(fn, islice(it, PROBE_CHUNKS), k, _window(k)):
+                done += 1
+                yield out
+            if done < PROBE_CHUNKS:
+                return
+            rates.append((done / (time.perf_counter() - t), k))
+            if rates[-1][0] < 0.8 * max(rates)[0]:
+                break  # past the peak: more threads only compete for the same cores
+        best = max(rates)[1]
+        chosen.append(best)
+        log.debug("reader threads: %s; chose %d", rates, best)
+        done = 0
+        for out in _ordered_map(fn, islice(it, RETUNE_CHUNKS), best, _window(best)):
+            done += 1
+            yield out
+        if done < RETUNE_CHUNKS:
+            return
+
+
+def _window(workers: int) -> int:
+    """Chunks in flight: about one commit's worth, so the readers keep working while a batch
+    is flushed, and memory stays bounded."""
+    return max(2 * workers + 2, READ_AHEAD // CHUNK)
 
 
 def _ordered_map(
@@ -238,7 +288,8 @@ def convert(
         source: the image folder.
         destination: an LMDB folder path, a ``mongodb://host:port/DB`` URI, or a
             :class:`~fastdata.stores.StoreWriter`.
-        workers: reader threads (default :func:`default_workers`).
+        workers: reader threads; by default the conversion measures a few counts as it goes
+            and uses the fastest (see ``_tuned_map``).
         strict: raise on the first unusable file instead of skipping it.
         verify_decode: also decode every image fully with Pillow and skip those that fail.
         resume: continue an interrupted conversion into ``destination``.
@@ -280,7 +331,6 @@ def convert(
         verify_decode=verify_decode,
         skipped=list(scan.unusable),
     )
-    n_workers = workers if workers is not None else default_workers()
     mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
     writer = open_writer(
         destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
@@ -304,11 +354,12 @@ def convert(
 
         todo = scan.samples[state.next_sample :]
         load = _loader(scan, verify_decode, max_file_bytes)
-        # Chunks of a few samples keep the per-task overhead small. The window (samples read
-        # ahead) spans about one commit, so the readers keep working while a batch is flushed,
-        # and it bounds memory.
-        window = max(2 * n_workers + 2, READ_AHEAD // CHUNK)
-        chunks = _ordered_map(load, _chunks(todo, CHUNK), n_workers, window=window)
+        # Chunks of a few samples keep the per-task overhead small.
+        chosen: list[int] = []
+        if workers is None:
+            chunks = _tuned_map(load, _chunks(todo, CHUNK), default_workers(), chosen)
+        else:
+            chunks = _ordered_map(load, _chunks(todo, CHUNK), workers, _window(workers))
         for sample, loaded in (pair for chunk in chunks for pair in chunk):
             if isinstance(loaded, SkippedFile):
                 if strict:
@@ -356,7 +407,9 @@ def convert(
         writer.finish(meta, labels, state.skipped)
     if progress is not None:
         progress(total, total)
-    return _report(meta, writer.location, scan, started, resumed_from, state.skipped)
+    report = _report(meta, writer.location, scan, started, resumed_from, state.skipped)
+    report.reader_threads = chosen if workers is None else [workers]
+    return report
 
 
 def _stored_labels(scan: FolderScan, state: Progress) -> np.ndarray:

@@ -263,3 +263,26 @@ def test_info_counts_skipped_files_and_lists_them_on_request(
     listed = CliRunner().invoke(cli, ["info", str(tmp_path / "s.lmdb"), "--skipped"])
     assert listed.exit_code == 0
     assert all(name in listed.output for name in CORRUPT)
+
+
+def test_reader_threads_are_chosen_by_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads that wait (a cold disk, a network file system) get threads; order is kept."""
+    import time
+
+    import importlib
+
+    convert_module = importlib.import_module("fastdata.convert")
+
+    monkeypatch.setattr(convert_module, "PROBE_CHUNKS", 12)
+    monkeypatch.setattr(convert_module, "RETUNE_CHUNKS", 40)
+
+    def waits(x: int) -> int:
+        time.sleep(0.004)
+        return x * 2
+
+    chosen: list[int] = []
+    out = list(convert_module._tuned_map(waits, range(300), 8, chosen))
+    assert out == [x * 2 for x in range(300)]
+    assert chosen and all(k >= 4 for k in chosen)  # waiting reads overlap in threads
+    busy: list[int] = []
+    assert list(convert_module._tuned_map(lambda x: x, range(5), 8, busy)) == list(range(5))

@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Every cost per image, at several dataset sizes: are they flat?
+
+Generates folders of small JPEGs (10k and 100k by default; add 1000000 for the full table), then
+for each size measures, in one run: conversion images/s with the folder cold (its pages dropped
+from the page cache) and warm, the conversion's peak RSS, the store's open time, a pickled
+dataset's size, the first batch's latency and the images/s of ``create_loader``, its workers'
+private memory, and verify and export rates. Each row is printed per image where it should be
+flat, so a growing figure is easy to spot.
+
+    python scripts/bench_scale.py                        # 10k and 100k images
+    python scripts/bench_scale.py --sizes 10000 100000 1000000 --workdir /data/scale --keep
+    python scripts/bench_scale.py --sweep                # also every --workers count, cold and warm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONVERT_CHILD = """
+import json, resource, sys, time
+from fastdata import convert
+workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
+t = time.perf_counter()
+report = convert(sys.argv[1], sys.argv[2], workers=workers)
+seconds = time.perf_counter() - t
+print(json.dumps({"seconds": seconds, "count": report.count, "threads": report.reader_threads,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def evict_folder(root: Path) -> None:
+    """Drop every file of a folder from the page cache."""
+    os.sync()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def convert_in_child(src: Path, dst: Path, workers: str, cold: bool) -> dict[str, float]:
+    shutil.rmtree(dst, ignore_errors=True)
+    if cold:
+        evict_folder(src)
+    out = subprocess.run(
+        [sys.executable, "-c", CONVERT_CHILD, str(src), str(dst), workers],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def private_bytes(pid: int) -> int:
+    """Private (unshared) memory of a process, from /proc/PID/smaps_rollup."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def make_folder(root: Path, n: int) -> Path:
+    from fastdata.synthetic import make_image_folder
+
+    classes = 100
+    return make_image_folder(root, classes=classes, per_class=n // classes, width=64, height=48)
+
+
+def measure(src: Path, work: Path, n: int, repeat: int) -> dict[str, float]:
+    import torch
+
+    from fastdata import LMDBImageDataset, create_loader, export_store, open_store, verify_store
+
+    dst = work / f"store-{n}.lmdb"
+    row: dict[str, float] = {}
+    cold = [convert_in_child(src, dst, "auto", cold=True) for _ in range(repeat)]
+    warm = [convert_in_child(src, dst, "auto", cold=False) for _ in range(repeat)]
+    row["convert cold img/s"] = max(r["count"] / r["seconds"] for r in cold)
+    row["convert warm img/s"] = max(r["count"] / r["seconds"] for r in warm)
+    row["convert peak RSS MiB"] = max(r["peak_rss"] for r in cold + warm) / (1 << 20)
+
+    t = time.perf_counter()
+    ds = LMDBImageDataset(dst)
+    row["open ms"] = (time.perf_counter() - t) * 1000
+    row["pickled dataset B"] = len(pickle.dumps(ds))
+
+    torch.manual_seed(0)
+    loader = create_loader(ds, 256, image_size=32, num_workers=2, device="cpu")
+    t = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    row["first batch ms"] = (time.perf_counter() - t) * 1000
+    workers = multiprocessing.active_children()
+    row["worker private MiB"] = (
+        max(private_bytes(p.pid) for p in workers) / (1 << 20) if workers else 0.0
+    )
+    t, seen = time.perf_counter(), 0
+    for images, _ in it:
+        seen += len(images)
+    row["loader img/s"] = seen / (time.perf_counter() - t)
+    loader.close()
+
+    reader = open_store(dst)
+    t = time.perf_counter()
+    verify_store(reader)
+    row["verify img/s"] = n / (time.perf_counter() - t)
+    out = work / f"export-{n}"
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    export_store(reader, out)
+    row["export img/s"] = n / (time.perf_counter() - t)
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def sweep(src: Path, work: Path, repeat: int) -> None:
+    """Conversion images/s for the default and each fixed --workers, cold and warm, interleaved."""
+    counts = ["auto", "1", "2", "4", "8"]
+    dst = work / "sweep.lmdb"
+    for cold in (True, False):
+        rates: dict[str, list[float]] = {c: [] for c in counts}
+        chosen: list[int] = []
+        for _ in range(repeat):
+            for c in counts:
+                r = convert_in_child(src, dst, c, cold)
+                rates[c].append(r["count"] / r["seconds"])
+                if c == "auto":
+                    chosen += r["threads"]
+        best = max(max(rates[c]) for c in counts[1:])
+        label = "cold" if cold else "warm"
+        print(f"\nconversion, {label} folder, best of {repeat} interleaved runs:")
+        for c in counts:
+            print(f"  --workers {c:<5} {max(rates[c]):9.0f} img/s  ({max(rates[c]) / best:.2f})")
+        print(
+            f"  default / best fixed: {max(rates['auto']) / best:.2f} (goal >= 0.9); chose {chosen}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--repeat", type=int, default=2, help="conversions per measure (best)")
+    parser.add_argument("--sweep", action="store_true", help="also compare --workers counts")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = {}
+        for n in args.sizes:
+            src = make_folder(work / f"images-{n}", n)
+            rows[n] = measure(src, work, n, args.repeat)
+        names = list(next(iter(rows.values())))
+        print(f"\n{'measure':<24}" + "".join(f"{n:>14,}" for n in rows) + "   last/first")
+        for name in names:
+            values = [rows[n][name] for n in rows]
+            print(
+                f"{name:<24}"
+                + "".join(f"{v:14.1f}" for v in values)
+                + f"   {values[-1] / values[0]:9.2f}"
+            )
+        print(
+            "\nflat means: rates (img/s) about the same at every size; open time, pickled size,\n"
+            "first-batch latency, peak RSS and worker memory about the same, not growing with n."
+        )
+        if args.sweep:
+            sweep(work / f"images-{args.sizes[-1]}", work, max(args.repeat, 3))
+    finally:
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
