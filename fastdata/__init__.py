@@ -9,32 +9,62 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import errors
+from .errors import (  # the exception tree is cheap to import; errors.__all__ lists it
+    CorruptImageError as CorruptImageError,
+)
+from .errors import (
+    FastdataError as FastdataError,
+)
+from .errors import (
+    IncompleteStoreError as IncompleteStoreError,
+)
+from .errors import (
+    MissingDependencyError as MissingDependencyError,
+)
+from .errors import (
+    PickleNotAllowedError as PickleNotAllowedError,
+)
+from .errors import (
+    RecordError as RecordError,
+)
+from .errors import (
+    SourceError as SourceError,
+)
+from .errors import (
+    StoreError as StoreError,
+)
+from .errors import (
+    StoreExistsError as StoreExistsError,
+)
+from .errors import (
+    StoreLockedError as StoreLockedError,
+)
+from .errors import (
+    StoreNotFoundError as StoreNotFoundError,
+)
+from .errors import (
+    StoreReplacedError as StoreReplacedError,
+)
+from .errors import (
+    UnsafePathError as UnsafePathError,
+)
+from .errors import (
+    UsageError as UsageError,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
     "BackgroundGenerator",
     "ConvertReport",
-    "CorruptImageError",
     "EvalPipeline",
-    "FastdataError",
     "ImageStoreDataset",
-    "IncompleteStoreError",
     "LMDBImageDataset",
     "Loader",
-    "MissingDependencyError",
     "MongoImageDataset",
-    "PickleNotAllowedError",
     "PrefetchLoader",
-    "RecordError",
-    "SourceError",
-    "StoreError",
-    "StoreExistsError",
-    "StoreLockedError",
-    "StoreNotFoundError",
-    "StoreReplacedError",
     "TrainPipeline",
-    "UnsafePathError",
-    "UsageError",
     "__version__",
     "background",
     "convert",
@@ -46,6 +76,8 @@ __all__ = [
     "store_info",
     "verify_store",
 ]
+__all__ += errors.__all__
+__all__.sort()
 
 _LOCATIONS = {
     "BackgroundGenerator": "loaders",
@@ -66,46 +98,11 @@ _LOCATIONS = {
     "scan_folder": "folder",
     "store_info": "info",
     "verify_store": "verify",
-    **{
-        name: "errors"
-        for name in (
-            "CorruptImageError",
-            "FastdataError",
-            "IncompleteStoreError",
-            "MissingDependencyError",
-            "PickleNotAllowedError",
-            "RecordError",
-            "SourceError",
-            "StoreError",
-            "StoreExistsError",
-            "StoreLockedError",
-            "StoreNotFoundError",
-            "StoreReplacedError",
-            "UnsafePathError",
-            "UsageError",
-        )
-    },
 }
 
 if TYPE_CHECKING:
     from .convert import ConvertReport, convert
     from .datasets import ImageStoreDataset, LMDBImageDataset, MongoImageDataset
-    from .errors import (
-        CorruptImageError,
-        FastdataError,
-        IncompleteStoreError,
-        MissingDependencyError,
-        PickleNotAllowedError,
-        RecordError,
-        SourceError,
-        StoreError,
-        StoreExistsError,
-        StoreLockedError,
-        StoreNotFoundError,
-        StoreReplacedError,
-        UnsafePathError,
-        UsageError,
-    )
     from .export import export_store
     from .folder import scan_folder
     from .info import store_info

@@ -13,7 +13,7 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -120,10 +120,7 @@ def _tuned_map(
         rates: list[tuple[float, int]] = []
         for k in candidates:
             t = time.perf_counter()
-            done = 0
-            for out in _ordered_map(fn, islice(it, PROBE_CHUNKS), k, _window(k)):
-                done += 1
-                yield out
+            done = yield from _counted_map(fn, it, PROBE_CHUNKS, k)
             if done < PROBE_CHUNKS:
                 return
             rates.append((done / (time.perf_counter() - t), k))
@@ -132,12 +129,19 @@ def _tuned_map(
         best = max(rates)[1]
         chosen.append(best)
         log.debug("reader threads: %s; chose %d", rates, best)
-        done = 0
-        for out in _ordered_map(fn, islice(it, RETUNE_CHUNKS), best, _window(best)):
-            done += 1
-            yield out
-        if done < RETUNE_CHUNKS:
+        if (yield from _counted_map(fn, it, RETUNE_CHUNKS, best)) < RETUNE_CHUNKS:
             return
+
+
+def _counted_map(
+    fn: Callable[[T], R], it: Iterator[T], n: int, workers: int
+) -> Generator[R, None, int]:
+    """The next ``n`` items of ``it`` mapped by ``workers`` threads; returns how many there were."""
+    done = 0
+    for out in _ordered_map(fn, islice(it, n), workers, _window(workers)):
+        done += 1
+        yield out
+    return done
 
 
 def _window(workers: int) -> int:

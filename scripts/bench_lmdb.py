@@ -16,12 +16,12 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lmdb
+from benchkit import add_workdir_options, evict, workdir
 
 from fastdata import convert
 from fastdata.folder import scan_folder
@@ -42,16 +42,6 @@ def best_of(repeat: int, fn: Callable[[], object]) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return min(times)
-
-
-def evict(path: Path) -> None:
-    """Drop a file's pages from the page cache (they must not be mapped by this process)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def read_all(paths: Sequence[Path]) -> int:
@@ -117,8 +107,7 @@ def row(label: str, ours: float, base: float, goal: str, unit: str = "img/s") ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=3000)
-    ap.add_argument("--workdir", type=Path, help="where to build the folder and stores")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    add_workdir_options(ap)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,13 +118,8 @@ def main() -> None:
     # Both sides of every comparison run in this process, under the same allocator settings:
     # those fastdata uses for conversion (see fastdata.malloc).
     tune_malloc()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with workdir(args, "fastdata-bench-") as work:
         run(work, args.images, args.repeat)
-    finally:
-        if not args.keep and args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(work: Path, n_images: int, repeat: int) -> None:

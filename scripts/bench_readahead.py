@@ -13,16 +13,14 @@ already cached comes from the disk; the bytes the disk delivered are read from /
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
 import numpy as np
+from benchkit import add_workdir_options, evict, workdir
 
 from fastdata.jpeg import checksum
 from fastdata.records import Progress, Record, RecordHeader, StoreMeta, record_key
@@ -39,16 +37,6 @@ def disk_read_bytes() -> int | None:
     except OSError:
         pass
     return None
-
-
-def evict(path: Path) -> None:
-    """Drop a file's pages from the page cache (they must not be mapped by this process)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def build(dst: Path, count: int, size: int) -> None:
@@ -162,12 +150,9 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=8000, help="records of ~110 kB")
     parser.add_argument("--reads", type=int, default=200, help="random reads per pass")
     parser.add_argument("--repeat", type=int, default=3, help="passes per reader (median)")
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--keep", action="store_true")
+    add_workdir_options(parser)
     args = parser.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-readahead-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with workdir(args, "fastdata-readahead-") as work:
         if disk_read_bytes() is None:
             print("note: /proc/self/io is not readable here; disk bytes show as n/a")
         for label, count, size in (("small", args.small, 2000), ("large", args.large, 110_000)):
@@ -223,9 +208,6 @@ def main() -> None:
                 cold_speed["fastdata iter_records"] / cold_speed["bare lmdb cursor, read-ahead on"]
             )
             print(f"  cold scan, fastdata / bare read-ahead on: {ratio:.2f} (goal >= 0.8)")
-    finally:
-        if not args.keep and args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

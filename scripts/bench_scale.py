@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import pickle
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from benchkit import add_workdir_options, evict_folder, workdir
 
 CONVERT_CHILD = """
 import json, resource, sys, time
@@ -37,18 +37,6 @@ seconds = time.perf_counter() - t
 print(json.dumps({"seconds": seconds, "count": report.count, "threads": report.reader_threads,
                   "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
-
-
-def evict_folder(root: Path) -> None:
-    """Drop every file of a folder from the page cache."""
-    os.sync()
-    for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def convert_in_child(src: Path, dst: Path, workers: str, cold: bool) -> dict[str, float]:
@@ -156,12 +144,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--repeat", type=int, default=2, help="conversions per measure (best)")
     parser.add_argument("--sweep", action="store_true", help="also compare --workers counts")
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--keep", action="store_true")
+    add_workdir_options(parser)
     args = parser.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-scale-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with workdir(args, "fastdata-scale-") as work:
         rows = {}
         for n in args.sizes:
             src = make_folder(work / f"images-{n}", n)
@@ -181,9 +166,6 @@ def main() -> None:
         )
         if args.sweep:
             sweep(work / f"images-{args.sizes[-1]}", work, max(args.repeat, 3))
-    finally:
-        if not args.keep and args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
