@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import pickle
 import shutil
 import subprocess
@@ -69,6 +70,16 @@ def make_folder(root: Path, n: int) -> Path:
     return make_image_folder(root, classes=classes, per_class=n // classes, width=64, height=48)
 
 
+def with_unusable(src: Path, dst: Path, bad: int) -> Path:
+    """The folder ``src`` (hard links) plus ``bad`` empty ``.jpg`` files, which are skipped."""
+    if not dst.exists():
+        shutil.copytree(src, dst, copy_function=os.link)
+        classes = sorted(p for p in dst.iterdir() if p.is_dir())
+        for i in range(bad):
+            (classes[i % len(classes)] / f"empty_{i:07d}.jpg").touch()
+    return dst
+
+
 def measure(src: Path, work: Path, n: int, repeat: int) -> dict[str, float]:
     import torch
 
@@ -81,6 +92,11 @@ def measure(src: Path, work: Path, n: int, repeat: int) -> dict[str, float]:
     row["convert cold img/s"] = max(r["count"] / r["seconds"] for r in cold)
     row["convert warm img/s"] = max(r["count"] / r["seconds"] for r in warm)
     row["convert peak RSS MiB"] = max(r["peak_rss"] for r in cold + warm) / (1 << 20)
+    bad = with_unusable(src, work / f"images-{n}-2pct-unusable", n // 50)
+    dirty = [convert_in_child(bad, dst, "auto", cold=False) for _ in range(repeat)]
+    row["time 2% unusable/clean"] = min(r["seconds"] for r in dirty) / min(
+        r["seconds"] for r in warm
+    )
 
     t = time.perf_counter()
     ds = LMDBImageDataset(dst)
