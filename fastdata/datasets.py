@@ -19,6 +19,7 @@ from .decode import decode_numpy, decode_pil
 from .errors import CorruptImageError
 from .pipelines import Pipeline
 from .stores.base import StoreReader
+from .stores.view import StoreView
 
 __all__ = [
     "OUTPUTS",
@@ -78,6 +79,9 @@ class ImageStoreDataset(Dataset):
             ``"numpy"`` (``HxWx3`` uint8 RGB array) or ``"bytes"`` (the stored encoded bytes).
         pipeline: a :class:`~fastdata.pipelines.Pipeline` that turns the stored bytes straight
             into a uint8 array (decode, crop, resize, flip); used when ``transform`` is None.
+        classes: read only the records of these classes; the dataset's ``classes`` are these,
+            in this order, and its labels index them (see :class:`~fastdata.stores.view.StoreView`).
+        indices: read only these records, in this order.
     """
 
     def __init__(
@@ -88,9 +92,13 @@ class ImageStoreDataset(Dataset):
         *,
         output: Output = "pil",
         pipeline: Pipeline | None = None,
+        classes: Sequence[str] | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+        if classes is not None or indices is not None:
+            reader = StoreView(reader, classes=classes, indices=indices)
         self.reader = reader
         self.transform = transform
         self.target_transform = target_transform
@@ -174,6 +182,18 @@ class ImageStoreDataset(Dataset):
     def __getitem__(self, index: Any) -> tuple[Any, Any]:
         return self.__getitems__([index])[0]
 
+    def subset(
+        self,
+        *,
+        classes: Sequence[str] | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
+    ) -> ImageStoreDataset:
+        """A copy of this dataset that reads only some classes and/or records (indices of this
+        dataset), sharing the store's reader; nothing is copied or read."""
+        clone = copy.copy(self)
+        clone.reader = StoreView(self.reader, classes=classes, indices=indices)
+        return clone
+
     def with_pipeline(self, pipeline: Pipeline | None) -> ImageStoreDataset:
         """A copy of this dataset that turns records into arrays with ``pipeline`` (when it has
         no ``transform`` of its own); the copy shares the store's reader."""
@@ -208,6 +228,8 @@ class LMDBImageDataset(ImageStoreDataset):
         pipeline: decode-crop-resize straight to uint8 arrays; see :class:`ImageStoreDataset`.
         allow_pickle: read a store written by the pickle-based recipes (its values are unpickled,
             which can run arbitrary code: only for stores you trust).
+        classes: read only the records of these classes (labels follow this list).
+        indices: read only these records, in this order.
 
     Raises:
         StoreNotFoundError, IncompleteStoreError, PickleNotAllowedError, StoreError: see
@@ -223,6 +245,8 @@ class LMDBImageDataset(ImageStoreDataset):
         output: Output = "pil",
         pipeline: Pipeline | None = None,
         allow_pickle: bool = False,
+        classes: Sequence[str] | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         from .stores.lmdb_store import open_lmdb
 
@@ -232,6 +256,8 @@ class LMDBImageDataset(ImageStoreDataset):
             target_transform,
             output=output,
             pipeline=pipeline,
+            classes=classes,
+            indices=indices,
         )
 
 
@@ -254,6 +280,8 @@ class MongoImageDataset(ImageStoreDataset):
         pipeline: decode-crop-resize straight to uint8 arrays; see :class:`ImageStoreDataset`.
         database: the database, when the URI names none.
         index_file: the JSON index of a collection in the common layout.
+        classes: read only the records of these classes (labels follow this list).
+        indices: read only these records, in this order.
         **options: any field of :class:`~fastdata.stores.mongo_store.MongoOptions`
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``);
             the ones not given keep its defaults.
@@ -270,6 +298,8 @@ class MongoImageDataset(ImageStoreDataset):
         pipeline: Pipeline | None = None,
         database: str | None = None,
         index_file: str | os.PathLike[str] | None = None,
+        classes: Sequence[str] | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
         **options: Any,
     ) -> None:
         from .stores import open_store
@@ -282,4 +312,6 @@ class MongoImageDataset(ImageStoreDataset):
             target_transform,
             output=output,
             pipeline=pipeline,
+            classes=classes,
+            indices=indices,
         )

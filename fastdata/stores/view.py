@@ -1,0 +1,167 @@
+"""A subset of a store read in place: some of its classes, some of its records, or both.
+
+A view maps its own indices ``0 .. n-1`` to records of the store and its own labels to its own
+class list, so a dataset over a view behaves like a dataset over a smaller store (``classes``,
+``targets`` and labels agree), without copying a record. A view chosen by classes is computed from
+the store's labels in each process (a pickle holds the class names); one chosen by indices holds
+them as one int64 array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..records import Record, RecordHeader, SkippedFile, StoreMeta
+from .base import StoreReader
+
+__all__ = ["StoreView"]
+
+
+class StoreView(StoreReader):
+    """The records of ``reader`` whose class is in ``classes`` and whose index is in ``indices``.
+
+    Args:
+        reader: the whole store.
+        classes: class names to keep, in the order the view's labels follow (label ``k`` is
+            ``classes[k]``); None keeps every class with its label.
+        indices: record indices to keep, in the order the view gives them (negative ones count
+            from the end); None keeps every record of the kept classes, in store order.
+
+    Raises:
+        ValueError: a class the store does not have, a class named twice.
+        IndexError: an index out of range.
+    """
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        *,
+        classes: Sequence[str] | None = None,
+        indices: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
+        self.base = reader
+        self.location = reader.location
+        self.has_checksums = reader.has_checksums
+        known = reader.meta.class_to_idx
+        if classes is not None:
+            classes = [str(c) for c in classes]
+            unknown = [c for c in classes if c not in known]
+            if unknown:
+                raise ValueError(
+                    f"{reader.location}: no class {unknown[0]!r} in the store; its classes are "
+                    f"{', '.join(reader.meta.classes[:10])}{', ...' if len(known) > 10 else ''}"
+                )
+            if len(set(classes)) != len(classes):
+                raise ValueError(f"{reader.location}: a class is named twice in {classes!r}")
+        self._classes = classes
+        self._given: np.ndarray | None = None
+        if indices is not None:
+            given = np.asarray(indices, dtype=np.int64).reshape(-1)
+            n = len(reader)
+            bad = (given < -n) | (given >= n)
+            if bad.any():
+                raise IndexError(
+                    f"{reader.location}: index {int(given[bad][0])} out of range for {n} records"
+                )
+            self._given = np.where(given < 0, given + n, given)
+        self._index: np.ndarray | None = None
+        self._view_labels: np.ndarray | None = None
+        self._meta_view: StoreMeta | None = None
+        self._build()
+
+    def _build(self) -> None:
+        """The view's record indices and labels, from the store's labels (every process)."""
+        labels = self.base.labels
+        index = self._given if self._given is not None else np.arange(len(labels), dtype=np.int64)
+        view_labels = labels[index]
+        classes = self.base.meta.classes
+        if self._classes is not None:
+            # old label -> new label, -1 for the classes left out
+            remap = np.full(len(classes), -1, dtype=np.int64)
+            for new, name in enumerate(self._classes):
+                remap[self.base.meta.class_to_idx[name]] = new
+            view_labels = remap[view_labels]
+            keep = view_labels >= 0
+            index, view_labels = index[keep], view_labels[keep]
+            classes = list(self._classes)
+        index.setflags(write=False)
+        view_labels.setflags(write=False)
+        self._index, self._view_labels = index, view_labels
+        self._meta_view = replace(self.base.meta, count=len(index), classes=classes)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # recomputed from the store's labels where it is unpickled: a view by classes pickles
+        # their names, a view by indices the indices it was given
+        state["_index"] = state["_view_labels"] = state["_meta_view"] = None
+        return state
+
+    def _loaded(self) -> None:
+        if self._index is None:
+            self._build()
+
+    @property
+    def meta(self) -> StoreMeta:
+        self._loaded()
+        assert self._meta_view is not None
+        return self._meta_view
+
+    @property
+    def labels(self) -> np.ndarray:
+        self._loaded()
+        assert self._view_labels is not None
+        return self._view_labels
+
+    @property
+    def records(self) -> np.ndarray:
+        """The store index of each of the view's records (read-only)."""
+        self._loaded()
+        assert self._index is not None
+        return self._index
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _map(self, indices: Sequence[int]) -> tuple[list[int], list[int]]:
+        idx = self.check_indices(indices)
+        return idx, self.records[idx].tolist()
+
+    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+        idx, base = self._map(indices)
+        labels = self.labels[idx].tolist()
+        return list(zip(self.base.read_data(base), labels, strict=True))
+
+    def read_data(self, indices: Sequence[int]) -> list[bytes]:
+        return self.base.read_data(self._map(indices)[1])
+
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        idx, base = self._map(indices)
+        labels = self.labels[idx].tolist()
+        return [
+            (name, data, label)
+            for (name, data, _), label in zip(self.base.read_named(base), labels, strict=True)
+        ]
+
+    def read_records(self, indices: Sequence[int]) -> list[Record]:
+        idx, base = self._map(indices)
+        labels = self.labels[idx].tolist()
+        return [
+            Record(i, RecordHeader(**{**r.header.__dict__, "label": label}), r.data)
+            for i, r, label in zip(idx, self.base.read_records(base), labels, strict=True)
+        ]
+
+    @contextmanager
+    def sequential(self) -> Iterator[None]:
+        with self.base.sequential():
+            yield
+
+    def skipped_files(self) -> list[SkippedFile]:
+        return self.base.skipped_files()
+
+    def close(self) -> None:
+        self.base.close()

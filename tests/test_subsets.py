@@ -1,0 +1,117 @@
+"""Subsets of a store read in place: by classes, by indices, both; on LMDB and MongoDB."""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from fastdata import LMDBImageDataset, MongoImageDataset, convert
+from fastdata.records import StoreMeta
+from fastdata.stores.base import StoreReader
+
+
+@pytest.fixture
+def lmdb_store(good_folder: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "good.lmdb"
+    convert(good_folder, dst)
+    return dst
+
+
+def _check_class_subset(ds, full, good_folder: Path) -> None:  # type: ignore[no-untyped-def]
+    # cat = 5 records (0-4), dog = 4 (5-8), eel = 3 (9-11); the view keeps eel then cat
+    assert ds.classes == ["eel", "cat"]
+    assert ds.class_to_idx == {"eel": 0, "cat": 1}
+    assert len(ds) == 8
+    assert list(ds.targets) == [1] * 5 + [0] * 3
+    names = [name for name, _ in ds.samples]
+    assert names == [f"cat/{i:03d}.jpg" for i in range(5)] + [f"eel/{i:03d}.jpg" for i in range(3)]
+    assert [label for _, label in ds.samples] == list(ds.targets)
+    for i, name in enumerate(names):
+        data, label = ds[i]
+        assert data == (good_folder / name).read_bytes()
+        assert label == ds.targets[i] == ds.class_to_idx[name.split("/")[0]]
+    assert full[9][0] == ds[5][0]
+
+
+def test_a_dataset_of_some_classes_remaps_labels(lmdb_store: Path, good_folder: Path) -> None:
+    full = LMDBImageDataset(lmdb_store, output="bytes")
+    ds = LMDBImageDataset(lmdb_store, output="bytes", classes=["eel", "cat"])
+    _check_class_subset(ds, full, good_folder)
+    # the same through subset(), and across a pickle (workers)
+    _check_class_subset(full.subset(classes=["eel", "cat"]), full, good_folder)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 1024
+    _check_class_subset(pickle.loads(blob), full, good_folder)
+
+
+def test_a_dataset_of_some_indices_keeps_their_order(lmdb_store: Path) -> None:
+    full = LMDBImageDataset(lmdb_store, output="bytes")
+    ds = LMDBImageDataset(lmdb_store, output="bytes", indices=[11, 0, -2, 5])
+    assert len(ds) == 4 and ds.classes == full.classes
+    assert list(ds.targets) == [2, 0, 2, 1]
+    assert [ds[i][0] for i in range(4)] == [full[j][0] for j in (11, 0, 10, 5)]
+    # both: the indices that belong to the classes, labels remapped
+    both = LMDBImageDataset(lmdb_store, output="bytes", indices=[11, 0, 5, 6], classes=["dog"])
+    assert both.classes == ["dog"] and list(both.targets) == [0, 0]
+    assert [both[i][0] for i in range(2)] == [full[5][0], full[6][0]]
+    # a loader over a view, with workers, sees the view
+    loader = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=lambda b: b)
+    seen = [item for batch in loader for item in batch]
+    assert [label for _, label in seen] == [2, 0, 2, 1]
+
+
+def test_bad_subsets_are_clear_errors(lmdb_store: Path) -> None:
+    with pytest.raises(ValueError, match="no class 'cow' in the store"):
+        LMDBImageDataset(lmdb_store, classes=["cat", "cow"])
+    with pytest.raises(ValueError, match="named twice"):
+        LMDBImageDataset(lmdb_store, classes=["cat", "cat"])
+    with pytest.raises(IndexError, match="index 12 out of range for 12 records"):
+        LMDBImageDataset(lmdb_store, indices=[0, 12])
+    ds = LMDBImageDataset(lmdb_store, indices=[3])
+    with pytest.raises(IndexError):
+        ds[1]
+
+
+class Labels(StoreReader):
+    """Labels only: a store of n records that counts its reads."""
+
+    location = "synthetic"
+
+    def __init__(self, n: int) -> None:
+        self._meta = StoreMeta(count=n, classes=[str(c) for c in range(1000)])
+        self._labels = np.arange(n, dtype=np.int64) % 1000
+        self.reads = 0
+
+    def read_samples(self, indices):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return [(b"x", int(self._labels[i])) for i in indices]
+
+    def read_records(self, indices):  # type: ignore[no-untyped-def]
+        raise AssertionError("not needed")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_class_subset_is_cheap_at_size(tmp_path: Path) -> None:
+    """A view over a big store costs its index array, not a read of the store."""
+    from fastdata.stores.view import StoreView
+
+    base = Labels(2_000_000)
+    view = StoreView(base, classes=["7", "3"])
+    assert len(view) == 4000 and base.reads == 0
+    assert view.records[:2].tolist() == [3, 7] and view.labels[:2].tolist() == [1, 0]
+    assert view.read_samples([0, 1]) == [(b"x", 1), (b"x", 0)]
+    assert len(pickle.dumps(view)) < 4096 + len(pickle.dumps(base))
+
+
+def test_subsets_of_a_mongo_store(good_folder: Path, mongo_uri: str) -> None:
+    convert(good_folder, mongo_uri, collection="good")
+    full = MongoImageDataset(mongo_uri, "good", output="bytes")
+    ds = MongoImageDataset(mongo_uri, "good", output="bytes", classes=["eel", "cat"])
+    _check_class_subset(ds, full, good_folder)
+    _check_class_subset(pickle.loads(pickle.dumps(ds)), full, good_folder)
+    idx = MongoImageDataset(mongo_uri, "good", output="bytes", indices=[11, 0])
+    assert list(idx.targets) == [2, 0] and idx[0][0] == full[11][0]
