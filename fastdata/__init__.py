@@ -58,6 +58,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BackgroundGenerator",
     "ConvertReport",
+    "CopyReport",
     "EvalPipeline",
     "ImageStoreDataset",
     "LMDBImageDataset",
@@ -68,6 +69,7 @@ __all__ = [
     "__version__",
     "background",
     "convert",
+    "copy_store",
     "create_loader",
     "export_store",
     "fast_collate",
@@ -90,6 +92,8 @@ _LOCATIONS = {
     "fast_collate": "loaders",
     "ConvertReport": "convert",
     "convert": "convert",
+    "CopyReport": "copy",
+    "copy_store": "copy",
     "ImageStoreDataset": "datasets",
     "LMDBImageDataset": "datasets",
     "MongoImageDataset": "datasets",
@@ -102,6 +106,7 @@ _LOCATIONS = {
 
 if TYPE_CHECKING:
     from .convert import ConvertReport, convert
+    from .copy import CopyReport, copy_store
     from .datasets import ImageStoreDataset, LMDBImageDataset, MongoImageDataset
     from .export import export_store
     from .folder import scan_folder

@@ -66,6 +66,20 @@ def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | 
             bar.__exit__(None, None, None)
 
 
+@contextmanager
+def _resumable(dst: str) -> Iterator[None]:
+    """Ctrl-C in a command that writes a store: say how to finish it, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted; what was committed is kept: run the same command with --resume "
+            f"to finish ({dst})",
+            err=True,
+        )
+        sys.exit(130)
+
+
 def _listing(title: str, lines: Iterable[str]) -> None:
     """A title and its items, indented under it."""
     click.echo(title)
@@ -113,13 +127,16 @@ _timeout = click.option(
 )
 
 
+_allow_pickle = click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Read an LMDB store written by the pickle-based recipes (only stores you trust).",
+)
+
+
 def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every command that reads a store takes."""
-    fn = click.option(
-        "--allow-pickle",
-        is_flag=True,
-        help="Read an LMDB store written by the pickle-based recipes (only stores you trust).",
-    )(fn)
+    fn = _allow_pickle(fn)
     fn = click.option(
         "--index-file",
         type=click.Path(dir_okay=False, exists=True),
@@ -243,29 +260,21 @@ def convert(
 
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite exclude each other")
-    try:
-        with _progress("converting", quiet) as progress:
-            report = run_convert(
-                src,
-                dst,
-                workers=workers,
-                strict=strict,
-                verify_decode=verify_decode,
-                resume=resume,
-                overwrite=overwrite,
-                progress=progress,
-                collection=collection,
-                max_file_bytes=max_file_size,
-                timeout_s=timeout,
-                tune_allocator=True,  # this process is the conversion's alone
-            )
-    except KeyboardInterrupt:
-        click.echo(
-            f"\ninterrupted; what was committed is kept: run the same command with --resume "
-            f"to finish ({dst})",
-            err=True,
+    with _resumable(dst), _progress("converting", quiet) as progress:
+        report = run_convert(
+            src,
+            dst,
+            workers=workers,
+            strict=strict,
+            verify_decode=verify_decode,
+            resume=resume,
+            overwrite=overwrite,
+            progress=progress,
+            collection=collection,
+            max_file_bytes=max_file_size,
+            timeout_s=timeout,
+            tune_allocator=True,  # this process is the conversion's alone
         )
-        sys.exit(130)
     click.echo(
         f"{report.destination}: {report.count} images in {len(report.classes)} classes, "
         f"{_human(report.total_bytes)}"
@@ -287,6 +296,66 @@ def convert(
             f"skipped {len(report.skipped)} unusable file(s):",
             (f"{s.name}: {s.reason}" for s in report.skipped),
         )
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--source-collection", help="The collection, when SRC is a mongodb:// URI.")
+@click.option(
+    "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted copy into DST.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
+@_allow_pickle
+@_timeout
+@_quiet
+def copy(
+    src: str,
+    dst: str,
+    source_collection: str | None,
+    collection: str | None,
+    resume: bool,
+    overwrite: bool,
+    allow_pickle: bool,
+    timeout: float | None,
+    quiet: bool,
+) -> None:
+    """Copy the store SRC into DST: LMDB or MongoDB on either side.
+
+    Every record's bytes, checksum and flags, the labels, the skipped list and the metadata are
+    carried over as they are, each record checked against its checksum on the way; an LMDB copy
+    is compacted. The same rules as convert: one writer at a time, --overwrite builds the new
+    store aside, --resume continues after an interruption.
+
+    \b
+    Example:
+      fastdata copy train.lmdb mongodb://db1:27017/images -c train
+      fastdata copy mongodb://db1:27017/images --source-collection train /local/train.lmdb
+    """
+    from .copy import copy_store
+
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite exclude each other")
+    with _resumable(dst), _progress("copying", quiet) as progress:
+        report = copy_store(
+            src,
+            dst,
+            source_collection=source_collection,
+            collection=collection,
+            resume=resume,
+            overwrite=overwrite,
+            allow_pickle=allow_pickle,
+            progress=progress,
+            timeout_s=timeout,
+        )
+    click.echo(f"{report.destination}: {report.count} records, {_human(report.total_bytes)}")
+    if report.resumed_from:
+        click.echo(f"resumed after {report.resumed_from} records already copied")
+    click.echo(
+        f"{report.copied} records copied in {report.seconds:.1f} s "
+        f"({report.records_per_second:.0f} records/s), every checksum checked"
+    )
 
 
 @cli.command()

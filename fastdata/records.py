@@ -150,6 +150,9 @@ class Progress:
         store_id: the identity the store will carry (see ``StoreMeta.id``), fixed when the
             conversion starts.
         verify_decode: whether images were fully decoded: a resume must do the same.
+        first_index: the index of the first record this run writes (0, or for an append the
+            count of the store it grows).
+        base_id: for an append, the id of the complete store it grows ("" for a conversion).
     """
 
     source: str
@@ -163,6 +166,13 @@ class Progress:
     boot_id: str = ""
     store_id: str = ""
     verify_decode: bool = False
+    first_index: int = 0
+    base_id: str = ""
+
+    @property
+    def next_index(self) -> int:
+        """The index of the next record to write."""
+        return self.first_index + self.count
 
     def to_json(self) -> bytes:
         """The progress without its skipped list, which the backends save apart (see above)."""
@@ -193,7 +203,13 @@ class Progress:
             raise StoreError(
                 f"{where}: unreadable conversion progress ({exc}); convert again with --overwrite"
             ) from exc
-        ints = (progress.total, progress.next_sample, progress.count, progress.total_bytes)
+        ints = (
+            progress.total,
+            progress.next_sample,
+            progress.count,
+            progress.total_bytes,
+            progress.first_index,
+        )
         if not all(type(v) is int and v >= 0 for v in ints) or not (
             progress.count <= progress.next_sample <= progress.total
         ):
@@ -202,6 +218,12 @@ class Progress:
                 "with --overwrite"
             )
         return progress
+
+    def resume_command(self, destination: str) -> str:
+        """The command that finishes this run into ``destination`` (``DST [--collection C]``)."""
+        verb = "copy" if self.fingerprint.startswith("store:") else "convert"
+        append = " --append" if self.base_id else ""
+        return f"fastdata {verb} {self.source} {destination}{append} --resume"
 
     def same_conversion(self, other: Progress) -> str | None:
         """What differs between the conversion this progress records and ``other``, or None.
@@ -227,6 +249,14 @@ class StoreMeta:
     new one): readers remember it and refuse to go on reading a store that was replaced.
     ``fingerprint`` is the source folder's (see ``Progress``).
 
+    A store that grew by ``--append`` gets a new ``id`` too, and lists the ids it had before in
+    ``appended_from`` (oldest first): its first records are still those stores' records, so a
+    reader that opened one of them goes on reading. ``class_order`` is ``"sorted"`` (ImageFolder's
+    order) until an append adds a class, which goes at the end: then ``"appended"``. ``layout`` says
+    how the source named its images (``"folder"``: ``<class>/<image>``; ``"manifest"``: the paths
+    a manifest gave). ``copied_from`` is the id of the store a ``fastdata copy`` read, ``updated``
+    when the store last changed.
+
     The labels (one integer per record) are stored beside it as one little-endian int32 array,
     not inside it; see the backends.
     """
@@ -242,6 +272,17 @@ class StoreMeta:
     version: int = FORMAT_VERSION
     id: str = ""
     fingerprint: str = ""
+    appended_from: list[str] = field(default_factory=list)
+    class_order: str = "sorted"
+    layout: str = "folder"
+    copied_from: str = ""
+    updated: str = ""
+
+    @property
+    def ids(self) -> frozenset[str]:
+        """Every id under which this store's first records were read: its own and the ids of
+        the stores it grew from."""
+        return frozenset([self.id, *self.appended_from])
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -290,9 +331,18 @@ class StoreMeta:
         for key, value in numbers.items():
             if type(value) is not int or value < 0:
                 raise _damaged(where, key)
-        for key in ("source", "created", "id", "fingerprint"):
+        for key in ("source", "created", "id", "fingerprint", "copied_from", "updated"):
             if not isinstance(d.get(key, ""), str):
                 raise _damaged(where, key)
+        appended_from = d.get("appended_from", [])
+        if not isinstance(appended_from, list) or not all(
+            isinstance(i, str) for i in appended_from
+        ):
+            raise _damaged(where, "appended_from")
+        if d.get("class_order", "sorted") not in ("sorted", "appended"):
+            raise _damaged(where, "class_order")
+        if d.get("layout", "folder") not in ("folder", "manifest"):
+            raise _damaged(where, "layout")
         return cls(
             count=count,
             classes=list(classes),
@@ -304,6 +354,11 @@ class StoreMeta:
             version=version,
             id=d.get("id", ""),
             fingerprint=d.get("fingerprint", ""),
+            appended_from=list(appended_from),
+            class_order=d.get("class_order", "sorted"),
+            layout=d.get("layout", "folder"),
+            copied_from=d.get("copied_from", ""),
+            updated=d.get("updated", ""),
         )
 
     @classmethod

@@ -119,3 +119,29 @@ KILLED_CONVERT = """
     convert(src, writer, overwrite=overwrite, resume=resume, commit_records=2, workers=1)
     print("finished")
 """
+
+# A copy that kills itself (SIGKILL) after argv[3] committed batches (of 8 records).
+KILLED_COPY = """
+    import os, signal, sys
+    from fastdata import copy_store
+    from fastdata.stores import open_writer
+
+    src, dst, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    args = sys.argv[1:]  # sys.argv[0] is "-c"
+    collection = args[args.index("-c") + 1] if "-c" in args else None
+    source_collection = args[args.index("-s") + 1] if "-s" in args else None
+    writer = open_writer(dst, collection=collection)
+    real = type(writer).write
+    calls = [0]
+    def write(self, records, progress):
+        if calls[0] >= commits:
+            os.kill(os.getpid(), signal.SIGKILL)
+        calls[0] += 1
+        real(self, records, progress)
+        if hasattr(self, "_wait"):
+            self._wait()  # the Mongo writer sends in the background: let the batch land
+    type(writer).write = write
+    copy_store(src, writer, source_collection=source_collection, batch_size=2,
+               resume="--resume" in args)
+    print("finished")
+"""

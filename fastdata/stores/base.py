@@ -181,7 +181,10 @@ class StoreWriter(abc.ABC):
 
     @staticmethod
     def _same_store(meta: StoreMeta, progress: Progress) -> bool:
-        """Whether the complete store was converted from the same folder and file list."""
+        """Whether the complete store was converted from the same folder and file list (or
+        copied from the same store)."""
+        if meta.copied_from and progress.fingerprint.startswith("store:"):
+            return progress.fingerprint == f"store:{meta.copied_from}"
         return bool(meta.fingerprint) and (
             meta.fingerprint == progress.fingerprint
             and os.path.realpath(meta.source) == os.path.realpath(progress.source)

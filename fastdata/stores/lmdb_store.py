@@ -1031,8 +1031,7 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         progress = Progress.from_json(raw_progress, path)
         raise IncompleteStoreError(
             f"{path}: incomplete store: its conversion stopped after {progress.next_sample} of "
-            f"{progress.total} images; finish it with "
-            f"`fastdata convert {progress.source} {path} --resume`"
+            f"{progress.total} images; finish it with `{progress.resume_command(path)}`"
         )
     if has_keys:
         raise PickleNotAllowedError(

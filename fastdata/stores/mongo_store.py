@@ -854,11 +854,15 @@ class MongoStore(_MongoTarget, StoreReader):
         if doc is None:
             saved = db[META_COLLECTION].find_one({"_id": f"{self.collection}:progress"})
             if saved is not None:
+                command = Progress(
+                    source=str(saved.get("source")),
+                    fingerprint=str(saved.get("fingerprint", "")),
+                    total=0,
+                ).resume_command(f"{mask_uri(self.uri)} --collection {self.collection}")
                 raise IncompleteStoreError(
                     f"{self.location}: incomplete store: its conversion stopped after "
                     f"{saved.get('next_sample')} of {saved.get('total')} images; finish it with "
-                    f"`fastdata convert {saved.get('source')} {mask_uri(self.uri)} "
-                    f"--collection {self.collection} --resume`"
+                    f"`{command}`"
                 )
             if db[self.collection].find_one({}, {"_id": 1}) is not None:
                 raise StoreError(

@@ -1,0 +1,211 @@
+"""Copy a store to another place or backend: LMDB to MongoDB and back, LMDB to LMDB (compacted).
+
+``copy_store`` is everything ``fastdata copy`` does, as one call. Records are read in index
+order, each checked against its checksum, and written through the same writer policy as a
+conversion (lock, resume, build aside and replace, a new store id), with every record's bytes,
+header (name, label, size, checksum, format, repair flag), the labels, the skipped list and the
+metadata carried over as they are. The next batch is read while one is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import RecordError, UsageError
+from .jpeg import checksum
+from .records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta
+from .stores import open_store, open_writer
+from .stores.base import StoreReader, StoreWriter
+
+__all__ = ["CopyReport", "copy_store"]
+
+log = logging.getLogger(__name__)
+
+COPY_BATCH = 256
+"""Records read per request from the source."""
+COPY_COMMIT_BYTES = 64 << 20
+"""Image bytes per committed batch at most."""
+
+
+@dataclass
+class CopyReport:
+    """What :func:`copy_store` did."""
+
+    source: str
+    destination: str
+    count: int
+    total_bytes: int
+    seconds: float
+    resumed_from: int = 0
+    copied: int = 0
+
+    @property
+    def records_per_second(self) -> float:
+        return self.copied / self.seconds if self.seconds > 0 else 0.0
+
+
+def _checked(reader: StoreReader, records: list[Record]) -> list[Record]:
+    """``records``, each checked against its header's size and checksum."""
+    if not reader.has_checksums:
+        return records
+    for rec in records:
+        if len(rec.data) != rec.header.size or checksum(rec.data) != rec.header.crc32:
+            raise RecordError(
+                f"{reader.location}: record {rec.index} ({rec.header.name}) fails its checksum; "
+                "nothing damaged is copied: run `fastdata verify` on the source to see every "
+                "damaged record"
+            )
+    return records
+
+
+def _batches(reader: StoreReader, start: int, size: int) -> Iterator[list[Record]]:
+    """The records from ``start`` on, in index order, the next batch read while one is used."""
+    n = len(reader)
+    spans = [(lo, min(n, lo + size)) for lo in range(start, n, size)]
+    with reader.sequential(), ThreadPoolExecutor(1, thread_name_prefix="fastdata-copy") as pool:
+
+        def read(span: tuple[int, int]) -> list[Record]:
+            return _checked(reader, reader.read_records(range(*span)))
+
+        pending = pool.submit(read, spans[0]) if spans else None
+        for k in range(len(spans)):
+            assert pending is not None
+            batch = pending.result()
+            pending = pool.submit(read, spans[k + 1]) if k + 1 < len(spans) else None
+            yield batch
+
+
+def _name_of(reader: StoreReader) -> str:
+    """A collection name for a copy of ``reader``: its collection's, or its folder's stem."""
+    name = getattr(reader, "collection", None)
+    if isinstance(name, str):
+        return name
+    return os.path.splitext(os.path.basename(os.path.normpath(reader.location)))[0]
+
+
+def _same_place(reader: StoreReader, writer: StoreWriter) -> bool:
+    a, b = getattr(reader, "path", None), getattr(writer, "path", None)
+    if isinstance(a, str) and isinstance(b, str):
+        return os.path.realpath(a) == os.path.realpath(b)
+    return reader.location == writer.location
+
+
+def copy_store(
+    source: str | os.PathLike[str] | StoreReader,
+    destination: str | os.PathLike[str] | StoreWriter,
+    *,
+    source_collection: str | None = None,
+    collection: str | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    allow_pickle: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    batch_size: int = COPY_BATCH,
+    timeout_s: float | None = None,
+) -> CopyReport:
+    """Copy the store ``source`` into ``destination``, record for record.
+
+    Args:
+        source: an LMDB path, a ``mongodb://host:port/DB`` URI (with ``source_collection``),
+            or an open reader. Stores of other tools are copied into fastdata's format.
+        destination: an LMDB folder, a URI (with ``collection``, default the source's
+            collection), or a writer.
+        source_collection: the source's collection, when it is a URI.
+        collection: the destination's collection, when it is a URI.
+        overwrite: replace a store at ``destination`` (built aside; the old one stays whole
+            until the copy is complete).
+        resume: continue an interrupted copy of the same source store.
+        allow_pickle: read a pickle-recipe LMDB source (only one you trust).
+        progress: called as ``progress(done, total)``.
+        batch_size: records per read from the source.
+        timeout_s: for MongoDB, the server selection and connection timeout.
+
+    Raises:
+        RecordError: a source record fails its checksum (nothing damaged is copied; what was
+            committed is kept and ``resume`` continues once the source is fixed).
+        StoreExistsError, StoreLockedError, StoreError: as for :func:`fastdata.convert`.
+    """
+    started = time.perf_counter()
+    mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
+    reader = (
+        source
+        if isinstance(source, StoreReader)
+        else open_store(source, collection=source_collection, allow_pickle=allow_pickle, **mongo)
+    )
+    src_meta = reader.meta
+    writer = open_writer(
+        destination, collection=collection, default_collection=_name_of(reader), **mongo
+    )
+    if _same_place(reader, writer):
+        raise UsageError(f"{writer.location}: the source and the destination are the same store")
+    total = len(reader)
+    fresh = Progress(
+        source=reader.location,
+        fingerprint=f"store:{src_meta.id or reader.location}",
+        total=total,
+        skipped=reader.skipped_files(),
+    )
+    with writer:
+        state = writer.start(fresh, overwrite=overwrite, resume=resume)
+        if state is None:
+            assert writer.completed is not None
+            meta = writer.completed
+            return CopyReport(reader.location, writer.location, meta.count, meta.total_bytes, 0.0)
+        resumed_from = state.next_sample
+        batch: list[Record] = []
+        batch_bytes = 0
+        for records in _batches(reader, state.next_sample, batch_size):
+            for rec in records:
+                batch.append(rec)
+                batch_bytes += len(rec.data)
+                state.count += 1
+                state.next_sample += 1
+                state.total_bytes += len(rec.data)
+                state.repairs += rec.header.repaired
+            if batch_bytes >= COPY_COMMIT_BYTES or len(batch) >= 4 * batch_size:
+                writer.write(batch, state)
+                batch, batch_bytes = [], 0
+            if progress is not None:
+                progress(state.next_sample, total)
+        if batch or state.next_sample == resumed_from:
+            writer.write(batch, state)
+        meta = _copied_meta(src_meta, state)
+        writer.finish(meta, reader.labels, state.skipped)
+    if progress is not None:
+        progress(total, total)
+    return CopyReport(
+        reader.location,
+        writer.location,
+        meta.count,
+        meta.total_bytes,
+        time.perf_counter() - started,
+        resumed_from,
+        total - resumed_from,
+    )
+
+
+def _copied_meta(src: StoreMeta, state: Progress) -> StoreMeta:
+    """The source's metadata as it is, under the copy's own identity."""
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    return replace(
+        src,
+        count=state.count,
+        total_bytes=state.total_bytes,
+        repairs=state.repairs,
+        skipped_count=len(state.skipped),
+        source=src.source or state.source,
+        created=src.created or now,
+        format=FORMAT_NAME,
+        version=FORMAT_VERSION,
+        id=state.store_id,
+        appended_from=[],
+        copied_from=src.id,
+        updated=now,
+    )
