@@ -220,6 +220,11 @@ def cli(verbose: bool) -> None:
 @click.option("--resume", is_flag=True, help="Continue an interrupted conversion into DST.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
 @click.option(
+    "--append",
+    is_flag=True,
+    help="Add the images of SRC that the store DST does not hold yet (by relative path).",
+)
+@click.option(
     "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
 )
 @click.option(
@@ -240,6 +245,7 @@ def convert(
     verify_decode: bool,
     resume: bool,
     overwrite: bool,
+    append: bool,
     max_file_size: int,
     timeout: float | None,
     quiet: bool,
@@ -251,10 +257,16 @@ def convert(
     their end-of-image marker are repaired; unusable files are skipped and listed (or, with
     --strict, stop the run). SRC is only read.
 
+    With --append, the images of SRC that DST does not hold yet (by relative path) are added
+    as new records, in place: labels already given keep their meaning (new classes go at the end
+    of the class list), readers that have DST open go on reading what they opened, and files
+    that changed since they were stored are reported, not stored twice.
+
     \b
     Example:
       fastdata convert ~/data/imagenet/train train.lmdb --workers 8
       fastdata convert ~/data/imagenet/train mongodb://db1:27017/images -c train
+      fastdata convert ~/data/imagenet/train train.lmdb --append
     """
     from .convert import convert as run_convert
 
@@ -274,11 +286,31 @@ def convert(
             max_file_bytes=max_file_size,
             timeout_s=timeout,
             tune_allocator=True,  # this process is the conversion's alone
+            append=append,
         )
     click.echo(
         f"{report.destination}: {report.count} images in {len(report.classes)} classes, "
         f"{_human(report.total_bytes)}"
     )
+    if report.appended:
+        added = report.converted + report.resumed_from - len(report.skipped)
+        click.echo(
+            f"appended {max(0, added)} new images; {report.already_stored} of the source's "
+            "were in the store already"
+        )
+        if report.new_classes:
+            click.echo(f"new classes, added at the end: {', '.join(report.new_classes)}")
+        if report.class_order != "sorted":
+            click.echo(
+                "note: the class order is no longer ImageFolder's (sorted): labels already "
+                "given keep their meaning, new classes come after them"
+            )
+        if report.changed:
+            _listing(
+                f"{len(report.changed)} file(s) changed since they were stored (not stored "
+                "again; convert with --overwrite to take the new versions):",
+                (f"{c.name}: {c.reason}" for c in report.changed),
+            )
     if report.resumed_from:
         click.echo(f"resumed after {report.resumed_from} images already converted")
     click.echo(
@@ -400,6 +432,10 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     click.echo(f"decoder:    {facts['decoder']}; CRC-32: {facts['checksum_implementation']}")
     counts = facts["images_per_class"]
     click.echo(f"classes:    {facts['classes']}")
+    if facts.get("class_order") == "appended":
+        click.echo("            (in the order they were added, not sorted: --append added some)")
+    if facts.get("appends"):
+        click.echo(f"appends:    {facts['appends']} (readers of earlier versions read on)")
     shown = list(counts.items())
     for name, n in shown[:20]:
         click.echo(f"  {n:>8}  {name}")

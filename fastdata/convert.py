@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import CorruptImageError, SourceError
+from .append import AppendPlan, plan_append
+from .errors import CorruptImageError, SourceError, UsageError
 from .folder import FolderScan, Sample, file_kind, os_reason, scan_folder
 from .jpeg import checksum, validate_image
 from .malloc import tune_malloc
@@ -83,6 +84,13 @@ class ConvertReport:
         classes: the class names, in label order.
         reader_threads: the reader-thread counts used: the one given, or each one the
             conversion chose by measurement (1: reading in the writing thread).
+        appended: the run added to a store (``append``); then ``count`` is the store's new
+            size, ``converted`` what this run handled, and:
+        already_stored: samples of the source the store held already (not stored again).
+        new_classes: classes the store did not have, added at the end of its class list.
+        class_order: ``"sorted"`` (ImageFolder's) or ``"appended"`` (new classes at the end).
+        changed: files the store holds that changed since they were stored (reported, not
+            stored again).
     """
 
     destination: str
@@ -96,6 +104,11 @@ class ConvertReport:
     converted: int = 0
     classes: list[str] = field(default_factory=list)
     reader_threads: list[int] = field(default_factory=list)
+    appended: bool = False
+    already_stored: int = 0
+    new_classes: list[str] = field(default_factory=list)
+    class_order: str = "sorted"
+    changed: list[SkippedFile] = field(default_factory=list)
 
     @property
     def images_per_second(self) -> float:
@@ -224,11 +237,8 @@ def _loader(
 ) -> Callable[[list[Sample]], list[tuple[Sample, _Loaded | SkippedFile]]]:
     """The workers' job: read, validate and checksum a chunk of samples (never writes)."""
 
-    root = os.fspath(scan.root)
-
     def load_one(sample: Sample) -> _Loaded | SkippedFile:
-        # a plain string join: building a Path per file costs more than reading it
-        data = read_file(os.path.join(root, *sample.name.split("/")), max_file_bytes)
+        data = read_file(scan.file_path(sample.name), max_file_bytes)
         if isinstance(data, str):
             return SkippedFile(sample.name, data)
         try:
@@ -281,6 +291,7 @@ def convert(
     max_file_bytes: int = MAX_FILE_BYTES,
     timeout_s: float | None = None,
     tune_allocator: bool = False,
+    append: bool = False,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``) into a store.
 
@@ -306,6 +317,9 @@ def convert(
         tune_allocator: retune glibc's allocator for image-sized buffers
             (:func:`fastdata.malloc.tune_malloc`), for the rest of the process: what the
             ``fastdata convert`` command does, since the process is the conversion's alone.
+        append: add the images of ``source`` that the store at ``destination`` does not hold
+            yet (by relative path) as new records, in place (see :mod:`fastdata.append`);
+            ``resume`` then continues an interrupted append.
 
     Returns:
         A :class:`ConvertReport`.
@@ -329,7 +343,7 @@ def convert(
         )
     total = len(scan.samples)
     fresh = Progress(
-        source=os.path.realpath(scan.root),
+        source=scan.source,
         fingerprint=scan.fingerprint(),
         total=total,
         verify_decode=verify_decode,
@@ -340,8 +354,28 @@ def convert(
         destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
     )
     _check_destination(scan, writer)
+    if append and overwrite:
+        raise UsageError("--append adds to a store and --overwrite replaces it: choose one")
     with writer:
-        state = writer.start(fresh, overwrite=overwrite, resume=resume)
+        plan: AppendPlan | None = None
+        if append:
+
+            def make_plan(base: StoreMeta) -> Progress:
+                nonlocal plan
+                plan = plan_append(
+                    scan, writer, base, verify_decode=verify_decode, max_file_bytes=max_file_bytes
+                )
+                return plan.progress
+
+            state = writer.start_append(make_plan, resume=resume)
+            assert plan is not None and writer.base is not None, "start_append() plans"
+            scan, total = plan.scan, len(plan.scan.samples)
+            if state is None:
+                log.info("%s: the store holds every image of the source", writer.location)
+                report = _report(writer.base, writer.location, scan, started, total, [])
+                return plan.completed(report)
+        else:
+            state = writer.start(fresh, overwrite=overwrite, resume=resume)
         if state is None:
             assert writer.completed is not None, "start() returns None only for a complete store"
             log.info("%s: the conversion is complete already; nothing to do", writer.location)
@@ -378,7 +412,7 @@ def convert(
                 state.skipped.append(loaded)
             else:
                 header = loaded.header
-                batch.append(Record(state.count, header, loaded.data))
+                batch.append(Record(state.next_index, header, loaded.data))
                 batch_bytes += header.size
                 state.count += 1
                 state.repairs += header.repaired
@@ -390,41 +424,52 @@ def convert(
                 progress(state.next_sample, total)
         if batch or state.next_sample == resumed_from:
             commit()
-        if state.count == 0:
+        if state.count == 0 and plan is None:
             reasons = "; ".join(f"{s.name}: {s.reason}" for s in state.skipped[:3])
             raise SourceError(
                 f"{scan.root}: none of its {total} images could be used ({reasons}); "
                 "fix or remove them and convert again"
             )
-        labels = _stored_labels(scan, state)
-        meta = StoreMeta(
-            count=state.count,
-            classes=list(scan.classes),
-            repairs=state.repairs,
-            total_bytes=state.total_bytes,
-            skipped_count=len(state.skipped),
-            source=state.source,
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            id=state.store_id,
-            fingerprint=state.fingerprint,
-        )
+        if plan is not None:
+            assert writer.base is not None
+            new = state.skipped[plan.base_skipped :]
+            labels = np.concatenate([plan.base_labels, _stored_labels(scan, state.count, new)])
+            meta = plan.meta(writer.base, state)
+        else:
+            labels = _stored_labels(scan, state.count, state.skipped)
+            now = datetime.now(UTC).isoformat(timespec="seconds")
+            meta = StoreMeta(
+                count=state.count,
+                classes=list(scan.classes),
+                repairs=state.repairs,
+                total_bytes=state.total_bytes,
+                skipped_count=len(state.skipped),
+                source=state.source,
+                created=now,
+                id=state.store_id,
+                fingerprint=state.fingerprint,
+                layout=scan.layout,
+                updated=now,
+            )
         writer.finish(meta, labels, state.skipped)
     if progress is not None:
         progress(total, total)
-    report = _report(meta, writer.location, scan, started, resumed_from, state.skipped)
+    skipped = state.skipped[plan.base_skipped :] if plan is not None else state.skipped
+    report = _report(meta, writer.location, scan, started, resumed_from, skipped)
     report.reader_threads = chosen if workers is None else [workers]
-    return report
+    return plan.completed(report) if plan is not None else report
 
 
-def _stored_labels(scan: FolderScan, state: Progress) -> np.ndarray:
-    """The label of every stored record: the scan's, less those of the files skipped."""
-    if state.count == len(scan.samples):
+def _stored_labels(scan: FolderScan, count: int, skipped: list[SkippedFile]) -> np.ndarray:
+    """The label of every record stored from ``scan``: the scan's, less those of the files
+    ``skipped``."""
+    if count == len(scan.samples):
         return scan.samples.labels.astype(np.int64)
-    skipped_names = {s.name for s in state.skipped}
+    skipped_names = {s.name for s in skipped}
     return np.fromiter(
         (s.label for s in scan.samples if s.name not in skipped_names),
         dtype=np.int64,
-        count=state.count,
+        count=count,
     )
 
 

@@ -149,6 +149,9 @@ class FolderScan:
         skipped_files: files below the class folders that are not images (wrong extension).
         unusable: image files and folders that cannot be converted, with the reason (not a
             regular file, unreadable folder, path too long, a link to a folder scanned already).
+        layout: ``"folder"`` (names are ``<class>/.../<image>``) or ``"manifest"`` (names are
+            the paths a manifest gave, relative to its folder or absolute).
+        source: what was scanned, links resolved: the folder, or the manifest file.
     """
 
     root: Path
@@ -156,14 +159,26 @@ class FolderScan:
     samples: Samples
     skipped_files: int = 0
     unusable: list[SkippedFile] = field(default_factory=list)
+    layout: str = "folder"
+    source: str = ""
     class_to_idx: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "class_to_idx", {c: i for i, c in enumerate(self.classes)})
+        if not self.source:
+            object.__setattr__(self, "source", os.path.realpath(self.root))
+
+    def file_path(self, name: str) -> str:
+        """The path of the file of the sample named ``name`` (relative to the root, or
+        absolute), as a string: the conversion's hot path builds one per image."""
+        return os.path.join(self.root, name) if os.sep == "/" else str(self.path_of_name(name))
+
+    def path_of_name(self, name: str) -> Path:
+        return Path(name) if name.startswith("/") else self.root.joinpath(*name.split("/"))
 
     def path_of(self, sample: Sample) -> Path:
         """Return the absolute path of a sample's file."""
-        return self.root.joinpath(*sample.name.split("/"))
+        return self.path_of_name(sample.name)
 
     def fingerprint(self) -> str:
         """A digest of the sample list, so a resumed conversion can tell the folder is unchanged."""

@@ -90,7 +90,8 @@ HOLDING_CONVERT = """
             while not os.path.exists(go):
                 time.sleep(0.02)
     type(writer).write = write
-    report = convert(src, writer, overwrite=overwrite, commit_records=2, workers=1)
+    report = convert(src, writer, overwrite=overwrite, commit_records=2, workers=1,
+                     append="--append" in args)
     print("converted", report.count)
 """
 
@@ -116,7 +117,8 @@ KILLED_CONVERT = """
         if hasattr(self, "_wait"):
             self._wait()  # the Mongo writer sends in the background: let the batch land
     type(writer).write = write
-    convert(src, writer, overwrite=overwrite, resume=resume, commit_records=2, workers=1)
+    convert(src, writer, overwrite=overwrite, resume=resume, commit_records=2, workers=1,
+            append="--append" in args)
     print("finished")
 """
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import abc
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError, StoreExistsError, UsageError
-from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
+from ..errors import StoreError, StoreExistsError, StoreNotFoundError, UsageError
+from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, new_store_id
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,6 +57,7 @@ class Existing:
         aside: the progress of an interrupted replacement (``--overwrite``) built aside, if any.
         aside_complete: the replacement aside is complete but was not yet moved into place.
         other: something that is not a fastdata store (a foreign LMDB, documents, damage).
+        appending: the progress of an interrupted append to the complete store ``meta``.
     """
 
     meta: StoreMeta | None = None
@@ -64,6 +65,7 @@ class Existing:
     aside: Progress | None = None
     aside_complete: bool = False
     other: str = ""
+    appending: Progress | None = None
 
     @property
     def empty(self) -> bool:
@@ -164,6 +166,92 @@ class StoreWriter(abc.ABC):
         self._open(progress, new=True)
         return progress
 
+    _appending = False
+    base: StoreMeta | None = None
+    """During an append: the metadata of the complete store it grows."""
+
+    def start_append(
+        self, plan: Callable[[StoreMeta], Progress], *, resume: bool
+    ) -> Progress | None:
+        """Take the writer lock and prepare to add records to the complete store in place.
+
+        Records already there are never touched: new ones get the next indices, and the store
+        stays complete and readable (as it was) until ``finish`` writes the new labels and
+        metadata, with a new id that lists the old one in ``appended_from``.
+
+        Args:
+            plan: called with the store's metadata, before anything is written, to give the
+                progress of a fresh append (what to add, its fingerprint); it may read the store.
+            resume: continue an interrupted append of the same source, if there is one (else
+                the append starts as if it was not given).
+
+        Returns:
+            The progress to continue from, or None when there is nothing to add.
+
+        Raises:
+            StoreNotFoundError: no store to append to.
+            StoreError: an interrupted conversion or replacement is in the way, or the store is
+                not a fastdata store.
+            StoreLockedError: another writer holds the store.
+        """
+        self._lock()
+        found = self._inspect()
+        if found.aside_complete:
+            log.warning("%s: finishing a replacement that was interrupted", self.location)
+            self._promote()
+            found = self._inspect()
+        if found.meta is None:
+            if found.progress is not None:
+                raise StoreError(
+                    f"{self.location}: holds an interrupted conversion, not a complete store; "
+                    f"finish it first with `{found.progress.resume_command(self.location)}`"
+                )
+            if found.other:
+                raise StoreError(
+                    f"{self.location}: {found.other}; --append adds to a fastdata store"
+                )
+            raise StoreNotFoundError(
+                f"{self.location}: no store to append to; convert the folder without --append"
+            )
+        if found.aside is not None:
+            raise StoreExistsError(
+                f"{self.location}: a replacement of this store was interrupted; finish it "
+                "(the same convert command with --resume, without --append) or start it over "
+                "with --overwrite before appending"
+            )
+        self.base = found.meta
+        self._appending = True
+        fresh = plan(found.meta)
+        pending = found.appending
+        if pending is not None:
+            why = pending.same_conversion(fresh) if resume else "--resume was not given"
+            if why is None:
+                self._check_resumable(pending)
+                self._skipped_saved = len(pending.skipped)
+                self._open(pending, new=False)
+                log.info(
+                    "%s: resuming the append after %d of %d samples",
+                    self.location,
+                    pending.next_sample,
+                    pending.total,
+                )
+                return pending
+            log.warning(
+                "%s: discarding an interrupted append (%d of %d samples; %s): its records were "
+                "never part of the store",
+                self.location,
+                pending.next_sample,
+                pending.total,
+                why,
+            )
+            self._discard_append(found.meta, pending)
+        if fresh.total == 0:
+            return None
+        fresh.store_id = new_store_id()
+        self._skipped_saved = self._kept_skipped(found.meta)
+        self._open(fresh, new=True)
+        return fresh
+
     def _exists_message(self, found: Existing) -> str:
         if found.meta is not None and found.aside is not None:
             return (
@@ -207,6 +295,20 @@ class StoreWriter(abc.ABC):
         return saved
 
     # -- what each backend provides
+
+    def _kept_skipped(self, base: StoreMeta) -> int:
+        """How many entries of a fresh append's skipped list (the store's list, then the new
+        ones) are saved already: the store's, where entries are kept by position."""
+        return base.skipped_count
+
+    def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
+        """Remove what an interrupted append to the store ``base`` left (records and skipped
+        entries past the store's own)."""
+        raise NotImplementedError
+
+    def open_reader(self) -> StoreReader:
+        """A reader of the complete store at this writer's location (before it is written)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _lock(self) -> None:
@@ -278,6 +380,33 @@ class StoreReader(abc.ABC):
     _meta: StoreMeta
     _labels: np.ndarray
 
+    # What this reader opened: its id, the ids of the stores it grew from, its size. A store
+    # that grew by appends since is still this one, read as it was (see ``_as_opened``).
+    _id = ""
+    _ids: frozenset[str] = frozenset()
+    _count = 0
+    _n_classes = 0
+
+    def _opened(self, meta: StoreMeta) -> None:
+        self._id, self._ids = meta.id, meta.ids
+        self._count, self._n_classes = meta.count, len(meta.classes)
+
+    def _as_opened(
+        self, meta: StoreMeta, labels: np.ndarray
+    ) -> tuple[StoreMeta, np.ndarray] | None:
+        """The store's metadata and labels now, seen as this reader opened it: unchanged, or
+        grown by appends (its first records and classes are the ones opened); None when it was
+        replaced by another store."""
+        if meta.id == self._id:
+            return meta, labels
+        if self._id and self._id in meta.appended_from:
+            self._ids = meta.ids
+            view = replace(
+                meta, count=self._count, classes=meta.classes[: self._n_classes], id=self._id
+            )
+            return view, labels[: self._count]
+        return None
+
     def _loaded(self) -> None:
         """Read again what a pickle left out (readers that pickle without their metadata and
         labels read them in each process that unpickles them)."""
@@ -333,6 +462,16 @@ class StoreReader(abc.ABC):
         """Tell the backend that the block reads records in index order (a scan), so it can
         read ahead; random access is what it is tuned for otherwise."""
         yield
+
+    def iter_headers(
+        self, stop: int | None = None, batch_size: int = 1024
+    ) -> Iterator[RecordHeader]:
+        """The headers of records ``0 .. stop-1`` (all by default), in index order; backends
+        that can read them without the image bytes do."""
+        n = len(self) if stop is None else stop
+        for start in range(0, n, batch_size):
+            for rec in self.read_records(range(start, min(n, start + batch_size))):
+                yield rec.header
 
     def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
         """Every record in index order, fetched ``batch_size`` at a time."""

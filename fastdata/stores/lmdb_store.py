@@ -29,6 +29,7 @@ import os
 import pickle
 import shutil
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +82,8 @@ WRITER_LOCK = "writer.lock"
 ASIDE_DIR = ".replacement"
 OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR})
 INITIAL_MAP_SIZE = 1 << 30
+READER_GRACE_S = 10.0
+"""An append writes no sooner than this after the store last changed (see "appends")."""
 LABEL_DTYPE = np.dtype("<i4")
 
 
@@ -151,6 +154,27 @@ class _Env:
     fd: int | None = None
     """The data file, open for read-ahead requests (readers only)."""
     refs: int = 0
+
+    def grown(self) -> bool:
+        """Whether the data file grew since it was opened (an append); if so, the bounds that
+        values are checked against are updated."""
+        if self.fd is None:
+            return False
+        try:
+            size = os.fstat(self.fd).st_size
+        except OSError:
+            return False
+        if size <= self.size:
+            return False
+        if self.span is not None:
+            self.span = (self.span[0], self.span[0] + min(size, self.map_length))
+        self.size = size
+        return True
+
+    @property
+    def map_length(self) -> int:
+        info = self.env.info()
+        return int(info["map_size"])
 
     def close(self) -> None:
         with suppress(lmdb.Error):
@@ -326,10 +350,11 @@ class Lease:
         entry = self.entry
         if n and entry.span is not None:
             address = np.frombuffer(raw, dtype=np.uint8).ctypes.data
-            if address < entry.span[0] or address + n > entry.span[1]:
-                raise _damage(where, f"its value ({n} bytes) lies outside the file")
+            while address < entry.span[0] or address + n > entry.span[1]:
+                if not entry.grown():
+                    raise _damage(where, f"its value ({n} bytes) lies outside the file")
             self._advise(address - entry.span[0], n)
-        elif not entry.writable and n > entry.size:
+        elif not entry.writable and n > entry.size and not entry.grown():
             raise _damage(where, f"its value ({n} bytes) is larger than the file")
         return bytes(raw)
 
@@ -409,7 +434,7 @@ def open_reader(path: str) -> Lease:
             # The data file itself is opened (py-lmdb refuses a folder it has open already, even
             # when the file in it was replaced). lock=False: readers of a finished store need no
             # lock file (and may lack write access); read-ahead off (see "read-ahead" above).
-            env = _lmdb_open(path, data_file, READER_SETTINGS)
+            env = _open_for_reading(path, data_file)
             if _file_key(data_file)[0] != key:  # replaced between the check and the open
                 env.close()
                 continue
@@ -434,6 +459,18 @@ WRITER_SETTINGS: dict[str, Any] = {
     "metasync": False,
     "max_dbs": 0,
 }
+
+
+READER_MAP_SIZE = 1 << 40
+"""Readers map this much address space (not memory): a store that grows by an append while they
+read stays inside their map, so they never have to remap it under other threads' reads."""
+
+
+def _open_for_reading(store: str, data_file: str) -> Any:
+    try:
+        return lmdb.open(data_file, map_size=READER_MAP_SIZE, **READER_SETTINGS)
+    except lmdb.Error:  # no room for the map (a limit on address space): the file's own size
+        return _lmdb_open(store, data_file, READER_SETTINGS)
 
 
 def _lmdb_open(store: str, path: str, settings: dict[str, Any]) -> Any:
@@ -472,9 +509,10 @@ def open_writable(folder: str, map_size: int) -> Lease:
 
 
 def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
-    """The metadata, progress and whether there is a pickle-recipe key list, of ``path``; None
-    for the last when the environment holds nothing at all (a writer stopped right after
-    creating it)."""
+    """The metadata, the progress of an unfinished run (a conversion, or an append to the store
+    the metadata describes) and whether there is a pickle-recipe key list, of ``path``; None for
+    the last when the environment holds nothing at all (a writer stopped right after creating
+    it)."""
     lease = open_reader(path)
     try:
         if lease.env.stat()["entries"] == 0:
@@ -483,14 +521,20 @@ def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
             raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
             has_keys = txn.get(KEYS_KEY) is not None
+            meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
             progress = None
-            if raw_progress is not None and raw_meta is None:
-                progress = Progress.from_json(
-                    raw_progress, path, lambda n: _read_skipped(lease, txn, n, path)
-                )
+            if raw_progress is not None:
+                # a complete store keeps the progress of its last run: it matters only when it
+                # is an append to this very store that did not finish
+                progress = Progress.from_json(raw_progress, path)
+                if meta is None or (meta.id and progress.base_id == meta.id):
+                    progress = Progress.from_json(
+                        raw_progress, path, lambda n: _read_skipped(lease, txn, n, path)
+                    )
+                else:
+                    progress = None
     finally:
         lease.release()
-    meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
     return meta, progress, has_keys
 
 
@@ -590,6 +634,9 @@ class LMDBWriter(StoreWriter):
                         if has_keys
                         else "holds an LMDB store without fastdata metadata"
                     )
+        appending = None
+        if meta is not None and progress is not None:
+            appending, progress = progress, None
         if os.path.exists(os.path.join(self._aside_path, DATA_FILE)):
             try:
                 aside_meta, aside, _ = _peek(self._aside_path)
@@ -597,7 +644,7 @@ class LMDBWriter(StoreWriter):
             except StoreError as exc:
                 log.warning("%s: discarding a damaged replacement: %s", self.path, exc)
                 self._discard_aside()
-        return Existing(meta, progress, aside, aside_complete, other)
+        return Existing(meta, progress, aside, aside_complete, other, appending)
 
     def _check_resumable(self, saved: Progress) -> None:
         if saved.boot_id and saved.boot_id != boot_id():
@@ -608,11 +655,15 @@ class LMDBWriter(StoreWriter):
             )
 
     def _open(self, progress: Progress, *, new: bool) -> None:
+        if self._appending and not new:
+            self._pending_seen = True  # resuming an append: it wrote before it stopped
         target = self._target()
         if new and self._aside:
             self._discard_aside()
         os.makedirs(target, exist_ok=True)
         self._lease = open_writable(target, self._map_size)
+        if self._appending:
+            self._pin_readers()
         if new:
             progress.boot_id = boot_id()
             state = progress.to_json()
@@ -620,6 +671,58 @@ class LMDBWriter(StoreWriter):
 
     def _discard_aside(self) -> None:
         shutil.rmtree(self._aside_path, ignore_errors=True)
+
+    # -- appends in place
+    #
+    # Readers map the store without LMDB's lock table (they may not be able to write its lock
+    # file), so a writer cannot see them and would reuse the pages that a commit frees while a
+    # reader may still be reading them. An append therefore holds a read transaction of the
+    # store as it found it for as long as it writes: LMDB never reuses a page freed after its
+    # oldest reader began, so every version of the store a reader can have begun reading in the
+    # meantime stays intact. Pages freed by an earlier append (finished or interrupted) are
+    # reused only once no reader transaction can still be on them: such an append starts
+    # writing at least READER_GRACE_S after the data file last changed (a reader's transaction
+    # lasts one batch read). Pages freed by a conversion belong to versions without metadata,
+    # which readers do not read.
+
+    _pin: Any = None
+    _pending_seen = False
+    """An interrupted append was found (it wrote; when, only the data file's time says)."""
+
+    def _pin_readers(self) -> None:
+        assert self._lease is not None, "_open() opens the store"
+        base = self.base
+        if base is not None and (base.appended_from or self._pending_seen):
+            # the last writer was an append (finished or not): it freed pages that readers
+            # which began during it may still be on; give them time to finish
+            with suppress(OSError):
+                wait = _mtime(self.path) + READER_GRACE_S - time.time()
+                if wait > 0:
+                    log.info("%s: waiting %.1f s for readers of the last append", self.path, wait)
+                    time.sleep(min(wait, READER_GRACE_S))
+        self._pin = self._lease.env.begin()
+
+    def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
+        self._pending_seen = True
+        self._lease = open_writable(self.path, self._map_size)
+        self._pin_readers()
+        keys = [
+            key
+            for i in range(base.count, pending.next_index)
+            for key in (record_key(i), header_key(i))
+        ]
+        keys += [skipped_key(n) for n in range(base.skipped_count, len(pending.skipped))]
+
+        def fill(txn: Any) -> None:
+            for key in keys:
+                txn.delete(key)
+            txn.delete(PROGRESS_KEY)
+
+        self._commit(fill)
+        self._close_env()
+
+    def open_reader(self) -> StoreReader:
+        return LMDBStore(self.path)
 
     def _promote(self) -> None:
         self._close_env()
@@ -664,7 +767,9 @@ class LMDBWriter(StoreWriter):
             # One call per batch: a put per record would hand the GIL back and forth with the
             # reader threads for every image, and wait out the switch interval each time.
             cursor = txn.cursor()
-            _, added = cursor.putmulti(data, append=True)
+            # at the end of the B-tree (MDB_APPEND) in a new store; an append goes before the
+            # metadata keys, which sort after the records
+            _, added = cursor.putmulti(data, overwrite=False, append=not self._appending)
             if added != len(data):
                 raise StoreError(
                     f"{self.path}: records from {records[0].index} on exist already; the store "
@@ -698,6 +803,9 @@ class LMDBWriter(StoreWriter):
         self._commit(fill)
 
     def _close_env(self) -> None:
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.abort()
         lease, self._lease = self._lease, None
         if lease is None:
             return
@@ -725,6 +833,10 @@ def _write_failed(where: str, exc: BaseException) -> StoreError:
         f"{where}: writing the store failed: {exc}; free space (or fix the disk) and run the same "
         "command with --resume: what was committed is kept"
     )
+
+
+def _mtime(folder: str) -> float:
+    return os.stat(os.path.join(folder, DATA_FILE)).st_mtime
 
 
 def _fsync(path: str) -> None:
@@ -790,7 +902,7 @@ class LMDBStore(_Leased):
         self.location = self.path
         self._lease = lease or open_reader(self.path)
         self._meta, self._labels = self._load(self._lease)
-        self._id = self._meta.id
+        self._opened(self._meta)
 
     def _load(self, lease: Lease) -> tuple[StoreMeta, np.ndarray]:
         with _reading(self.path), lease.env.begin(buffers=True) as txn:
@@ -816,10 +928,11 @@ class LMDBStore(_Leased):
             meta, labels = self._load(lease)
         except IncompleteStoreError:
             raise self._replaced("(none: an unfinished store)") from None
-        if meta.id != self._id:
+        seen = self._as_opened(meta, labels)
+        if seen is None:
             raise self._replaced(meta.id)
         if self.__dict__.get("_meta") is None:  # unpickled: what the pickle left out
-            self._meta, self._labels = meta, labels
+            self._meta, self._labels = seen
 
     def _replaced(self, now: str) -> StoreReplacedError:
         return StoreReplacedError(
@@ -836,6 +949,29 @@ class LMDBStore(_Leased):
         state = super().__getstate__()
         state["_meta"] = state["_labels"] = None  # read again where it is unpickled
         return state
+
+    def iter_headers(
+        self, stop: int | None = None, batch_size: int = 1024
+    ) -> Iterator[RecordHeader]:
+        """The headers alone, walked with a cursor (they sort apart from the image bytes)."""
+        n = len(self) if stop is None else stop
+        lease = self._env()
+        for start in range(0, n, batch_size):
+            batch = []
+            with _reading(self.path), lease.env.begin(buffers=True) as txn:
+                cursor = txn.cursor()
+                found = cursor.set_key(header_key(start))
+                for i in range(start, min(n, start + batch_size)):
+                    where = f"{self.path}: record {i}"
+                    if not found or bytes(cursor.key()) != header_key(i):
+                        raise RecordError(
+                            f"{where}: its header is missing; the store is damaged, run "
+                            "`fastdata verify` on it"
+                        )
+                    raw = lease.value(cursor.value(), where) or b""
+                    batch.append(RecordHeader.from_json(raw, where))
+                    found = cursor.next()
+            yield from batch
 
     def _record(self, lease: Lease, txn: Any, key: bytes) -> bytes:
         where = f"{self.path}: record {key.decode()}"

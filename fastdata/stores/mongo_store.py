@@ -336,6 +336,15 @@ class MongoWriter(_MongoTarget, StoreWriter):
     def _name(self) -> str:
         return self._aside_name if self._aside else self.collection
 
+    _base_bucket = ""
+    """The GridFS bucket of the complete store in place (an append writes into it)."""
+
+    @property
+    def _bucket_name(self) -> str:
+        if self._appending and self._base_bucket:
+            return self._base_bucket
+        return _bucket(self.collection, self._store_id)
+
     def _meta_coll(self) -> Any:
         return self._conn.db()[META_COLLECTION]
 
@@ -451,13 +460,18 @@ class MongoWriter(_MongoTarget, StoreWriter):
             return docs, db[coll].find_one({}, {"_id": 1}) is not None
 
         docs, has_docs = self._run("checking the collection", look)
-        meta = progress = None
+        meta = progress = appending = None
         other = ""
         if coll in docs:
             try:
                 meta = StoreMeta.from_dict(_names_from_bson(docs[coll]), self.location)
             except StoreError as exc:
                 other = f"holds a store with damaged metadata ({exc})"
+            bucket = docs[coll].get("gridfs_bucket")
+            self._base_bucket = bucket if isinstance(bucket, str) else ""
+            saved = docs.get(f"{coll}:progress")
+            if meta is not None and saved is not None and saved.get("base_id") == meta.id:
+                appending = self._progress(saved)
         elif f"{coll}:progress" in docs:
             progress = self._progress(docs[f"{coll}:progress"])
         elif has_docs:
@@ -469,6 +483,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
             self._progress(aside_progress) if aside_progress else None,
             aside in docs,
             other,
+            appending,
         )
 
     def _progress(self, doc: dict[str, Any]) -> Progress:
@@ -497,7 +512,8 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._store_id = progress.store_id
         if new:
             name = self._name()
-            self._run("clearing the destination", functools.partial(self._drop, name))
+            if not self._appending:
+                self._run("clearing the destination", functools.partial(self._drop, name))
             self._run(
                 "saving progress", functools.partial(self._save, name, *self._state(progress))
             )
@@ -524,15 +540,41 @@ class MongoWriter(_MongoTarget, StoreWriter):
     def _drop_orphan_buckets(self) -> None:
         db = self._conn.db()
         live = {
-            _bucket(self.collection, d.get("id", ""))
+            d["gridfs_bucket"]
+            if isinstance(d.get("gridfs_bucket"), str)
+            else _bucket(self.collection, d.get("id", ""))
             for d in db[META_COLLECTION].find(
-                {"_id": {"$in": [self.collection, self._aside_name]}}, {"id": 1}
+                {"_id": {"$in": [self.collection, self._aside_name]}},
+                {"id": 1, "gridfs_bucket": 1},
             )
         }
-        live.add(_bucket(self.collection, self._store_id))
+        live.add(self._bucket_name)
         for name in db.list_collection_names():
             if _is_bucket_of(name, self.collection) and name.rsplit(".", 1)[0] not in live:
                 db[name].drop()
+
+    def _kept_skipped(self, base: StoreMeta) -> int:
+        return 0  # the skipped list is kept under the store's id: the new id gets all of it
+
+    def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
+        def discard() -> None:
+            db = self._conn.db()
+            db[self.collection].delete_many({"_id": {"$gte": base.count}})
+            if pending.store_id:
+                db[META_COLLECTION].delete_many(_skipped_ids(pending.store_id))
+                if self._base_bucket:
+                    prefix = {"_id": {"$regex": f"^{re.escape(pending.store_id)}:"}}
+                    bucket = _gridfs(db, self._base_bucket)
+                    for f in db[f"{self._base_bucket}.files"].find(prefix, {"_id": 1}):
+                        bucket.delete(f["_id"])
+            db[META_COLLECTION].delete_one({"_id": f"{self.collection}:progress"})
+
+        self._run("discarding the interrupted append", discard)
+
+    def open_reader(self) -> StoreReader:
+        return MongoStore(
+            self.uri, self.collection, database=self._conn.database, options=self.options
+        )
 
     def _discard_aside(self) -> None:
         self._run("discarding the interrupted replacement", lambda: self._drop(self._aside_name))
@@ -575,7 +617,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
         from bson import Binary
 
         docs = []
-        bucket_name = _bucket(self.collection, self._store_id)
+        bucket_name = self._bucket_name
         for rec in records:
             doc: dict[str, Any] = {
                 "_id": rec.index,
@@ -653,7 +695,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._check_claim()
         db = self._conn.db()
         name = self._name()
-        bucket = _bucket(self.collection, self._store_id)
+        bucket = self._bucket_name
         for chunk in _skipped_chunks(self._store_id, skipped, self._take_skipped(skipped)):
             save = functools.partial(
                 db[META_COLLECTION].replace_one, {"_id": chunk["_id"]}, chunk, upsert=True
@@ -677,6 +719,12 @@ class MongoWriter(_MongoTarget, StoreWriter):
             self._run(
                 "clearing the progress",
                 lambda: db[META_COLLECTION].delete_one({"_id": f"{name}:progress"}),
+            )
+        if self._appending and self.base is not None and self.base.id:
+            base_id = self.base.id  # its skipped list is now under the new id, whole
+            self._run(
+                "clearing the old skipped list",
+                lambda: db[META_COLLECTION].delete_many(_skipped_ids(base_id)),
             )
 
     def close(self) -> None:
@@ -741,6 +789,10 @@ def _load_skipped(db: Any, store_id: str, count: int, where: str) -> list[Skippe
         skipped_file(_names_from_bson(i) if isinstance(i, dict) else i, where)
         for i in items[:count]
     ]
+
+
+def _doc_id(doc: dict[str, Any]) -> Any:
+    return doc["_id"]
 
 
 def _utf8(text: str) -> bool:
@@ -820,7 +872,7 @@ class MongoStore(_MongoTarget, StoreReader):
             )
         finally:
             self._conn.close()  # nothing that cannot cross a fork stays open after __init__
-        self._id = self._meta.id
+        self._opened(self._meta)
 
     # The metadata and labels are read again in each process that receives the reader pickled
     # (a worker): a pickle holds the address and the store's id, not one label per record.
@@ -833,13 +885,14 @@ class MongoStore(_MongoTarget, StoreReader):
     def _loaded(self) -> None:
         if self.__dict__.get("_meta") is None:
             meta, labels = self._run("reading the metadata", self._load_meta)
-            if meta.id != self._id:
+            seen = self._as_opened(meta, labels)
+            if seen is None:
                 raise StoreReplacedError(
                     f"{self.location}: the collection was replaced since this dataset opened it "
                     f"(store id {self._id or '(none)'}, now {meta.id or '(none)'}); create the "
                     "dataset (and its DataLoader) again"
                 )
-            self._meta, self._labels = meta, labels
+            self._meta, self._labels = seen
 
     def skipped_files(self) -> list[SkippedFile]:
         meta = self.meta
@@ -932,7 +985,7 @@ class MongoStore(_MongoTarget, StoreReader):
     def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
         """Check a document's store id and the type of its image before using it; fetch an image
         kept in GridFS."""
-        if self._id and doc.get("store") != self._id:
+        if self._id and doc.get("store") not in self._ids:
             raise StoreReplacedError(
                 f"{self.location}: record {index} belongs to another store (id "
                 f"{doc.get('store')!r}, not {self._id}): the collection was replaced since "
@@ -960,6 +1013,31 @@ class MongoStore(_MongoTarget, StoreReader):
             f"{self.location}: record {index}: its image ('data') is {found}, not binary; the "
             "store is damaged, run `fastdata verify` on it and convert it again"
         )
+
+    def iter_headers(
+        self, stop: int | None = None, batch_size: int = 1024
+    ) -> Iterator[RecordHeader]:
+        """The headers alone: documents read without their image bytes."""
+        n = len(self) if stop is None else stop
+        fields = {"data": 0, "gridfs_id": 0}
+        for start in range(0, n, batch_size):
+            end = min(n, start + batch_size)
+
+            def query(start: int = start, end: int = end) -> list[dict[str, Any]]:
+                found = self._conn.db()[self.collection].find(
+                    {"_id": {"$gte": start, "$lt": end}}, fields
+                )
+                return sorted(found, key=_doc_id)
+
+            docs = self._run(f"reading headers {start}-{end - 1}", query)
+            if [d["_id"] for d in docs] != list(range(start, end)):
+                raise RecordError(
+                    f"{self.location}: records {start}-{end - 1} are not all there; the store "
+                    "is damaged, run `fastdata verify` on it"
+                )
+            for doc in docs:
+                where = f"{self.location}: record {doc['_id']}"
+                yield RecordHeader.from_dict(_names_from_bson(doc), where)
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)

@@ -1,0 +1,205 @@
+"""What ``fastdata convert SRC STORE --append`` adds: the plan, made before anything is written.
+
+The store is read once: its record names (with each record's size and checksum, to tell whether a
+file changed since it was stored), labels, classes and skipped list. The samples of the source
+that the store does not hold by relative path become the new records, with labels in the store's
+classes: a class the store lacks goes at the end of its class list, so every label already handed
+out keeps its meaning. A source file the store holds already is never stored twice; when it
+changed since (another size, or newer and other bytes) it is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import SourceError
+from .folder import FolderScan, _SampleBuilder
+from .records import Progress, SkippedFile, StoreMeta
+from .stores.base import StoreWriter
+
+if TYPE_CHECKING:
+    from .convert import ConvertReport
+
+__all__ = ["AppendPlan", "plan_append"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AppendPlan:
+    """An append, planned.
+
+    Attributes:
+        scan: the samples to add, labelled in the store's class list (which ``scan.classes``
+            is, new classes at the end).
+        progress: the progress of a fresh append of them.
+        base_labels: the labels of the records the store holds.
+        new_classes: classes the store did not have.
+        class_order: ``"sorted"`` while the class list is still ImageFolder's, else
+            ``"appended"``.
+        already_stored: samples of the source that the store holds already.
+        changed: those of them whose file changed since it was stored, and how.
+        base_skipped: entries of the store's skipped list before the append.
+    """
+
+    scan: FolderScan
+    progress: Progress
+    base_labels: np.ndarray
+    new_classes: list[str]
+    class_order: str
+    already_stored: int = 0
+    changed: list[SkippedFile] = field(default_factory=list)
+    base_skipped: int = 0
+
+    def completed(self, report: ConvertReport) -> ConvertReport:
+        """``report`` with what the append adds to it."""
+        report.appended = True
+        report.already_stored = self.already_stored
+        report.new_classes = list(self.new_classes)
+        report.class_order = self.class_order
+        report.changed = list(self.changed)
+        return report
+
+    def meta(self, base: StoreMeta, state: Progress) -> StoreMeta:
+        """The store's metadata once the append ``state`` is complete."""
+        from dataclasses import replace
+
+        return replace(
+            base,
+            count=state.next_index,
+            classes=list(self.scan.classes),
+            repairs=base.repairs + state.repairs,
+            total_bytes=base.total_bytes + state.total_bytes,
+            skipped_count=len(state.skipped),
+            id=state.store_id,
+            appended_from=[*base.appended_from, base.id],
+            class_order=self.class_order,
+            updated=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+
+
+def _stored_at(meta: StoreMeta) -> float:
+    """When the store last changed, as a timestamp (0 when it does not say)."""
+    for text in (meta.updated, meta.created):
+        try:
+            return datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            continue
+    return 0.0
+
+
+def _change(path: str, size: int, crc: int, since: float, limit: int) -> str | None:
+    """How the file at ``path`` differs from the record it was stored as, or None."""
+    from .convert import read_file
+    from .errors import CorruptImageError
+    from .jpeg import checksum, validate_image
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"unreadable now ({exc.strerror or exc})"
+    if st.st_size != size:
+        return f"{st.st_size} bytes now, {size} when it was stored"
+    if st.st_mtime <= since:
+        return None
+    data = read_file(path, limit)  # newer than the store, same size: compare the bytes
+    if isinstance(data, str):
+        return data
+    try:
+        stored = validate_image(data, path).data  # as it would be stored (a repair appended)
+    except CorruptImageError:
+        return "changed since it was stored (no longer a valid image)"
+    if checksum(stored) != crc:
+        return "changed since it was stored (other bytes, same size)"
+    return None
+
+
+def plan_append(
+    scan: FolderScan,
+    writer: StoreWriter,
+    base: StoreMeta,
+    *,
+    verify_decode: bool,
+    max_file_bytes: int,
+    check_changed: bool = True,
+) -> AppendPlan:
+    """Read the store at ``writer``'s location and work out what the source ``scan`` adds.
+
+    Raises:
+        SourceError: the source is laid out differently from the store's (a folder against a
+            manifest).
+    """
+    if scan.layout != base.layout:
+        raise SourceError(
+            f"{scan.root}: a {scan.layout} source cannot be appended to a store converted from a "
+            f"{base.layout}; append a {base.layout}"
+        )
+    reader = writer.open_reader()
+    try:
+        base_labels = np.array(reader.labels, dtype=np.int64)
+        # name -> (size of the source file, checksum of the stored bytes)
+        stored: dict[str, tuple[int, int]] = {
+            h.name: (h.size - 2 * h.repaired, h.crc32) for h in reader.iter_headers()
+        }
+        skipped_before = reader.skipped_files()
+    finally:
+        reader.close()
+    known = base.class_to_idx
+    new_classes = [c for c in scan.classes if c not in known]
+    classes = [*base.classes, *new_classes]
+    index = {c: i for i, c in enumerate(classes)}
+    remap = np.array([index[c] for c in scan.classes], dtype=np.int64)
+    since = _stored_at(base)
+    todo = _SampleBuilder()
+    already = 0
+    changed: list[SkippedFile] = []
+    labels = scan.samples.labels
+    for i, sample in enumerate(scan.samples):
+        held = stored.get(sample.name)
+        if held is None:
+            todo.add(sample.name, int(remap[labels[i]]))
+            continue
+        already += 1
+        if check_changed:
+            why = _change(scan.file_path(sample.name), *held, since, max_file_bytes)
+            if why is not None:
+                changed.append(SkippedFile(sample.name, why))
+    listed = {(s.name, s.reason) for s in skipped_before}
+    unusable = [s for s in scan.unusable if (s.name, s.reason) not in listed]
+    plan_scan = FolderScan(
+        scan.root,
+        classes,
+        todo.build(),
+        scan.skipped_files,
+        unusable,
+        layout=scan.layout,
+        source=scan.source,
+    )
+    order = "sorted" if base.class_order == "sorted" and classes == sorted(classes) else "appended"
+    progress = Progress(
+        source=scan.source,
+        fingerprint=plan_scan.fingerprint(),
+        total=len(plan_scan.samples),
+        verify_decode=verify_decode,
+        skipped=[*skipped_before, *unusable],
+        first_index=base.count,
+        base_id=base.id,
+    )
+    for item in changed:
+        log.warning("%s changed since it was stored (%s): not stored again", item.name, item.reason)
+    return AppendPlan(
+        plan_scan,
+        progress,
+        base_labels,
+        new_classes,
+        order,
+        already,
+        changed,
+        len(skipped_before),
+    )
