@@ -206,7 +206,7 @@ def cli(verbose: bool) -> None:
 
 
 @cli.command()
-@click.argument("src", type=click.Path(file_okay=False, path_type=str))
+@click.argument("src", type=click.Path(path_type=str))
 @click.argument("dst", type=str)
 @click.option(
     "--workers",
@@ -223,6 +223,12 @@ def cli(verbose: bool) -> None:
     "--append",
     is_flag=True,
     help="Add the images of SRC that the store DST does not hold yet (by relative path).",
+)
+@click.option(
+    "--classes",
+    "classes_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="For a manifest SRC: the class order, one name a line (integer labels index it).",
 )
 @click.option(
     "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
@@ -246,11 +252,13 @@ def convert(
     resume: bool,
     overwrite: bool,
     append: bool,
+    classes_file: str | None,
     max_file_size: int,
     timeout: float | None,
     quiet: bool,
 ) -> None:
-    """Convert the image folder SRC (SRC/<class>/<image>) into the store DST.
+    """Convert the image folder SRC (SRC/<class>/<image>), or the manifest SRC (a .csv with
+    path and label columns, or a .jsonl with those keys), into the store DST.
 
     DST is an LMDB folder, or a MongoDB URI (mongodb://host:port/DB, credentials in the URI or
     in FASTDATA_MONGO_USER / FASTDATA_MONGO_PASSWORD). Every image is validated; JPEGs missing
@@ -267,8 +275,10 @@ def convert(
       fastdata convert ~/data/imagenet/train train.lmdb --workers 8
       fastdata convert ~/data/imagenet/train mongodb://db1:27017/images -c train
       fastdata convert ~/data/imagenet/train train.lmdb --append
+      fastdata convert ~/data/imagenet/val.csv val.lmdb --classes synsets.txt
     """
     from .convert import convert as run_convert
+    from .manifest import read_class_list
 
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite exclude each other")
@@ -287,6 +297,7 @@ def convert(
             timeout_s=timeout,
             tune_allocator=True,  # this process is the conversion's alone
             append=append,
+            classes=read_class_list(classes_file) if classes_file else None,
         )
     click.echo(
         f"{report.destination}: {report.count} images in {len(report.classes)} classes, "
@@ -552,6 +563,8 @@ def export(
             progress=progress,
         )
     click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
+    if report.manifest:
+        click.echo(f"manifest: {report.manifest} (converts back to the same store)")
     if report.kept:
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:

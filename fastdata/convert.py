@@ -28,6 +28,7 @@ from .errors import CorruptImageError, SourceError, UsageError
 from .folder import FolderScan, Sample, file_kind, os_reason, scan_folder
 from .jpeg import checksum, validate_image
 from .malloc import tune_malloc
+from .manifest import is_manifest, scan_manifest
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
 from .stores import StoreWriter, open_writer
 
@@ -292,15 +293,17 @@ def convert(
     timeout_s: float | None = None,
     tune_allocator: bool = False,
     append: bool = False,
+    classes: Sequence[str] | None = None,
 ) -> ConvertReport:
-    """Pack an image folder (``source/<class>/<image>``) into a store.
+    """Pack an image folder (``source/<class>/<image>``), or the images a CSV or JSON Lines
+    manifest lists (see :mod:`fastdata.manifest`), into a store.
 
     Every image is validated (its real format sniffed from its bytes; JPEGs checked for their
     start-of-image marker, and repaired when only their end-of-image marker is missing). Files
     that cannot be used are skipped and listed in the report, or, with ``strict``, stop the run.
 
     Args:
-        source: the image folder.
+        source: the image folder, or a manifest (``.csv``, ``.jsonl``).
         destination: an LMDB folder path, a ``mongodb://host:port/DB`` URI, or a
             :class:`~fastdata.stores.StoreWriter`.
         workers: reader threads; by default the conversion measures a few counts as it goes
@@ -320,6 +323,7 @@ def convert(
         append: add the images of ``source`` that the store at ``destination`` does not hold
             yet (by relative path) as new records, in place (see :mod:`fastdata.append`);
             ``resume`` then continues an interrupted append.
+        classes: for a manifest, the class order (integer labels index it).
 
     Returns:
         A :class:`ConvertReport`.
@@ -334,12 +338,22 @@ def convert(
     started = time.perf_counter()
     if tune_allocator:
         tune_malloc()
-    scan = scan_folder(source)
+    if is_manifest(source):
+        scan = scan_manifest(source, classes)
+    elif classes is not None:
+        raise UsageError(f"{source}: a class list applies to manifests, not to image folders")
+    else:
+        scan = scan_folder(source)
     if strict and scan.unusable:
         first = scan.unusable[0]
+        where = (
+            f"{scan.source}: {first.name}"
+            if scan.layout == "manifest"
+            else str(scan.root / first.name)
+        )
         raise SourceError(
-            f"{scan.root / first.name}: {first.reason} (--strict stops at the first unusable "
-            "file; without it such files are skipped and listed)"
+            f"{where}: {first.reason} (--strict stops at the first unusable file; without it "
+            "such files are skipped and listed)"
         )
     total = len(scan.samples)
     fresh = Progress(

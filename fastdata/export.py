@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from .errors import RecordError, StoreError, StoreExistsError, UnsafePathError
 from .jpeg import checksum
+from .manifest import EXPORTED_MANIFEST, export_name
 from .records import Record
 from .stores.base import StoreReader
 
@@ -31,6 +33,9 @@ class ExportReport:
     damaged: list[str] = field(default_factory=list)
     """Records left out because they fail their checksum (``skip_damaged``)."""
     repaired: bool = False
+    manifest: str = ""
+    """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
+    its first line the class list), which converts back to the same store."""
 
 
 def safe_destination(outdir: Path, name: str) -> Path:
@@ -105,12 +110,27 @@ def export_store(
         raise _write_failed(out, exc) from None
     report = ExportReport(str(out), repaired=repaired)
     total = len(reader)
+    meta = reader.meta
+    rows: list[bytes] | None = None
+    if meta.layout == "manifest":  # the images under their paths, and the manifest
+        rows = [json.dumps({"classes": meta.classes}).encode() + b"\n"]
     for done, rec in enumerate(reader.iter_records(batch_size), 1):
         data = _checked(reader, rec, skip_damaged, report)
+        name = rec.header.name
+        if rows is not None:
+            name = export_name(name)
+            row = {"path": name, "label": meta.classes[int(rec.header.label)]}
+            rows.append(json.dumps(row).encode() + b"\n")
         if data is not None:
-            _write(out, rec.header.name, data, overwrite=overwrite, resume=resume, report=report)
+            _write(out, name, data, overwrite=overwrite, resume=resume, report=report)
         if progress is not None and (done % 64 == 0 or done == total):
             progress(done, total)
+    if rows is not None:
+        manifest = b"".join(rows)
+        _write(out, EXPORTED_MANIFEST, manifest, overwrite=True, resume=False, report=report)
+        report.files -= 1  # the manifest is not one of the images
+        report.total_bytes -= len(manifest)
+        report.manifest = str(out / EXPORTED_MANIFEST)
     return report
 
 

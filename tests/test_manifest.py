@@ -1,0 +1,163 @@
+"""Manifest sources: a CSV or JSON Lines file listing images and labels, into LMDB or MongoDB,
+and back out by export."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fastdata import LMDBImageDataset, MongoImageDataset, convert, export_store, open_store
+from fastdata.errors import SourceError, UsageError
+from fastdata.manifest import scan_manifest
+
+from .conftest import jpeg_bytes, png_bytes, snapshot, write
+from .procs import cli
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    """A flat folder (ImageNet's validation layout): images with no class folders."""
+    root = tmp_path / "val"
+    for i in range(6):
+        write(root / f"img_{i:02d}.jpg", jpeg_bytes(seed=i))
+    write(root / "sub" / "p.png", png_bytes())
+    return root
+
+
+def test_a_csv_manifest_converts_with_sorted_classes(images: Path, tmp_path: Path) -> None:
+    manifest = images / "labels.csv"
+    manifest.write_text(
+        "id,label,path\n"  # columns in any order, others ignored
+        "0,zebra,img_00.jpg\n"
+        "1,ant,img_01.jpg\n"
+        '2,"ant",sub/p.png\n'
+        "3,zebra,img_03.jpg\n"
+    )
+    dst = tmp_path / "val.lmdb"
+    report = convert(manifest, dst)
+    assert report.count == 4 and not report.skipped
+    ds = LMDBImageDataset(dst, output="bytes")
+    assert ds.classes == ["ant", "zebra"]  # sorted like ImageFolder
+    assert [n for n, _ in ds.samples] == ["img_00.jpg", "img_01.jpg", "sub/p.png", "img_03.jpg"]
+    assert list(ds.targets) == [1, 0, 0, 1]  # the manifest's row order
+    assert ds[2][0] == (images / "sub" / "p.png").read_bytes()
+    assert open_store(dst).meta.layout == "manifest"
+
+
+def test_jsonl_with_integer_labels_a_class_order_and_absolute_paths(
+    images: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere" / "x.jpg"
+    write(elsewhere, jpeg_bytes(seed=40))
+    lines = [
+        {"classes": ["n01", "n00"]},  # the order: label 0 is n01
+        {"path": "img_00.jpg", "label": 1},
+        {"path": str(elsewhere), "label": 0},
+        {"path": "img_02.jpg", "label": "n00"},
+    ]
+    manifest = images / "val.jsonl"
+    manifest.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    dst = tmp_path / "val.lmdb"
+    convert(manifest, dst)
+    ds = LMDBImageDataset(dst, output="bytes")
+    assert ds.classes == ["n01", "n00"] and list(ds.targets) == [1, 0, 1]
+    assert ds[1][0] == elsewhere.read_bytes()
+    # a class list given by the caller, for a CSV of integers
+    csv = images / "ints.csv"
+    csv.write_text("path,label\nimg_03.jpg,2\nimg_04.jpg,0\n")
+    convert(csv, tmp_path / "ints.lmdb", classes=["a", "b", "c"])
+    ints = LMDBImageDataset(tmp_path / "ints.lmdb")
+    assert ints.classes == ["a", "b", "c"] and list(ints.targets) == [2, 0]
+    with pytest.raises(SourceError, match="integer labels need a class list"):
+        bad = images / "noclasses.jsonl"
+        bad.write_text(json.dumps({"path": "img_00.jpg", "label": 3}) + "\n")
+        convert(bad, tmp_path / "x.lmdb")
+    with pytest.raises(UsageError, match="applies to manifests"):
+        convert(images.parent / "val", tmp_path / "y.lmdb", classes=["a"])
+
+
+def test_bad_rows_duplicates_and_missing_files_are_listed_by_line(
+    images: Path, tmp_path: Path
+) -> None:
+    manifest = images / "m.csv"
+    manifest.write_text(
+        "path,label\n"
+        "img_00.jpg,cat\n"
+        "img_01.jpg\n"  # line 3: a column short
+        "missing.jpg,cat\n"  # line 4
+        "./img_00.jpg,dog\n"  # line 5: the same file as line 2
+        ",cat\n"  # line 6: empty path
+        "img_02.jpg,cat\n"
+        "sub,dog\n"  # line 8: a folder
+    )
+    report = convert(manifest, tmp_path / "m.lmdb")
+    assert report.count == 2
+    reasons = {s.reason for s in report.skipped}
+    assert "line 3: 1 column(s), the header names 2" in reasons
+    assert "line 4: no such file" in reasons
+    assert "line 5: duplicate of line 2: stored once" in reasons
+    assert "line 6: empty path" in reasons
+    assert "line 8: not a regular file (a folder)" in reasons
+    result = cli("convert", str(manifest), str(tmp_path / "strict.lmdb"), "--strict", "-q")
+    assert result.returncode == 2 and "line 3" in result.stderr
+    assert "Traceback" not in result.stderr
+    no_header = images / "nohead.csv"
+    no_header.write_text("img_00.jpg,cat\n")
+    with pytest.raises(SourceError, match="header row naming a 'path' and a 'label'"):
+        scan_manifest(no_header)
+    fifo = images / "pipe.csv"
+    os.mkfifo(fifo)
+    result = cli("convert", str(fifo), str(tmp_path / "f.lmdb"), "-q", timeout=30)
+    assert result.returncode == 2 and "not a regular file" in result.stderr
+
+
+def test_export_writes_the_images_and_a_manifest_that_converts_back(
+    images: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.jpg"
+    write(outside, jpeg_bytes(seed=50))
+    manifest = images / "m.jsonl"
+    rows = [
+        {"path": "img_00.jpg", "label": "b"},
+        {"path": "sub/p.png", "label": "a"},
+        {"path": "../outside.jpg", "label": "b"},
+        {"path": str(outside), "label": "a"},
+    ]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = tmp_path / "m.lmdb"
+    convert(manifest, store)
+    out = tmp_path / "out"
+    report = export_store(open_store(store), out)
+    assert report.files == 4 and report.manifest == str(out / "manifest.jsonl")
+    files = snapshot(out)
+    assert files["img_00.jpg"] == (images / "img_00.jpg").read_bytes()
+    assert files["_up/outside.jpg"] == outside.read_bytes()  # kept inside the export folder
+    assert files["_root" + str(outside)] == outside.read_bytes()
+    again = tmp_path / "again.lmdb"
+    convert(out / "manifest.jsonl", again)
+    a, b = LMDBImageDataset(store, output="bytes"), LMDBImageDataset(again, output="bytes")
+    assert a.classes == b.classes == ["a", "b"]
+    assert list(a.targets) == list(b.targets)
+    assert [a[i][0] for i in range(4)] == [b[i][0] for i in range(4)]
+
+
+def test_a_manifest_into_mongo_and_append_to_it(
+    images: Path, tmp_path: Path, mongo_uri: str
+) -> None:
+    manifest = images / "m.csv"
+    manifest.write_text("path,label\nimg_00.jpg,x\nimg_01.jpg,y\n")
+    result = cli("convert", str(manifest), mongo_uri, "-c", "val", "-q")
+    assert result.returncode == 0, result.stderr
+    with manifest.open("a") as f:
+        f.write("img_02.jpg,w\n")
+    report = convert(manifest, mongo_uri, collection="val", append=True)
+    assert report.count == 3 and report.new_classes == ["w"]
+    ds = MongoImageDataset(mongo_uri, "val", output="bytes")
+    assert ds.classes == ["x", "y", "w"] and list(ds.targets) == [0, 1, 2]
+    with pytest.raises(SourceError, match="cannot be appended to a store converted from a"):
+        folder = tmp_path / "folder"
+        write(folder / "c" / "1.jpg", jpeg_bytes())
+        convert(folder, mongo_uri, collection="val", append=True)
