@@ -40,6 +40,7 @@ class AppendPlan:
             is, new classes at the end).
         progress: the progress of a fresh append of them.
         base_labels: the labels of the records the store holds.
+        base_names: their names (see :func:`fastdata.records.name_bytes`).
         new_classes: classes the store did not have.
         class_order: ``"sorted"`` while the class list is still ImageFolder's, else
             ``"appended"``.
@@ -51,6 +52,7 @@ class AppendPlan:
     scan: FolderScan
     progress: Progress
     base_labels: np.ndarray
+    base_names: list[bytes]
     new_classes: list[str]
     class_order: str
     already_stored: int = 0
@@ -94,23 +96,18 @@ def _stored_at(meta: StoreMeta) -> float:
     return 0.0
 
 
-def _change(path: str, size: int, crc: int, since: float, limit: int) -> str | None:
-    """How the file at ``path`` differs from the record it was stored as, or None."""
+def _change(path: str, size: int, crc: int, limit: int) -> str | None:
+    """How the file at ``path`` differs from the record stored from it (``size`` bytes of the
+    source file, ``crc`` of the stored bytes), or None."""
     from .convert import read_file
     from .errors import CorruptImageError
     from .jpeg import checksum, validate_image
 
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return f"unreadable now ({exc.strerror or exc})"
-    if st.st_size != size:
-        return f"{st.st_size} bytes now, {size} when it was stored"
-    if st.st_mtime <= since:
-        return None
-    data = read_file(path, limit)  # newer than the store, same size: compare the bytes
+    data = read_file(path, limit)
     if isinstance(data, str):
-        return data
+        return f"unreadable now: {data}"
+    if len(data) != size:
+        return f"{len(data)} bytes now, {size} when it was stored"
     try:
         stored = validate_image(data, path).data  # as it would be stored (a repair appended)
     except CorruptImageError:
@@ -131,6 +128,10 @@ def plan_append(
 ) -> AppendPlan:
     """Read the store at ``writer``'s location and work out what the source ``scan`` adds.
 
+    Costs about a folder scan: the store's names are read as one value (LMDB) or one query
+    (MongoDB), each source file the store holds is looked at with one ``stat``, and only files
+    modified since the store was written are read and compared with their records.
+
     Raises:
         SourceError: the source is laid out differently from the store's (a folder against a
             manifest).
@@ -140,36 +141,53 @@ def plan_append(
             f"{scan.root}: a {scan.layout} source cannot be appended to a store converted from a "
             f"{base.layout}; append a {base.layout}"
         )
-    reader = writer.open_reader()
-    try:
-        base_labels = np.array(reader.labels, dtype=np.int64)
-        # name -> (size of the source file, checksum of the stored bytes)
-        stored: dict[str, tuple[int, int]] = {
-            h.name: (h.size - 2 * h.repaired, h.crc32) for h in reader.iter_headers()
-        }
-        skipped_before = reader.skipped_files()
-    finally:
-        reader.close()
     known = base.class_to_idx
     new_classes = [c for c in scan.classes if c not in known]
     classes = [*base.classes, *new_classes]
     index = {c: i for i, c in enumerate(classes)}
     remap = np.array([index[c] for c in scan.classes], dtype=np.int64)
     since = _stored_at(base)
+    root = os.fspath(scan.root)
     todo = _SampleBuilder()
     already = 0
     changed: list[SkippedFile] = []
-    labels = scan.samples.labels
-    for i, sample in enumerate(scan.samples):
-        held = stored.get(sample.name)
-        if held is None:
-            todo.add(sample.name, int(remap[labels[i]]))
-            continue
-        already += 1
-        if check_changed:
-            why = _change(scan.file_path(sample.name), *held, since, max_file_bytes)
-            if why is not None:
-                changed.append(SkippedFile(sample.name, why))
+    suspects: list[int] = []
+    reader = writer.open_reader()
+    try:
+        base_labels = np.array(reader.labels, dtype=np.int64)
+        base_names = reader.record_names()
+        stored = {name: i for i, name in enumerate(base_names)}
+        skipped_before = reader.skipped_files()
+        names, labels = scan.samples.name_bytes(), scan.samples.labels.tolist()
+        prefix = os.fsencode(os.path.join(root, ""))
+        for raw, label in zip(names, labels, strict=True):
+            at = stored.get(raw)
+            if at is None:
+                todo.add(raw.decode("utf-8", "surrogateescape"), int(remap[label]))
+                continue
+            already += 1
+            if not check_changed:
+                continue
+            # a file not modified since the store was written is the file stored; one that was
+            # is compared with its record, size and then bytes
+            try:
+                path = raw if raw.startswith(b"/") else prefix + raw
+                modified = os.stat(path).st_mtime > since
+            except OSError as exc:
+                name = raw.decode("utf-8", "surrogateescape")
+                changed.append(SkippedFile(name, f"unreadable now: {exc.strerror or exc}"))
+                continue
+            if modified:
+                suspects.append(at)
+        for start in range(0, len(suspects), 256):
+            for rec in reader.read_records(suspects[start : start + 256]):
+                h = rec.header
+                path = scan.file_path(h.name)
+                why = _change(path, h.size - 2 * h.repaired, h.crc32, max_file_bytes)
+                if why is not None:
+                    changed.append(SkippedFile(h.name, why))
+    finally:
+        reader.close()
     listed = {(s.name, s.reason) for s in skipped_before}
     unusable = [s for s in scan.unusable if (s.name, s.reason) not in listed]
     plan_scan = FolderScan(
@@ -197,6 +215,7 @@ def plan_append(
         plan_scan,
         progress,
         base_labels,
+        base_names,
         new_classes,
         order,
         already,

@@ -29,7 +29,7 @@ from .folder import FolderScan, Sample, file_kind, os_reason, scan_folder
 from .jpeg import checksum, validate_image
 from .malloc import tune_malloc
 from .manifest import is_manifest, scan_manifest
-from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta
+from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 from .stores import StoreWriter, open_writer
 
 __all__ = ["ConvertReport", "ProgressCallback", "convert", "default_workers"]
@@ -356,13 +356,6 @@ def convert(
             "such files are skipped and listed)"
         )
     total = len(scan.samples)
-    fresh = Progress(
-        source=scan.source,
-        fingerprint=scan.fingerprint(),
-        total=total,
-        verify_decode=verify_decode,
-        skipped=list(scan.unusable),
-    )
     mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
     writer = open_writer(
         destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
@@ -389,6 +382,13 @@ def convert(
                 report = _report(writer.base, writer.location, scan, started, total, [])
                 return plan.completed(report)
         else:
+            fresh = Progress(
+                source=scan.source,
+                fingerprint=scan.fingerprint(),
+                total=total,
+                verify_decode=verify_decode,
+                skipped=list(scan.unusable),
+            )
             state = writer.start(fresh, overwrite=overwrite, resume=resume)
         if state is None:
             assert writer.completed is not None, "start() returns None only for a complete store"
@@ -446,11 +446,12 @@ def convert(
             )
         if plan is not None:
             assert writer.base is not None
-            new = state.skipped[plan.base_skipped :]
-            labels = np.concatenate([plan.base_labels, _stored_labels(scan, state.count, new)])
+            labels, names = _stored(scan, state.count, state.skipped[plan.base_skipped :])
+            labels = np.concatenate([plan.base_labels, labels])
+            names = plan.base_names + names
             meta = plan.meta(writer.base, state)
         else:
-            labels = _stored_labels(scan, state.count, state.skipped)
+            labels, names = _stored(scan, state.count, state.skipped)
             now = datetime.now(UTC).isoformat(timespec="seconds")
             meta = StoreMeta(
                 count=state.count,
@@ -465,7 +466,7 @@ def convert(
                 layout=scan.layout,
                 updated=now,
             )
-        writer.finish(meta, labels, state.skipped)
+        writer.finish(meta, labels, state.skipped, names)
     if progress is not None:
         progress(total, total)
     skipped = state.skipped[plan.base_skipped :] if plan is not None else state.skipped
@@ -474,17 +475,18 @@ def convert(
     return plan.completed(report) if plan is not None else report
 
 
-def _stored_labels(scan: FolderScan, count: int, skipped: list[SkippedFile]) -> np.ndarray:
-    """The label of every record stored from ``scan``: the scan's, less those of the files
-    ``skipped``."""
-    if count == len(scan.samples):
-        return scan.samples.labels.astype(np.int64)
-    skipped_names = {s.name for s in skipped}
-    return np.fromiter(
-        (s.label for s in scan.samples if s.name not in skipped_names),
-        dtype=np.int64,
-        count=count,
-    )
+def _stored(
+    scan: FolderScan, count: int, skipped: list[SkippedFile]
+) -> tuple[np.ndarray, list[bytes]]:
+    """The label and the name (bytes) of every record stored from ``scan``: the scan's, less
+    those of the files ``skipped``."""
+    names = scan.samples.name_bytes()
+    labels = scan.samples.labels.astype(np.int64)
+    if count == len(names):
+        return labels, names
+    left_out = {name_bytes(s.name) for s in skipped}
+    keep = np.fromiter((n not in left_out for n in names), dtype=bool, count=len(names))
+    return labels[keep], [n for n in names if n not in left_out]
 
 
 def _report(

@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import RecordError, UsageError
 from .jpeg import checksum
-from .records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta
+from .records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta, name_bytes
 from .stores import open_store, open_writer
 from .stores.base import StoreReader, StoreWriter
 
@@ -161,8 +161,10 @@ def copy_store(
         resumed_from = state.next_sample
         batch: list[Record] = []
         batch_bytes = 0
+        names = [] if resumed_from == 0 else reader.record_names()[:resumed_from]
         for records in _batches(reader, state.next_sample, batch_size):
             for rec in records:
+                names.append(name_bytes(rec.header.name))
                 batch.append(rec)
                 batch_bytes += len(rec.data)
                 state.count += 1
@@ -177,7 +179,7 @@ def copy_store(
         if batch or state.next_sample == resumed_from:
             writer.write(batch, state)
         meta = _copied_meta(src_meta, state)
-        writer.finish(meta, reader.labels, state.skipped)
+        writer.finish(meta, reader.labels, state.skipped, names)
     if progress is not None:
         progress(total, total)
     return CopyReport(

@@ -100,6 +100,10 @@ class Samples(Sequence[Sample]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def name_bytes(self) -> list[bytes]:
+        """Every name, UTF-8 encoded (see :func:`fastdata.records.name_bytes`), in order."""
+        return self._names.slice_list(self._start, self._stop)
+
     @property
     def labels(self) -> np.ndarray:
         """The labels, in order (a read-only view)."""

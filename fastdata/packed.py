@@ -7,6 +7,7 @@ long path in an index of a million makes it gigabytes. Here memory is what the s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +39,11 @@ class PackedStrings:
             raise IndexError(index)
         index %= len(self)
         return self._data[self._offsets[index] : self._offsets[index + 1]]
+
+    def slice_list(self, start: int, stop: int) -> list[bytes]:
+        """Entries ``start .. stop-1`` as a list (one pass, no per-entry bounds checks)."""
+        data, ends = self._data, self._offsets[start : stop + 1].tolist()
+        return [data[a:b] for a, b in itertools.pairwise(ends)]
 
     @property
     def nbytes(self) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "StoreMeta",
     "check_labels",
     "class_count",
+    "name_bytes",
     "new_store_id",
     "record_key",
     "skipped_file",
@@ -39,6 +40,13 @@ FORMAT_VERSION = 1
 def new_store_id() -> str:
     """A fresh store identity: 32 random hex digits."""
     return uuid.uuid4().hex
+
+
+def name_bytes(name: str) -> bytes:
+    """A record name as bytes: UTF-8, with the bytes of a name that is not valid UTF-8 kept as
+    they were (``surrogateescape``). No name holds a NUL byte (no file name can), so a list of
+    them is stored joined by NULs."""
+    return name.encode("utf-8", "surrogateescape")
 
 
 def record_key(index: int) -> bytes:

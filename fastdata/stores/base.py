@@ -14,7 +14,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError, StoreExistsError, StoreNotFoundError, UsageError
-from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, new_store_id
+from ..records import (
+    Progress,
+    Record,
+    RecordHeader,
+    SkippedFile,
+    StoreMeta,
+    name_bytes,
+    new_store_id,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -279,11 +287,16 @@ class StoreWriter(abc.ABC):
         )
 
     def finish(
-        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile] = ()
+        self,
+        meta: StoreMeta,
+        labels: np.ndarray,
+        skipped: Sequence[SkippedFile] = (),
+        names: Sequence[bytes] | None = None,
     ) -> None:
-        """Write the skipped files not saved yet, the labels and the metadata, last; a
-        replacement then moves into place."""
-        self._write_meta(meta, labels, skipped)
+        """Write the skipped files not saved yet, the labels, the record names (each
+        ``name_bytes``-encoded, in index order; backends that keep an index of them do) and the
+        metadata, last; a replacement then moves into place."""
+        self._write_meta(meta, labels, skipped, names)
         if self._aside:
             self._promote()
 
@@ -341,7 +354,11 @@ class StoreWriter(abc.ABC):
 
     @abc.abstractmethod
     def _write_meta(
-        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile]
+        self,
+        meta: StoreMeta,
+        labels: np.ndarray,
+        skipped: Sequence[SkippedFile],
+        names: Sequence[bytes] | None,
     ) -> None:
         """Write the unsaved skipped files, the labels and the metadata (the store is complete
         once they are there)."""
@@ -472,6 +489,11 @@ class StoreReader(abc.ABC):
         for start in range(0, n, batch_size):
             for rec in self.read_records(range(start, min(n, start + batch_size))):
                 yield rec.header
+
+    def record_names(self) -> list[bytes]:
+        """Every record's name, ``name_bytes``-encoded, in index order (what an append compares
+        a source with); backends with an index of names read it at once."""
+        return [name_bytes(h.name) for h in self.iter_headers()]
 
     def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
         """Every record in index order, fetched ``batch_size`` at a time."""

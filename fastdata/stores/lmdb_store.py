@@ -10,6 +10,8 @@ built, ``.replacement/``. Keys in ``data.mdb``:
 - ``#0000000000`` ...: each record's header (JSON: name, label, size, crc32, format, repaired);
 - ``__labels__``: the labels, one little-endian int32 per record;
 - ``__len__``: the record count as ASCII decimal; ``__keys__``: the record keys, newline-separated;
+- ``__names__``: every record's name, in index order, joined by NUL bytes (what ``--append``
+  compares a folder with);
 - ``#progress``: conversion progress (JSON), saved with every committed batch;
 - ``#skipped/0000000000`` ...: each source file the conversion left out (JSON: name, reason),
   written once, with the batch during which it was skipped;
@@ -72,6 +74,7 @@ log = logging.getLogger(__name__)
 
 META_KEY = b"__fastdata__"
 LABELS_KEY = b"__labels__"
+NAMES_KEY = b"__names__"
 PROGRESS_KEY = b"#progress"
 SKIPPED_PREFIX = b"#skipped/"
 LEN_KEY = b"__len__"
@@ -781,7 +784,11 @@ class LMDBWriter(StoreWriter):
         self._commit(fill)
 
     def _write_meta(
-        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile]
+        self,
+        meta: StoreMeta,
+        labels: np.ndarray,
+        skipped: Sequence[SkippedFile],
+        names: Sequence[bytes] | None,
     ) -> None:
         assert self._lease is not None, "start() opens the store"
         skipped_items = _skipped_items(skipped, self._take_skipped(skipped))
@@ -793,8 +800,14 @@ class LMDBWriter(StoreWriter):
         keys = b"\n".join(record_key(i) for i in range(count))
         label_bytes = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
 
+        names_value = b"\0".join(names) if names is not None and len(names) == count else None
+
         def fill(txn: Any) -> None:
             txn.cursor().putmulti(skipped_items)
+            if names_value is not None:
+                txn.put(NAMES_KEY, names_value)
+            else:
+                txn.delete(NAMES_KEY)  # an index of other records would mislead
             txn.put(LABELS_KEY, label_bytes)
             txn.put(LEN_KEY, str(count).encode("ascii"))
             txn.put(KEYS_KEY, keys)
@@ -982,6 +995,15 @@ class LMDBStore(_Leased):
                 "convert it again"
             )
         return value
+
+    def record_names(self) -> list[bytes]:
+        lease = self._env()
+        with _reading(self.path), lease.env.begin(buffers=True) as txn:
+            raw = lease.value(txn.get(NAMES_KEY), f"{self.path}: the names")
+        names = raw.split(b"\0") if raw else []
+        if len(names) != len(self) or (len(self) == 0):
+            return super().record_names()  # written before the index existed, or damaged
+        return names
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)

@@ -53,6 +53,7 @@ from ..records import (
     StoreMeta,
     check_labels,
     class_count,
+    name_bytes,
     skipped_file,
 )
 from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
@@ -687,7 +688,11 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._run("saving progress", functools.partial(self._save, name, state, chunks))
 
     def _write_meta(
-        self, meta: StoreMeta, labels: np.ndarray, skipped: Sequence[SkippedFile]
+        self,
+        meta: StoreMeta,
+        labels: np.ndarray,
+        skipped: Sequence[SkippedFile],
+        names: Sequence[bytes] | None,
     ) -> None:
         from bson import Binary
 
@@ -1038,6 +1043,26 @@ class MongoStore(_MongoTarget, StoreReader):
             for doc in docs:
                 where = f"{self.location}: record {doc['_id']}"
                 yield RecordHeader.from_dict(_names_from_bson(doc), where)
+
+    def record_names(self) -> list[bytes]:
+        """The names alone, in one query that returns no image bytes."""
+        n = len(self)
+
+        def query() -> dict[int, Any]:
+            docs = self._conn.db()[self.collection].find({"_id": {"$lt": n}}, {"name": 1})
+            return {d["_id"]: d.get("name") for d in docs}
+
+        found = self._run("reading the record names", query)
+        names = []
+        for i in range(n):
+            name = _names_from_bson({"name": found.get(i)})["name"]
+            if not isinstance(name, str):
+                raise RecordError(
+                    f"{self.location}: record {i} has no name; the store is damaged, run "
+                    "`fastdata verify` on it"
+                )
+            names.append(name_bytes(name))
+        return names
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
