@@ -171,8 +171,7 @@ def plan_append(
             # a file not modified since the store was written is the file stored; one that was
             # is compared with its record, size and then bytes
             try:
-                path = raw if raw.startswith(b"/") else prefix + raw
-                modified = os.stat(path).st_mtime > since
+                modified = os.stat(raw if raw[:1] == b"/" else prefix + raw).st_mtime > since
             except OSError as exc:
                 name = raw.decode("utf-8", "surrogateescape")
                 changed.append(SkippedFile(name, f"unreadable now: {exc.strerror or exc}"))
@@ -182,8 +181,9 @@ def plan_append(
         for start in range(0, len(suspects), 256):
             for rec in reader.read_records(suspects[start : start + 256]):
                 h = rec.header
-                path = scan.file_path(h.name)
-                why = _change(path, h.size - 2 * h.repaired, h.crc32, max_file_bytes)
+                why = _change(
+                    scan.file_path(h.name), h.size - 2 * h.repaired, h.crc32, max_file_bytes
+                )
                 if why is not None:
                     changed.append(SkippedFile(h.name, why))
     finally:
