@@ -67,10 +67,16 @@ def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | 
 
 
 @contextmanager
-def _resumable(dst: str) -> Iterator[None]:
-    """Ctrl-C in a command that writes a store: say how to finish it, exit 130."""
+def _writing(
+    dst: str, label: str, quiet: bool, resume: bool, overwrite: bool
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A command that writes the store ``dst``: its progress bar; on Ctrl-C, how to finish it
+    (exit 130)."""
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite exclude each other")
     try:
-        yield
+        with _progress(label, quiet) as progress:
+            yield progress
     except KeyboardInterrupt:
         click.echo(
             f"\ninterrupted; what was committed is kept: run the same command with --resume "
@@ -280,9 +286,7 @@ def convert(
     from .convert import convert as run_convert
     from .manifest import read_class_list
 
-    if resume and overwrite:
-        raise click.UsageError("--resume and --overwrite exclude each other")
-    with _resumable(dst), _progress("converting", quiet) as progress:
+    with _writing(dst, "converting", quiet, resume, overwrite) as progress:
         report = run_convert(
             src,
             dst,
@@ -378,9 +382,7 @@ def copy(
     """
     from .copy import copy_store
 
-    if resume and overwrite:
-        raise click.UsageError("--resume and --overwrite exclude each other")
-    with _resumable(dst), _progress("copying", quiet) as progress:
+    with _writing(dst, "copying", quiet, resume, overwrite) as progress:
         report = copy_store(
             src,
             dst,

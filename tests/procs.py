@@ -95,20 +95,17 @@ HOLDING_CONVERT = """
     print("converted", report.count)
 """
 
-# A conversion that kills itself (SIGKILL) after argv[3] committed batches.
-KILLED_CONVERT = """
+# Patches the writer of the store argv[2] so that it kills its process (SIGKILL) once it has
+# committed argv[3] batches, for the scripts below.
+_KILLED_WRITER = """
     import os, signal, sys
-    from fastdata import convert
     from fastdata.stores import open_writer
 
-    src, dst, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    overwrite = "--overwrite" in sys.argv
-    resume = "--resume" in sys.argv
     args = sys.argv[1:]  # sys.argv[0] is "-c"
     collection = args[args.index("-c") + 1] if "-c" in args else None
-    writer = open_writer(dst, collection=collection)
+    writer = open_writer(sys.argv[2], collection=collection)
     real = type(writer).write
-    calls = [0]
+    calls, commits = [0], int(sys.argv[3])
     def write(self, records, progress):
         if calls[0] >= commits:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -117,33 +114,27 @@ KILLED_CONVERT = """
         if hasattr(self, "_wait"):
             self._wait()  # the Mongo writer sends in the background: let the batch land
     type(writer).write = write
-    convert(src, writer, overwrite=overwrite, resume=resume, commit_records=2, workers=1,
-            append="--append" in args)
-    print("finished")
 """
 
-# A copy that kills itself (SIGKILL) after argv[3] committed batches (of 8 records).
-KILLED_COPY = """
-    import os, signal, sys
-    from fastdata import copy_store
-    from fastdata.stores import open_writer
+# A conversion that kills itself (SIGKILL) after argv[3] committed batches.
+KILLED_CONVERT = (
+    _KILLED_WRITER
+    + """
+    from fastdata import convert
+    convert(sys.argv[1], writer, overwrite="--overwrite" in args, resume="--resume" in args,
+            commit_records=2, workers=1, append="--append" in args)
+    print("finished")
+"""
+)
 
-    src, dst, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    args = sys.argv[1:]  # sys.argv[0] is "-c"
-    collection = args[args.index("-c") + 1] if "-c" in args else None
+# A copy that kills itself (SIGKILL) after argv[3] committed batches (of 8 records).
+KILLED_COPY = (
+    _KILLED_WRITER
+    + """
+    from fastdata import copy_store
     source_collection = args[args.index("-s") + 1] if "-s" in args else None
-    writer = open_writer(dst, collection=collection)
-    real = type(writer).write
-    calls = [0]
-    def write(self, records, progress):
-        if calls[0] >= commits:
-            os.kill(os.getpid(), signal.SIGKILL)
-        calls[0] += 1
-        real(self, records, progress)
-        if hasattr(self, "_wait"):
-            self._wait()  # the Mongo writer sends in the background: let the batch land
-    type(writer).write = write
-    copy_store(src, writer, source_collection=source_collection, batch_size=2,
+    copy_store(sys.argv[1], writer, source_collection=source_collection, batch_size=2,
                resume="--resume" in args)
     print("finished")
 """
+)

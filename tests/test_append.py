@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ from fastdata.stores.mongo_store import META_COLLECTION
 from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database
 from .procs import HOLDING_CONVERT, KILLED_CONVERT, cli, run_script, script, wait_for
+
+# Appends wait for readers of an earlier append (lmdb_store.READER_GRACE_S); tests need not.
+SHORT_GRACE = "from fastdata.stores import lmdb_store; lmdb_store.READER_GRACE_S = 0.2\n"
 
 
 @pytest.fixture(autouse=True)
@@ -187,8 +191,7 @@ def test_a_killed_append_resumes_and_the_store_stays_readable(
     folder(src, {"a": range(5, 15), "b": range(6)})
     args = ["-c", kw["collection"]] if kw else []
     result = run_script(
-        "from fastdata.stores import lmdb_store; lmdb_store.READER_GRACE_S = 0.2\n"
-        + KILLED_CONVERT.replace("    import os", "import os", 1).replace("\n    ", "\n"),
+        SHORT_GRACE + textwrap.dedent(KILLED_CONVERT),
         src,
         dst,
         3,
@@ -220,8 +223,7 @@ def test_an_interrupted_append_is_started_over_without_resume(tmp_path: Path) ->
     dst = tmp_path / "s.lmdb"
     convert(src, dst)
     folder(src, {"a": range(3, 12)})
-    code = "from fastdata.stores import lmdb_store; lmdb_store.READER_GRACE_S = 0.2\n"
-    code += KILLED_CONVERT.replace("    import os", "import os", 1).replace("\n    ", "\n")
+    code = SHORT_GRACE + textwrap.dedent(KILLED_CONVERT)
     assert run_script(code, src, dst, 2, "--append").returncode == -signal.SIGKILL
     # the folder changed meanwhile: the interrupted append cannot resume; a new one replaces it
     folder(src, {"z": range(2)})

@@ -120,12 +120,7 @@ class StoreWriter(abc.ABC):
             StoreExistsError: something is there and neither ``overwrite`` nor ``resume`` fits.
             StoreError: ``resume`` of a conversion that differs from this one.
         """
-        self._lock()
-        found = self._inspect()
-        if found.aside_complete:
-            log.warning("%s: finishing a replacement that was interrupted", self.location)
-            self._promote()
-            found = self._inspect()
+        found = self._lock_and_look()
         if resume:
             saved = found.aside or found.progress
             if saved is not None:
@@ -202,12 +197,7 @@ class StoreWriter(abc.ABC):
                 not a fastdata store.
             StoreLockedError: another writer holds the store.
         """
-        self._lock()
-        found = self._inspect()
-        if found.aside_complete:
-            log.warning("%s: finishing a replacement that was interrupted", self.location)
-            self._promote()
-            found = self._inspect()
+        found = self._lock_and_look()
         if found.meta is None:
             if found.progress is not None:
                 raise StoreError(
@@ -259,6 +249,17 @@ class StoreWriter(abc.ABC):
         self._skipped_saved = self._kept_skipped(found.meta)
         self._open(fresh, new=True)
         return fresh
+
+    def _lock_and_look(self) -> Existing:
+        """Take the writer lock and look at the destination, first finishing a replacement
+        that was complete but not yet moved into place."""
+        self._lock()
+        found = self._inspect()
+        if found.aside_complete:
+            log.warning("%s: finishing a replacement that was interrupted", self.location)
+            self._promote()
+            found = self._inspect()
+        return found
 
     def _exists_message(self, found: Existing) -> str:
         if found.meta is not None and found.aside is not None:
