@@ -64,6 +64,17 @@ class Samples(Sequence[tuple[str, int]]):
         return [(r.header.name, r.header.label) for r in self._reader.read_records(indices)]
 
 
+def _part(
+    reader: StoreReader,
+    classes: Sequence[str] | None,
+    indices: Sequence[int] | np.ndarray | None,
+) -> StoreReader:
+    """``reader``, or the view of it that ``classes`` / ``indices`` choose."""
+    if classes is None and indices is None:
+        return reader
+    return StoreView(reader, classes=classes, indices=indices)
+
+
 class ImageStoreDataset(Dataset):
     """A map-style dataset over a store, usable wherever ``torchvision``'s ``ImageFolder`` is.
 
@@ -97,9 +108,7 @@ class ImageStoreDataset(Dataset):
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}")
-        if classes is not None or indices is not None:
-            reader = StoreView(reader, classes=classes, indices=indices)
-        self.reader = reader
+        self.reader = _part(reader, classes, indices)
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -251,13 +260,11 @@ class LMDBImageDataset(ImageStoreDataset):
         from .stores.lmdb_store import open_lmdb
 
         super().__init__(
-            open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle),
+            _part(open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle), classes, indices),
             transform,
             target_transform,
             output=output,
             pipeline=pipeline,
-            classes=classes,
-            indices=indices,
         )
 
 
@@ -305,13 +312,15 @@ class MongoImageDataset(ImageStoreDataset):
         from .stores import open_store
 
         super().__init__(
-            open_store(
-                uri, collection=collection, database=database, index_file=index_file, **options
+            _part(
+                open_store(
+                    uri, collection=collection, database=database, index_file=index_file, **options
+                ),
+                classes,
+                indices,
             ),
             transform,
             target_transform,
             output=output,
             pipeline=pipeline,
-            classes=classes,
-            indices=indices,
         )

@@ -27,7 +27,7 @@ from ..records import (
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Existing", "StoreReader", "StoreWriter", "describe_holder", "holder"]
+__all__ = ["Completion", "Existing", "StoreReader", "StoreWriter", "describe_holder", "holder"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,17 @@ class Existing:
     @property
     def empty(self) -> bool:
         return self.meta is None and self.progress is None and self.aside is None and not self.other
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What completes a store (see ``StoreWriter.finish``): its metadata, one label per record,
+    the skipped files (those not saved yet are saved now) and the record names, if known."""
+
+    meta: StoreMeta
+    labels: np.ndarray
+    skipped: Sequence[SkippedFile] = ()
+    names: Sequence[bytes] | None = None
 
 
 class StoreWriter(abc.ABC):
@@ -297,7 +308,7 @@ class StoreWriter(abc.ABC):
         """Write the skipped files not saved yet, the labels, the record names (each
         ``name_bytes``-encoded, in index order; backends that keep an index of them do) and the
         metadata, last; a replacement then moves into place."""
-        self._write_meta(meta, labels, skipped, names)
+        self._write_meta(Completion(meta, labels, skipped, names))
         if self._aside:
             self._promote()
 
@@ -354,15 +365,9 @@ class StoreWriter(abc.ABC):
         """Store ``records`` and ``progress`` together, atomically where the backend allows."""
 
     @abc.abstractmethod
-    def _write_meta(
-        self,
-        meta: StoreMeta,
-        labels: np.ndarray,
-        skipped: Sequence[SkippedFile],
-        names: Sequence[bytes] | None,
-    ) -> None:
-        """Write the unsaved skipped files, the labels and the metadata (the store is complete
-        once they are there)."""
+    def _write_meta(self, done: Completion) -> None:
+        """Write the unsaved skipped files, the labels, the names and the metadata (the store
+        is complete once they are there)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -66,7 +66,7 @@ from ..records import (
     skipped_file,
 )
 from . import lmdb_file
-from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
+from .base import Completion, Existing, StoreReader, StoreWriter, describe_holder, holder
 
 __all__ = ["LMDBStore", "LMDBWriter", "Lease", "PickleLMDBStore", "open_lmdb", "open_reader"]
 
@@ -783,13 +783,8 @@ class LMDBWriter(StoreWriter):
 
         self._commit(fill)
 
-    def _write_meta(
-        self,
-        meta: StoreMeta,
-        labels: np.ndarray,
-        skipped: Sequence[SkippedFile],
-        names: Sequence[bytes] | None,
-    ) -> None:
+    def _write_meta(self, done: Completion) -> None:
+        meta, labels, skipped, names = done.meta, done.labels, done.skipped, done.names
         assert self._lease is not None, "start() opens the store"
         skipped_items = _skipped_items(skipped, self._take_skipped(skipped))
         try:

@@ -56,7 +56,7 @@ from ..records import (
     name_bytes,
     skipped_file,
 )
-from .base import Existing, StoreReader, StoreWriter, describe_holder, holder
+from .base import Completion, Existing, StoreReader, StoreWriter, describe_holder, holder
 
 __all__ = [
     "LegacyMongoStore",
@@ -273,6 +273,10 @@ class _MongoTarget:
         self.options = options or MongoOptions()
         self._conn = _Connection(uri, database, self.options)
         self.location = _location(uri, collection)
+        self._opening()
+
+    def _opening(self) -> None:
+        """What a target does when it is created (a reader reads the store's metadata)."""
 
     def _run(self, what: str, fn: Callable[[], T], *, first: bool = False) -> T:
         return self._conn.retry(what, self.location, fn, first=first)
@@ -687,15 +691,10 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._check_claim()
         self._run("saving progress", functools.partial(self._save, name, state, chunks))
 
-    def _write_meta(
-        self,
-        meta: StoreMeta,
-        labels: np.ndarray,
-        skipped: Sequence[SkippedFile],
-        names: Sequence[bytes] | None,
-    ) -> None:
+    def _write_meta(self, done: Completion) -> None:
         from bson import Binary
 
+        meta, labels, skipped = done.meta, done.labels, done.skipped
         self._wait()
         self._check_claim()
         db = self._conn.db()
@@ -861,16 +860,8 @@ class MongoStore(_MongoTarget, StoreReader):
         StoreError: the server stayed unreachable within the retry budget.
     """
 
-    def __init__(
-        self,
-        uri: str,
-        collection: str,
-        *,
-        database: str | None = None,
-        options: MongoOptions | None = None,
-    ) -> None:
-        super().__init__(uri, collection, database=database, options=options)
-        self._bucket = _bucket(collection, "")
+    def _opening(self) -> None:
+        self._bucket = _bucket(self.collection, "")
         try:
             self._meta, self._labels = self._run(
                 "reading the metadata", self._load_meta, first=True
