@@ -61,7 +61,7 @@ def default_workers() -> int:
     return min(32, max(8, 2 * (os.cpu_count() or 1)))
 
 
-PROBE_CHUNKS = 32
+PROBE_CHUNKS = 48
 """Chunks each candidate thread count converts while the conversion measures them."""
 RETUNE_CHUNKS = 5000
 """Chunks converted with the chosen count before the candidates are measured again (the folder
@@ -125,7 +125,8 @@ def _tuned_map(
     thread is fastest (threads only compete for the interpreter lock); on a cold folder or a
     network file system, where reads wait, several threads are. So the candidates (none, 2, 4, ...
     up to ``most``, stopping once one is clearly slower than the best so far) each convert
-    ``PROBE_CHUNKS`` chunks, end to end, and the fastest converts the next ``RETUNE_CHUNKS``, then
+    ``PROBE_CHUNKS`` chunks, end to end, and the fewest within 10% of the fastest converts the
+    next ``RETUNE_CHUNKS``, then
     they are measured again. ``chosen`` gets each count chosen.
     """
     it = iter(items)
@@ -140,7 +141,10 @@ def _tuned_map(
             rates.append((done / (time.perf_counter() - t), k))
             if rates[-1][0] < 0.8 * max(rates)[0]:
                 break  # past the peak: more threads only compete for the same cores
-        best = max(rates)[1]
+        # the fewest threads within 10% of the fastest: a probe is short, and a count that only
+        # looks faster by chance costs more (threads compete for the CPUs) than it could gain
+        top = max(rates)[0]
+        best = min(k for rate, k in rates if rate >= 0.9 * top)
         chosen.append(best)
         log.debug("reader threads: %s; chose %d", rates, best)
         if (yield from _counted_map(fn, it, RETUNE_CHUNKS, best)) < RETUNE_CHUNKS:

@@ -181,3 +181,19 @@ def test_fast_collate_keeps_uint8_and_checks_sizes() -> None:
     assert x[1].sum() == 60
     with pytest.raises(ValueError, match="one size"):
         fast_collate([(np.zeros((4, 5, 3), np.uint8), 1), (np.zeros((5, 5, 3), np.uint8), 2)])
+
+
+def test_the_epoch_order_is_one_compact_array() -> None:
+    """4 bytes a sample, the same order as before it was compact (torch.randperm, int64)."""
+    sampler = EpochSampler(1_000_003, seed=3)
+    import numpy as np
+    import torch
+
+    from fastdata.loaders.sampler import sample_seed
+
+    sampler.set_epoch(2)
+    order = sampler.indices()
+    assert order.nbytes <= 4 * 1_000_003
+    assert np.array_equal(np.sort(order), np.arange(1_000_003))
+    g = torch.Generator().manual_seed(sample_seed(3, 2, -1) & 0xFFFFFFFFFFFF)
+    assert np.array_equal(order, torch.randperm(1_000_003, generator=g).numpy())
