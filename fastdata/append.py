@@ -40,7 +40,7 @@ class AppendPlan:
             is, new classes at the end).
         progress: the progress of a fresh append of them.
         base_labels: the labels of the records the store holds.
-        base_names: their names (see :func:`fastdata.records.name_bytes`).
+        base_names: their names (see :func:`fastdata.records.name_bytes`), joined by NULs.
         new_classes: classes the store did not have.
         class_order: ``"sorted"`` while the class list is still ImageFolder's, else
             ``"appended"``.
@@ -52,7 +52,7 @@ class AppendPlan:
     scan: FolderScan
     progress: Progress
     base_labels: np.ndarray
-    base_names: list[bytes]
+    base_names: bytes
     new_classes: list[str]
     class_order: str
     already_stored: int = 0
@@ -155,8 +155,8 @@ def plan_append(
     reader = writer.open_reader()
     try:
         base_labels = np.array(reader.labels, dtype=np.int64)
-        base_names = reader.record_names()
-        stored = {name: i for i, name in enumerate(base_names)}
+        stored = {name: i for i, name in enumerate(reader.record_names())}
+        base_names = b"\0".join(stored)
         skipped_before = reader.skipped_files()
         names, labels = scan.samples.name_bytes(), scan.samples.labels.tolist()
         prefix = os.fsencode(os.path.join(root, ""))

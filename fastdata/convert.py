@@ -452,7 +452,7 @@ def convert(
             assert writer.base is not None
             labels, names = _stored(scan, state.count, state.skipped[plan.base_skipped :])
             labels = np.concatenate([plan.base_labels, labels])
-            names = plan.base_names + names
+            names = b"\0".join(n for n in (plan.base_names, names) if n)
             meta = plan.meta(writer.base, state)
         else:
             labels, names = _stored(scan, state.count, state.skipped)
@@ -479,18 +479,18 @@ def convert(
     return plan.completed(report) if plan is not None else report
 
 
-def _stored(
-    scan: FolderScan, count: int, skipped: list[SkippedFile]
-) -> tuple[np.ndarray, list[bytes]]:
-    """The label and the name (bytes) of every record stored from ``scan``: the scan's, less
-    those of the files ``skipped``."""
-    names = scan.samples.name_bytes()
-    labels = scan.samples.labels.astype(np.int64)
-    if count == len(names):
-        return labels, names
+def _stored(scan: FolderScan, count: int, skipped: list[SkippedFile]) -> tuple[np.ndarray, bytes]:
+    """The labels of the records stored from ``scan``, and their names joined by NULs: the
+    scan's, less those of the files ``skipped``."""
+    samples = scan.samples
+    labels = samples.labels.astype(np.int64)
+    if count == len(samples):
+        return labels, samples.joined_names()
     left_out = {name_bytes(s.name) for s in skipped}
-    keep = np.fromiter((n not in left_out for n in names), dtype=bool, count=len(names))
-    return labels[keep], [n for n in names if n not in left_out]
+    keep = np.fromiter(
+        (n not in left_out for n in samples.name_bytes()), dtype=bool, count=len(samples)
+    )
+    return labels[keep], samples.joined_names(keep)
 
 
 def _report(

@@ -161,10 +161,12 @@ def copy_store(
         resumed_from = state.next_sample
         batch: list[Record] = []
         batch_bytes = 0
-        names = [] if resumed_from == 0 else reader.record_names()[:resumed_from]
+        names = bytearray(b"\0".join(reader.record_names()[:resumed_from]))
         for records in _batches(reader, state.next_sample, batch_size):
             for rec in records:
-                names.append(name_bytes(rec.header.name))
+                if rec.index:
+                    names += b"\0"  # names joined by NULs, as they come
+                names += name_bytes(rec.header.name)
                 batch.append(rec)
                 batch_bytes += len(rec.data)
                 state.count += 1
@@ -179,7 +181,7 @@ def copy_store(
         if batch or state.next_sample == resumed_from:
             writer.write(batch, state)
         meta = _copied_meta(src_meta, state)
-        writer.finish(meta, reader.labels, state.skipped, names)
+        writer.finish(meta, reader.labels, state.skipped, bytes(names))
     if progress is not None:
         progress(total, total)
     return CopyReport(

@@ -104,6 +104,18 @@ class Samples(Sequence[Sample]):
         """Every name, UTF-8 encoded (see :func:`fastdata.records.name_bytes`), in order."""
         return self._names.slice_list(self._start, self._stop)
 
+    def joined_names(self, keep: np.ndarray | None = None) -> bytes:
+        """The names (those ``keep`` marks, a bool per sample), UTF-8, joined by NUL bytes,
+        built from the packed buffer without an object per name."""
+        data, offsets = self._names.buffer(self._start, self._stop)
+        if keep is not None:
+            lengths = np.diff(offsets)
+            data = data[np.repeat(keep, lengths)]
+            offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
+        if len(offsets) <= 2:
+            return data.tobytes()
+        return np.insert(data, offsets[1:-1], 0).tobytes()
+
     @property
     def labels(self) -> np.ndarray:
         """The labels, in order (a read-only view)."""

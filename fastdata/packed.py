@@ -40,6 +40,13 @@ class PackedStrings:
         index %= len(self)
         return self._data[self._offsets[index] : self._offsets[index + 1]]
 
+    def buffer(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Entries ``start .. stop-1`` as one uint8 array and their ``stop - start + 1`` offsets
+        into it (views where possible)."""
+        lo, hi = int(self._offsets[start]), int(self._offsets[stop])
+        data = np.frombuffer(self._data, dtype=np.uint8)[lo:hi]
+        return data, self._offsets[start : stop + 1] - lo
+
     def slice_list(self, start: int, stop: int) -> list[bytes]:
         """Entries ``start .. stop-1`` as a list (one pass, no per-entry bounds checks)."""
         data, ends = self._data, self._offsets[start : stop + 1].tolist()

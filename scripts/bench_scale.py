@@ -28,15 +28,19 @@ from pathlib import Path
 
 from benchkit import add_workdir_options, evict_folder, workdir
 
+# The peak RSS is this process's own (VmHWM): getrusage's ru_maxrss also counts the RSS of the
+# process it was started from, since Linux carries that over the exec.
 CONVERT_CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from fastdata import convert
 workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
 t = time.perf_counter()
 report = convert(sys.argv[1], sys.argv[2], workers=workers)
 seconds = time.perf_counter() - t
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": seconds, "count": report.count, "threads": report.reader_threads,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak_rss": hwm}))
 """
 
 
@@ -54,11 +58,13 @@ def convert_in_child(src: Path, dst: Path, workers: str, cold: bool) -> dict[str
 
 
 def private_bytes(pid: int) -> int:
-    """Private (unshared) memory of a process, from /proc/PID/smaps_rollup."""
+    """Memory a process wrote that no other process shares (Private_Dirty, from
+    /proc/PID/smaps_rollup): its own objects. Pages of the store it read are clean, file-backed
+    page cache, not its memory, and are left out."""
     total = 0
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            if line.startswith("Private_Dirty:"):
                 total += int(line.split()[1]) * 1024
     return total
 
@@ -110,7 +116,7 @@ def measure(src: Path, work: Path, n: int, repeat: int) -> dict[str, float]:
     next(it)
     row["first batch ms"] = (time.perf_counter() - t) * 1000
     workers = multiprocessing.active_children()
-    row["worker private MiB"] = (
+    row["worker private dirty MiB"] = (
         max(private_bytes(p.pid) for p in workers) / (1 << 20) if workers else 0.0
     )
     t, seen = time.perf_counter(), 0

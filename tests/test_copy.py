@@ -155,3 +155,21 @@ def test_copy_from_the_command_line(source: Path, mongo_uri: str, tmp_path: Path
     assert _contents(back) == _contents(source)
     again = cli("copy", str(source), str(back), "-q")
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_stores_keep_an_index_of_their_names(source: Path, tmp_path: Path) -> None:
+    """``__names__`` lists every record's name in order (what an append compares a folder with),
+    in a converted store (with skipped files) and in a copy."""
+    from fastdata.records import name_bytes
+
+    copy = tmp_path / "copy.lmdb"
+    copy_store(source, copy)
+    for store in (source, copy):
+        reader = open_store(store)
+        want = [name_bytes(h.name) for h in reader.iter_headers()]
+        assert reader.record_names() == want
+        reader.close()
+        env = lmdb.open(str(store), readonly=True, lock=False)
+        with env.begin() as txn:
+            assert txn.get(b"__names__").split(b"\0") == want
+        env.close()

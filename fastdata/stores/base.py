@@ -88,7 +88,8 @@ class Completion:
     meta: StoreMeta
     labels: np.ndarray
     skipped: Sequence[SkippedFile] = ()
-    names: Sequence[bytes] | None = None
+    names: bytes | None = None
+    """Every record's name (:func:`~fastdata.records.name_bytes`), in order, joined by NULs."""
 
 
 class StoreWriter(abc.ABC):
@@ -303,11 +304,11 @@ class StoreWriter(abc.ABC):
         meta: StoreMeta,
         labels: np.ndarray,
         skipped: Sequence[SkippedFile] = (),
-        names: Sequence[bytes] | None = None,
+        names: bytes | None = None,
     ) -> None:
-        """Write the skipped files not saved yet, the labels, the record names (each
-        ``name_bytes``-encoded, in index order; backends that keep an index of them do) and the
-        metadata, last; a replacement then moves into place."""
+        """Write the skipped files not saved yet, the labels, the record names (joined by NULs,
+        see ``Completion``; backends that keep an index of them do) and the metadata, last; a
+        replacement then moves into place."""
         self._write_meta(Completion(meta, labels, skipped, names))
         if self._aside:
             self._promote()

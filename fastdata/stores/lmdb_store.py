@@ -664,8 +664,9 @@ class LMDBWriter(StoreWriter):
         if new and self._aside:
             self._discard_aside()
         os.makedirs(target, exist_ok=True)
-        self._lease = open_writable(target, self._map_size)
-        if self._appending:
+        if self._lease is None:  # (a discarded append left it open, and pinned)
+            self._lease = open_writable(target, self._map_size)
+        if self._appending and self._pin is None:
             self._pin_readers()
         if new:
             progress.boot_id = boot_id()
@@ -721,8 +722,8 @@ class LMDBWriter(StoreWriter):
                 txn.delete(key)
             txn.delete(PROGRESS_KEY)
 
+        # the pin stays for the append that follows: the pages freed here stay untouched too
         self._commit(fill)
-        self._close_env()
 
     def open_reader(self) -> StoreReader:
         return LMDBStore(self.path)
@@ -795,7 +796,8 @@ class LMDBWriter(StoreWriter):
         keys = b"\n".join(record_key(i) for i in range(count))
         label_bytes = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
 
-        names_value = b"\0".join(names) if names is not None and len(names) == count else None
+        whole = names is not None and (names.count(b"\0") + 1 if names else 0) == count
+        names_value = names if whole else None
 
         def fill(txn: Any) -> None:
             txn.cursor().putmulti(skipped_items)
