@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -29,18 +27,29 @@ from pathlib import Path
 from benchkit import add_workdir_options, evict_folder, workdir
 
 # The peak RSS is this process's own (VmHWM): getrusage's ru_maxrss also counts the RSS of the
-# process it was started from, since Linux carries that over the exec.
+# process it was started from, since Linux carries that over the exec. The anonymous part (what
+# the process allocates, not the store's pages it has mapped) has no high-water mark of its own:
+# a thread samples it.
 CONVERT_CHILD = """
-import json, sys, time
+import json, sys, threading, time
 from fastdata import convert
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+anon, done = [0], threading.Event()
+def sample():
+    while not done.wait(0.005):
+        anon[0] = max(anon[0], status("RssAnon"))
+threading.Thread(target=sample, daemon=True).start()
 workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
 t = time.perf_counter()
 report = convert(sys.argv[1], sys.argv[2], workers=workers)
 seconds = time.perf_counter() - t
-with open("/proc/self/status") as f:
-    hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+done.set()
 print(json.dumps({"seconds": seconds, "count": report.count, "threads": report.reader_threads,
-                  "peak_rss": hwm}))
+                  "peak_rss": status("VmHWM"), "peak_anon": anon[0]}))
 """
 
 
@@ -50,6 +59,49 @@ def convert_in_child(src: Path, dst: Path, workers: str, cold: bool) -> dict[str
         evict_folder(src)
     out = subprocess.run(
         [sys.executable, "-c", CONVERT_CHILD, str(src), str(dst), workers],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# Opening, pickling and loading, in a fresh process: a DataLoader worker forked from this one
+# would share (and copy, as it touches them) the pages of this process, whatever they hold.
+LOADER_CHILD = """
+import json, multiprocessing, pickle, sys, time
+import torch
+sys.path.insert(0, sys.argv[2])
+from bench_scale import private_bytes
+from fastdata import LMDBImageDataset, create_loader
+
+row = {}
+t = time.perf_counter()
+ds = LMDBImageDataset(sys.argv[1])
+row["open ms"] = (time.perf_counter() - t) * 1000
+row["pickled dataset B"] = len(pickle.dumps(ds))
+torch.manual_seed(0)
+loader = create_loader(ds, 256, image_size=32, num_workers=2, device="cpu")
+t = time.perf_counter()
+it = iter(loader)
+next(it)
+row["first batch ms"] = (time.perf_counter() - t) * 1000
+t, seen = time.perf_counter(), 0
+for images, _ in it:
+    seen += len(images)
+row["loader img/s"] = seen / (time.perf_counter() - t)
+workers = multiprocessing.active_children()
+row["worker private dirty MiB"] = (
+    max(private_bytes(p.pid) for p in workers) / (1 << 20) if workers else 0.0
+)
+loader.close()
+print(json.dumps(row))
+"""
+
+
+def loader_in_child(store: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", LOADER_CHILD, str(store), str(Path(__file__).resolve().parent)],
         check=True,
         capture_output=True,
         text=True,
@@ -87,9 +139,7 @@ def with_unusable(src: Path, dst: Path, bad: int) -> Path:
 
 
 def measure(src: Path, work: Path, n: int, repeat: int) -> dict[str, float]:
-    import torch
-
-    from fastdata import LMDBImageDataset, create_loader, export_store, open_store, verify_store
+    from fastdata import export_store, open_store, verify_store
 
     dst = work / f"store-{n}.lmdb"
     row: dict[str, float] = {}
@@ -98,33 +148,14 @@ def measure(src: Path, work: Path, n: int, repeat: int) -> dict[str, float]:
     row["convert cold img/s"] = max(r["count"] / r["seconds"] for r in cold)
     row["convert warm img/s"] = max(r["count"] / r["seconds"] for r in warm)
     row["convert peak RSS MiB"] = max(r["peak_rss"] for r in cold + warm) / (1 << 20)
+    row["convert peak anon MiB"] = max(r["peak_anon"] for r in cold + warm) / (1 << 20)
     bad = with_unusable(src, work / f"images-{n}-2pct-unusable", n // 50)
     dirty = [convert_in_child(bad, dst, "auto", cold=False) for _ in range(repeat)]
     row["time 2% unusable/clean"] = min(r["seconds"] for r in dirty) / min(
         r["seconds"] for r in warm
     )
 
-    t = time.perf_counter()
-    ds = LMDBImageDataset(dst)
-    row["open ms"] = (time.perf_counter() - t) * 1000
-    row["pickled dataset B"] = len(pickle.dumps(ds))
-
-    torch.manual_seed(0)
-    loader = create_loader(ds, 256, image_size=32, num_workers=2, device="cpu")
-    t = time.perf_counter()
-    it = iter(loader)
-    next(it)
-    row["first batch ms"] = (time.perf_counter() - t) * 1000
-    workers = multiprocessing.active_children()
-    row["worker private dirty MiB"] = (
-        max(private_bytes(p.pid) for p in workers) / (1 << 20) if workers else 0.0
-    )
-    t, seen = time.perf_counter(), 0
-    for images, _ in it:
-        seen += len(images)
-    row["loader img/s"] = seen / (time.perf_counter() - t)
-    loader.close()
-
+    row.update(loader_in_child(dst))
     reader = open_store(dst)
     t = time.perf_counter()
     verify_store(reader)
