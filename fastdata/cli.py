@@ -437,7 +437,10 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     click.echo(f"repaired:   {facts['repaired']}")
     click.echo(f"skipped:    {facts['skipped']}")
     if facts["source"]:
-        click.echo(f"source:     {facts['source']}")
+        kind = " (a manifest)" if facts.get("layout") == "manifest" else ""
+        click.echo(f"source:     {facts['source']}{kind}")
+    if facts.get("copied_from"):
+        click.echo(f"copied from the store {facts['copied_from']}")
     if facts["created"]:
         click.echo(f"created:    {facts['created']}")
     if facts["id"]:
