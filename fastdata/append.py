@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import SourceError
-from .folder import FolderScan, _SampleBuilder
+from .errors import CorruptImageError, SourceError
+from .folder import FolderScan, _SampleBuilder, read_file
+from .jpeg import checksum, validate_image
 from .records import Progress, SkippedFile, StoreMeta
 from .stores.base import StoreWriter
 
@@ -70,8 +71,6 @@ class AppendPlan:
 
     def meta(self, base: StoreMeta, state: Progress) -> StoreMeta:
         """The store's metadata once the append ``state`` is complete."""
-        from dataclasses import replace
-
         return replace(
             base,
             count=state.next_index,
@@ -99,10 +98,6 @@ def _stored_at(meta: StoreMeta) -> float:
 def _change(path: str, size: int, crc: int, limit: int) -> str | None:
     """How the file at ``path`` differs from the record stored from it (``size`` bytes of the
     source file, ``crc`` of the stored bytes), or None."""
-    from .convert import read_file
-    from .errors import CorruptImageError
-    from .jpeg import checksum, validate_image
-
     data = read_file(path, limit)
     if isinstance(data, str):
         return f"unreadable now: {data}"

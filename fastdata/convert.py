@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -25,7 +24,7 @@ import numpy as np
 
 from .append import AppendPlan, plan_append
 from .errors import CorruptImageError, SourceError, UsageError
-from .folder import FolderScan, Sample, file_kind, os_reason, scan_folder
+from .folder import FolderScan, Sample, read_file, scan_folder
 from .jpeg import checksum, validate_image
 from .malloc import tune_malloc
 from .manifest import is_manifest, scan_manifest
@@ -201,40 +200,6 @@ class _Loaded:
 def _chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
-
-
-def read_file(path: str, limit: int) -> bytes | str:
-    """The bytes of the regular file at ``path``, or why it cannot be used.
-
-    The file is opened without blocking (a FIFO would wait forever for a writer) and checked with
-    ``fstat`` before anything is read: FIFOs, sockets and devices, directly or through a link, are
-    refused, and so is a file over ``limit`` bytes; no more than ``limit`` bytes are ever read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        return os_reason(exc)
-    with open(fd, "rb", closefd=True) as f:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return f"not a regular file ({file_kind(st.st_mode)})"
-            if st.st_size > limit:
-                return _too_large(st.st_size, limit)
-            # read(n) allocates n bytes up front: ask for what fstat said, plus one to see if
-            # the file grew since, and only then for the rest (still bounded by the limit)
-            data = f.read(st.st_size + 1)
-            if len(data) > st.st_size:
-                data += f.read(limit + 1 - len(data))
-        except OSError as exc:
-            return os_reason(exc)
-    if len(data) > limit:
-        return _too_large(len(data), limit)
-    return data
-
-
-def _too_large(size: int, limit: int) -> str:
-    return f"too large ({size} bytes; the limit is {limit}: --max-file-size)"
 
 
 def _loader(
