@@ -1,4 +1,5 @@
-"""Scan an ImageFolder tree (``root/<class>/.../<image>``) into samples and classes.
+"""Scan an ImageFolder tree (``root/<class>/.../<image>``) into samples and classes, and read
+its files safely (:func:`read_file`: no FIFO waited on, no size trusted).
 
 The result matches what ``torchvision.datasets.ImageFolder`` sees: classes are the sorted names of
 the root's immediate subfolders, images are found recursively below each of them (links to folders
