@@ -142,17 +142,8 @@ class StoreWriter(abc.ABC):
                         f"{self.location}: cannot resume the conversion it holds: {why}; "
                         "pass --overwrite to start over"
                     )
-                self._check_resumable(saved)
                 self._aside = found.aside is not None
-                self._skipped_saved = len(saved.skipped)
-                self._open(saved, new=False)
-                log.info(
-                    "%s: resuming after %d of %d samples",
-                    self.location,
-                    saved.next_sample,
-                    saved.total,
-                )
-                return saved
+                return self._resume(saved, "")
             if found.meta is not None:
                 if self._same_store(found.meta, progress):
                     self.completed = found.meta
@@ -236,16 +227,7 @@ class StoreWriter(abc.ABC):
         if pending is not None:
             why = pending.same_conversion(fresh) if resume else "--resume was not given"
             if why is None:
-                self._check_resumable(pending)
-                self._skipped_saved = len(pending.skipped)
-                self._open(pending, new=False)
-                log.info(
-                    "%s: resuming the append after %d of %d samples",
-                    self.location,
-                    pending.next_sample,
-                    pending.total,
-                )
-                return pending
+                return self._resume(pending, " the append")
             log.warning(
                 "%s: discarding an interrupted append (%d of %d samples; %s): its records were "
                 "never part of the store",
@@ -261,6 +243,20 @@ class StoreWriter(abc.ABC):
         self._skipped_saved = self._kept_skipped(found.meta)
         self._open(fresh, new=True)
         return fresh
+
+    def _resume(self, saved: Progress, what: str) -> Progress:
+        """Continue the interrupted run ``saved`` records (``what`` it was, for the log)."""
+        self._check_resumable(saved)
+        self._skipped_saved = len(saved.skipped)
+        self._open(saved, new=False)
+        log.info(
+            "%s: resuming%s after %d of %d samples",
+            self.location,
+            what,
+            saved.next_sample,
+            saved.total,
+        )
+        return saved
 
     def _lock_and_look(self) -> Existing:
         """Take the writer lock and look at the destination, first finishing a replacement
