@@ -105,14 +105,21 @@ class Samples(Sequence[Sample]):
         """Every name, UTF-8 encoded (see :func:`fastdata.records.name_bytes`), in order."""
         return self._names.slice_list(self._start, self._stop)
 
+    def select(self, keep: np.ndarray) -> Samples:
+        """The samples ``keep`` marks (a bool per sample), packed anew."""
+        data, offsets = self._names.buffer(self._start, self._stop)
+        lengths = np.diff(offsets)
+        kept = np.zeros(int(np.count_nonzero(keep)) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=kept[1:])
+        names = PackedStrings.from_buffer(data[np.repeat(keep, lengths)].tobytes(), kept)
+        return Samples(names, self.labels[keep].copy())
+
     def joined_names(self, keep: np.ndarray | None = None) -> bytes:
         """The names (those ``keep`` marks, a bool per sample), UTF-8, joined by NUL bytes,
         built from the packed buffer without an object per name."""
-        data, offsets = self._names.buffer(self._start, self._stop)
         if keep is not None:
-            lengths = np.diff(offsets)
-            data = data[np.repeat(keep, lengths)]
-            offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
+            return self.select(keep).joined_names()
+        data, offsets = self._names.buffer(self._start, self._stop)
         if len(offsets) <= 2:
             return data.tobytes()
         return np.insert(data, offsets[1:-1], 0).tobytes()

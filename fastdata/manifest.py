@@ -20,12 +20,15 @@ import json
 import os
 import posixpath
 import stat
+from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import SourceError
-from .folder import FolderScan, _SampleBuilder, file_kind, os_reason
+from .folder import FolderScan, Samples, _SampleBuilder, file_kind, os_reason
 from .records import SkippedFile
 
 __all__ = [
@@ -200,37 +203,35 @@ def scan_manifest(
         raise SourceError(f"{path}: not a regular file; give a .csv or .jsonl manifest")
     root = path.parent
     rows = _Rows(path)
-    kept: list[tuple[str, Any, int]] = []
-    unusable: list[SkippedFile] = []
-    seen: dict[str, int] = {}
-    for number, raw, label in rows:
-        if raw is None:
-            unusable.append(SkippedFile(f"{path.name}:{number}", f"line {number}: {label}"))
-            continue
-        name = _name(raw)
-        if name is None:
-            unusable.append(SkippedFile(f"{path.name}:{number}", f"line {number}: empty path"))
-            continue
-        if name in seen:
-            unusable.append(
-                SkippedFile(name, f"line {number}: duplicate of line {seen[name]}: stored once")
-            )
-            continue
-        seen[name] = number
-        kept.append((name, label, number))
+    # Two passes over the file, so that no row is held: the class names first, then the samples,
+    # packed as they come.
+    names_of_classes: set[str] = set()
+    integers = False
+    for _, raw, label in rows:
+        if raw is not None:
+            integers |= isinstance(label, int) and not isinstance(label, bool)
+            if isinstance(label, str) and label:
+                names_of_classes.add(label)
     order = list(classes) if classes is not None else rows.classes
     if order is not None and len(set(order)) != len(order):
         raise SourceError(f"{path}: the class list names a class twice")
     if order is None:
-        if any(isinstance(label, int) and not isinstance(label, bool) for _, label, _ in kept):
+        if integers:
             raise SourceError(
                 f"{path}: integer labels need a class list: pass one (--classes FILE, a name a "
                 'line) or start a JSON Lines manifest with {"classes": [...]}'
             )
-        order = sorted({str(label) for _, label, _ in kept if isinstance(label, str) and label})
+        order = sorted(names_of_classes)
     index = {c: i for i, c in enumerate(order)}
-    samples = _SampleBuilder()
-    for name, label, number in kept:
+    unusable: list[SkippedFile] = []
+    builder = _SampleBuilder()
+    hashes, lines = array("q"), array("q")
+    for number, raw, label in rows:
+        name = _name(raw) if raw is not None else None
+        if name is None:
+            why = label if raw is None else "empty path"
+            unusable.append(SkippedFile(f"{path.name}:{number}", f"line {number}: {why}"))
+            continue
         k = _label(label, index, len(order))
         if isinstance(k, str):
             unusable.append(SkippedFile(name, f"line {number}: {k}"))
@@ -239,19 +240,57 @@ def scan_manifest(
         if why is not None:
             unusable.append(SkippedFile(name, f"line {number}: {why}"))
             continue
-        samples.add(name, k)
+        builder.add(name, k)
+        hashes.append(hash(name))
+        lines.append(number)
+    samples = builder.build()
+    keep = _first_of_each(samples, hashes, lines, unusable)
+    if keep is not None:
+        samples = samples.select(keep)
     if not len(samples):
         reasons = "; ".join(f"{s.reason}" for s in unusable[:3]) or "no rows"
         raise SourceError(f"{path}: no usable image in the manifest ({reasons})")
     return FolderScan(
         root,
         order,
-        samples.build(),
+        samples,
         0,
         unusable,
         layout="manifest",
         source=os.path.realpath(path),
     )
+
+
+def _first_of_each(
+    samples: Samples, hashes: array[int], lines: array[int], unusable: list[SkippedFile]
+) -> np.ndarray | None:
+    """Which samples to keep when a path is listed twice: the first listing (the others are
+    added to ``unusable``); None when no path is. Paths are compared by hash, in one sort, and
+    by their bytes where hashes meet."""
+    h = np.frombuffer(hashes, dtype=np.int64)
+    order = np.argsort(h, kind="stable")  # equal hashes stay in line order
+    ranked = h[order]
+    meets = np.flatnonzero(ranked[1:] == ranked[:-1]) + 1
+    if not len(meets):
+        return None
+    keep = np.ones(len(h), dtype=bool)
+    for at in meets.tolist():
+        later = int(order[at])
+        name = samples[later].name
+        first = at - 1
+        while first >= 0 and ranked[first] == ranked[at]:
+            earlier = int(order[first])
+            if keep[earlier] and samples[earlier].name == name:
+                keep[later] = False
+                unusable.append(
+                    SkippedFile(
+                        name,
+                        f"line {lines[later]}: duplicate of line {lines[earlier]}: stored once",
+                    )
+                )
+                break
+            first -= 1
+    return keep
 
 
 def _label(label: Any, index: dict[str, int], n: int) -> int | str:
