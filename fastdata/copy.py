@@ -161,7 +161,7 @@ def copy_store(
         resumed_from = state.next_sample
         batch: list[Record] = []
         batch_bytes = 0
-        names = bytearray(b"\0".join(reader.record_names()[:resumed_from]))
+        names = bytearray(reader.record_names().joined(0, resumed_from))
         for records in _batches(reader, state.next_sample, batch_size):
             for rec in records:
                 if rec.index:

@@ -105,6 +105,14 @@ class Samples(Sequence[Sample]):
         """Every name, UTF-8 encoded (see :func:`fastdata.records.name_bytes`), in order."""
         return self._names.slice_list(self._start, self._stop)
 
+    @property
+    def packed_names(self) -> PackedStrings:
+        """The names, UTF-8 encoded, packed (a copy when this is a slice)."""
+        if self._start == 0 and self._stop == len(self._names):
+            return self._names
+        data, offsets = self._names.buffer(self._start, self._stop)
+        return PackedStrings.from_buffer(data.tobytes(), offsets)
+
     def select(self, keep: np.ndarray) -> Samples:
         """The samples ``keep`` marks (a bool per sample), packed anew."""
         data, offsets = self._names.buffer(self._start, self._stop)
@@ -119,10 +127,7 @@ class Samples(Sequence[Sample]):
         built from the packed buffer without an object per name."""
         if keep is not None:
             return self.select(keep).joined_names()
-        data, offsets = self._names.buffer(self._start, self._stop)
-        if len(offsets) <= 2:
-            return data.tobytes()
-        return np.insert(data, offsets[1:-1], 0).tobytes()
+        return self._names.joined(self._start, self._stop)
 
     @property
     def labels(self) -> np.ndarray:

@@ -25,6 +25,35 @@ class PackedStrings:
         self._data = b"".join(items)
 
     @classmethod
+    def from_joined(cls, joined: bytes, separator: int = 0) -> PackedStrings:
+        """Strings joined by a separator byte (that none of them holds), packed without it."""
+        if not joined:
+            return cls([])
+        raw = np.frombuffer(joined, dtype=np.uint8)
+        cuts = np.flatnonzero(raw == separator)
+        offsets = np.empty(len(cuts) + 2, dtype=np.int64)
+        offsets[0] = 0
+        offsets[1:-1] = cuts - np.arange(len(cuts))
+        offsets[-1] = len(raw) - len(cuts)
+        return cls.from_buffer(np.delete(raw, cuts).tobytes(), offsets)
+
+    def joined(self, start: int = 0, stop: int | None = None, separator: int = 0) -> bytes:
+        """Entries ``start .. stop-1`` joined by a separator byte (no object per entry)."""
+        data, offsets = self.buffer(start, len(self) if stop is None else stop)
+        if len(offsets) <= 2:
+            return data.tobytes()
+        return np.insert(data, offsets[1:-1], separator).tobytes()
+
+    def hashes(self) -> np.ndarray:
+        """Python's ``hash`` of every entry, as one int64 array (built a slice at a time)."""
+        out = np.empty(len(self), dtype=np.int64)
+        step = 1 << 16
+        for start in range(0, len(self), step):
+            part = self.slice_list(start, min(len(self), start + step))
+            out[start : start + len(part)] = [hash(b) for b in part]
+        return out
+
+    @classmethod
     def from_buffer(cls, data: bytes, offsets: np.ndarray) -> PackedStrings:
         """Strings already packed: ``data`` and ``len + 1`` ascending offsets into it."""
         self = cls.__new__(cls)

@@ -248,3 +248,21 @@ def test_an_overwrite_after_an_append_is_still_a_replacement(tmp_path: Path) -> 
     convert(other, dst, overwrite=True)
     with pytest.raises(StoreReplacedError):
         pickle.loads(worker_view)[0]
+
+
+def test_names_are_matched_by_their_bytes_when_hashes_meet(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from fastdata.append import _find
+    from fastdata.packed import PackedStrings
+
+    joined = PackedStrings.from_joined(b"a/1.jpg\0b/2.jpg\0c/3.jpg")
+    assert list(joined) == [b"a/1.jpg", b"b/2.jpg", b"c/3.jpg"]
+    assert (
+        joined.joined() == b"a/1.jpg\0b/2.jpg\0c/3.jpg" and len(PackedStrings.from_joined(b"")) == 0
+    )
+    wanted = PackedStrings([b"c/3.jpg", b"z.jpg", b"a/1.jpg"])
+    assert _find(joined, wanted).tolist() == [2, -1, 0]
+    # every hash the same: the bytes decide
+    monkeypatch.setattr(PackedStrings, "hashes", lambda self: np.zeros(len(self), np.int64))
+    assert _find(joined, wanted).tolist() == [2, -1, 0]

@@ -167,7 +167,7 @@ def test_stores_keep_an_index_of_their_names(source: Path, tmp_path: Path) -> No
     for store in (source, copy):
         reader = open_store(store)
         want = [name_bytes(h.name) for h in reader.iter_headers()]
-        assert reader.record_names() == want
+        assert list(reader.record_names()) == want
         reader.close()
         env = lmdb.open(str(store), readonly=True, lock=False)
         with env.begin() as txn:

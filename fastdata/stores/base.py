@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError, StoreExistsError, StoreNotFoundError, UsageError
+from ..packed import PackedStrings
 from ..records import (
     Progress,
     Record,
@@ -493,10 +494,10 @@ class StoreReader(abc.ABC):
             for rec in self.read_records(range(start, min(n, start + batch_size))):
                 yield rec.header
 
-    def record_names(self) -> list[bytes]:
-        """Every record's name, ``name_bytes``-encoded, in index order (what an append compares
-        a source with); backends with an index of names read it at once."""
-        return [name_bytes(h.name) for h in self.iter_headers()]
+    def record_names(self) -> PackedStrings:
+        """Every record's name, ``name_bytes``-encoded, in index order, packed (what an append
+        compares a source with); backends with an index of names read it at once."""
+        return PackedStrings([name_bytes(h.name) for h in self.iter_headers()])
 
     def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
         """Every record in index order, fetched ``batch_size`` at a time."""

@@ -1012,12 +1012,12 @@ class LMDBStore(_Leased):
             )
         return value
 
-    def record_names(self) -> list[bytes]:
+    def record_names(self) -> PackedStrings:
         lease = self._env()
         with _reading(self.path), lease.env.begin(buffers=True) as txn:
             raw = lease.value(txn.get(NAMES_KEY), f"{self.path}: the names")
-        names = raw.split(b"\0") if raw else []
-        if len(names) != len(self) or (len(self) == 0):
+        names = PackedStrings.from_joined(raw or b"")
+        if len(names) != len(self) or len(self) == 0:
             return super().record_names()  # written before the index existed, or damaged
         return names
 

@@ -1035,7 +1035,7 @@ class MongoStore(_MongoTarget, StoreReader):
                 where = f"{self.location}: record {doc['_id']}"
                 yield RecordHeader.from_dict(_names_from_bson(doc), where)
 
-    def record_names(self) -> list[bytes]:
+    def record_names(self) -> PackedStrings:
         """The names alone, in one query that returns no image bytes."""
         n = len(self)
 
@@ -1053,7 +1053,7 @@ class MongoStore(_MongoTarget, StoreReader):
                     "`fastdata verify` on it"
                 )
             names.append(name_bytes(name))
-        return names
+        return PackedStrings(names)
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
