@@ -116,22 +116,30 @@ def _change(path: str, size: int, crc: int, limit: int) -> str | None:
 
 def _find(stored: PackedStrings, wanted: PackedStrings) -> np.ndarray:
     """For each of ``wanted``, its index in ``stored``, or -1: matched by hash in one sorted
-    array (8 bytes an entry, no object per entry), confirmed byte for byte."""
+    array (8 bytes an entry, no object per entry held), confirmed byte for byte."""
+    out = np.full(len(wanted), -1, dtype=np.int64)
+    if not len(stored) or not len(wanted):
+        return out
     keys = stored.hashes()
     order = np.argsort(keys, kind="stable")
     ranked = keys[order]
     probes = wanted.hashes()
-    at = np.searchsorted(ranked, probes)
-    out = np.full(len(wanted), -1, dtype=np.int64)
-    for i in np.flatnonzero(at < len(ranked)).tolist():
-        k = int(at[i])
-        name = None
-        while k < len(ranked) and ranked[k] == probes[i]:  # equal hashes: compare the bytes
-            name = wanted[i] if name is None else name
-            if stored[int(order[k])] == name:
-                out[i] = order[k]
-                break
-            k += 1
+    at = np.minimum(np.searchsorted(ranked, probes), len(ranked) - 1)
+    step = 1 << 16
+    for lo in range(0, len(wanted), step):
+        hi = min(len(wanted), lo + step)
+        hits = lo + np.flatnonzero(ranked[at[lo:hi]] == probes[lo:hi])
+        names = wanted.take(hits)
+        for i, name, first in zip(hits.tolist(), names, stored.take(order[at[hits]]), strict=True):
+            if first == name:
+                out[i] = order[at[i]]
+                continue
+            k = int(at[i]) + 1  # another name with the same hash: look on
+            while k < len(ranked) and ranked[k] == probes[i]:
+                if stored[int(order[k])] == name:
+                    out[i] = order[k]
+                    break
+                k += 1
     return out
 
 

@@ -76,6 +76,13 @@ class PackedStrings:
         data = np.frombuffer(self._data, dtype=np.uint8)[lo:hi]
         return data, self._offsets[start : stop + 1] - lo
 
+    def take(self, indices: np.ndarray) -> list[bytes]:
+        """The entries at ``indices`` (in range), as a list."""
+        data = self._data
+        starts = self._offsets[indices].tolist()
+        ends = self._offsets[np.asarray(indices) + 1].tolist()
+        return [data[a:b] for a, b in zip(starts, ends, strict=True)]
+
     def slice_list(self, start: int, stop: int) -> list[bytes]:
         """Entries ``start .. stop-1`` as a list (one pass, no per-entry bounds checks)."""
         data, ends = self._data, self._offsets[start : stop + 1].tolist()
