@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..records import Record, RecordHeader, SkippedFile, StoreMeta
+from ..records import Record, SkippedFile, StoreMeta
 from .base import StoreReader
 
 __all__ = ["StoreView"]
@@ -151,7 +151,7 @@ class StoreView(StoreReader):
         idx, base = self._map(indices)
         labels = self.labels[idx].tolist()
         return [
-            Record(i, RecordHeader(**{**r.header.__dict__, "label": label}), r.data)
+            Record(i, replace(r.header, label=label), r.data)
             for i, r, label in zip(idx, self.base.read_records(base), labels, strict=True)
         ]
 
