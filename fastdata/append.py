@@ -23,7 +23,7 @@ from .errors import CorruptImageError, SourceError
 from .folder import FolderScan, _SampleBuilder, read_file
 from .jpeg import checksum, validate_image
 from .packed import PackedStrings
-from .records import Progress, SkippedFile, StoreMeta
+from .records import Progress, SkippedFile, StoreMeta, name_bytes
 from .stores.base import StoreWriter
 
 if TYPE_CHECKING:
@@ -61,6 +61,10 @@ class AppendPlan:
     already_stored: int = 0
     changed: list[SkippedFile] = field(default_factory=list)
     base_skipped: int = 0
+    gone: list[str] = field(default_factory=list)
+    gone_count: int = 0
+    moved: list[tuple[str, str]] = field(default_factory=list)
+    skipped_unchanged: int = 0
 
     def completed(self, report: ConvertReport) -> ConvertReport:
         """``report`` with what the append adds to it."""
@@ -69,7 +73,22 @@ class AppendPlan:
         report.new_classes = list(self.new_classes)
         report.class_order = self.class_order
         report.changed = list(self.changed)
+        report.gone, report.gone_count = list(self.gone), self.gone_count
+        report.moved = list(self.moved)
+        report.skipped_unchanged = self.skipped_unchanged
         return report
+
+    def final_skipped(self, skipped: list[SkippedFile], added: PackedStrings) -> list[SkippedFile]:
+        """The store's skipped list once the append is complete: the entries it had, less the
+        files this append stored (fixed since) and those it listed again (their new entry
+        replaces the old one), then the new entries."""
+        base, new = skipped[: self.base_skipped], skipped[self.base_skipped :]
+        if not base:
+            return list(skipped)
+        names = PackedStrings([name_bytes(s.name) for s in base])
+        again = PackedStrings([name_bytes(s.name) for s in new])
+        drop = (added.find(names) >= 0) | (again.find(names) >= 0)
+        return [s for s, gone in zip(base, drop.tolist(), strict=True) if not gone] + new
 
     def meta(self, base: StoreMeta, state: Progress) -> StoreMeta:
         """The store's metadata once the append ``state`` is complete."""
@@ -97,14 +116,12 @@ def _stored_at(meta: StoreMeta) -> float:
     return 0.0
 
 
-def _change(path: str, size: int, crc: int, limit: int) -> str | None:
-    """How the file at ``path`` differs from the record stored from it (``size`` bytes of the
-    source file, ``crc`` of the stored bytes), or None."""
+def _change(path: str, crc: int, limit: int) -> str | None:
+    """Whether the file at ``path`` (of the size it was stored with) holds other bytes than
+    the record (``crc`` of the stored bytes), and how; None when it does not."""
     data = read_file(path, limit)
     if isinstance(data, str):
         return f"unreadable now: {data}"
-    if len(data) != size:
-        return f"{len(data)} bytes now, {size} when it was stored"
     try:
         stored = validate_image(data, path).data  # as it would be stored (a repair appended)
     except CorruptImageError:
@@ -114,33 +131,8 @@ def _change(path: str, size: int, crc: int, limit: int) -> str | None:
     return None
 
 
-def _find(stored: PackedStrings, wanted: PackedStrings) -> np.ndarray:
-    """For each of ``wanted``, its index in ``stored``, or -1: matched by hash in one sorted
-    array (8 bytes an entry, no object per entry held), confirmed byte for byte."""
-    out = np.full(len(wanted), -1, dtype=np.int64)
-    if not len(stored) or not len(wanted):
-        return out
-    keys = stored.hashes()
-    order = np.argsort(keys, kind="stable")
-    ranked = keys[order]
-    probes = wanted.hashes()
-    at = np.minimum(np.searchsorted(ranked, probes), len(ranked) - 1)
-    step = 1 << 16
-    for lo in range(0, len(wanted), step):
-        hi = min(len(wanted), lo + step)
-        hits = lo + np.flatnonzero(ranked[at[lo:hi]] == probes[lo:hi])
-        names = wanted.take(hits)
-        for i, name, first in zip(hits.tolist(), names, stored.take(order[at[hits]]), strict=True):
-            if first == name:
-                out[i] = order[at[i]]
-                continue
-            k = int(at[i]) + 1  # another name with the same hash: look on
-            while k < len(ranked) and ranked[k] == probes[i]:
-                if stored[int(order[k])] == name:
-                    out[i] = order[k]
-                    break
-                k += 1
-    return out
+SHOWN = 10
+"""Paths listed by name in a report (gone from the source, moved); the rest are counted."""
 
 
 def plan_append(
@@ -151,12 +143,17 @@ def plan_append(
     verify_decode: bool,
     max_file_bytes: int,
     check_changed: bool = True,
+    check_content: bool = False,
 ) -> AppendPlan:
     """Read the store at ``writer``'s location and work out what the source ``scan`` adds.
 
-    Costs about a folder scan: the store's names are read as one value (LMDB) or one query
-    (MongoDB), each source file the store holds is looked at with one ``stat``, and only files
-    modified since the store was written are read and compared with their records.
+    Costs about a folder scan: the store's names and sizes are read at once, each source file
+    the store holds is looked at with one ``stat``. A file whose size differs from its record's
+    is reported as changed; one of the same size is read and compared with its record when it
+    was modified since the store was written (the time is a hint), or always with
+    ``check_content``. A file the store lists as skipped is read again only when its size or
+    modification time changed since; then, if it is usable now, it is stored and taken off the
+    list.
 
     Raises:
         SourceError: the source is laid out differently from the store's (a folder against a
@@ -175,7 +172,7 @@ def plan_append(
     since = _stored_at(base)
     root = os.fspath(scan.root)
     todo = _SampleBuilder()
-    already = 0
+    already = unchanged_skips = 0
     changed: list[SkippedFile] = []
     suspects: list[int] = []
     reader = writer.open_reader()
@@ -185,7 +182,9 @@ def plan_append(
         base_names = stored.joined()
         skipped_before = reader.skipped_files()
         source = scan.samples.packed_names
-        held = _find(stored, source)
+        held = stored.find(source)
+        sizes = reader.record_sizes() if check_changed and (held >= 0).any() else None
+        earlier = {name_bytes(s.name): s for s in skipped_before}
         labels = scan.samples.labels
         prefix = os.fsencode(os.path.join(root, ""))
         step = 1 << 16  # a slice of names at a time: no object per name held for long
@@ -199,38 +198,55 @@ def plan_append(
             for lo in range(0, len(source), step)
         )
         for raw, at, label in itertools.chain.from_iterable(rows):
+            path = raw if raw[:1] == b"/" else prefix + raw
             if at < 0:
+                before = earlier.get(raw)
+                if before is not None and before.size >= 0:
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        st = None
+                    if st is not None and (st.st_size, st.st_mtime_ns) == (
+                        before.size,
+                        before.mtime_ns,
+                    ):
+                        unchanged_skips += 1  # skipped before, unchanged: not read again
+                        continue
                 todo.add(raw.decode("utf-8", "surrogateescape"), label)
                 continue
             already += 1
-            if not check_changed:
+            if sizes is None:
                 continue
-            # a file not modified since the store was written is the file stored; one that was
-            # is compared with its record, size and then bytes
+            name = raw.decode("utf-8", "surrogateescape")
             try:
-                modified = os.stat(raw if raw[:1] == b"/" else prefix + raw).st_mtime > since
+                st = os.stat(path)
             except OSError as exc:
-                name = raw.decode("utf-8", "surrogateescape")
                 changed.append(SkippedFile(name, f"unreadable now: {exc.strerror or exc}"))
                 continue
-            if modified:
+            if st.st_size != sizes[at]:
+                changed.append(
+                    SkippedFile(name, f"{st.st_size} bytes now, {sizes[at]} when it was stored")
+                )
+            elif check_content or st.st_mtime > since:
                 suspects.append(at)
         for start in range(0, len(suspects), 256):
             for rec in reader.read_records(suspects[start : start + 256]):
                 h = rec.header
-                why = _change(
-                    scan.file_path(h.name), h.size - 2 * h.repaired, h.crc32, max_file_bytes
-                )
+                why = _change(scan.file_path(h.name), h.crc32, max_file_bytes)
                 if why is not None:
                     changed.append(SkippedFile(h.name, why))
     finally:
         reader.close()
+    gone_at = np.flatnonzero(source.find(stored) < 0)
+    gone = [n.decode("utf-8", "surrogateescape") for n in stored.take(gone_at[:SHOWN])]
+    new_samples = todo.build()
+    moved = _moves(stored, gone_at, new_samples.packed_names)
     listed = {(s.name, s.reason) for s in skipped_before}
     unusable = [s for s in scan.unusable if (s.name, s.reason) not in listed]
     plan_scan = FolderScan(
         scan.root,
         classes,
-        todo.build(),
+        new_samples,
         scan.skipped_files,
         unusable,
         layout=scan.layout,
@@ -248,6 +264,13 @@ def plan_append(
     )
     for item in changed:
         log.warning("%s changed since it was stored (%s): not stored again", item.name, item.reason)
+    if len(gone_at):
+        log.warning(
+            "%d image(s) of the store are not in the source (the store keeps them): %s%s",
+            len(gone_at),
+            ", ".join(gone),
+            ", ..." if len(gone_at) > len(gone) else "",
+        )
     return AppendPlan(
         plan_scan,
         progress,
@@ -258,4 +281,27 @@ def plan_append(
         already,
         changed,
         len(skipped_before),
+        gone,
+        len(gone_at),
+        moved,
+        unchanged_skips,
     )
+
+
+def _moves(stored: PackedStrings, gone_at: np.ndarray, new: PackedStrings) -> list[tuple[str, str]]:
+    """``(stored name, new name)`` of images that look moved: a path gone from the source and a
+    new one with the same file name (at most ``SHOWN``)."""
+    if not len(gone_at) or not len(new):
+        return []
+    by_file: dict[bytes, bytes] = {}
+    for name in stored.take(gone_at[: 1 << 16]):
+        by_file.setdefault(name.rpartition(b"/")[2], name)
+    out = []
+    for lo in range(0, len(new), 1 << 16):
+        for name in new.slice_list(lo, min(len(new), lo + (1 << 16))):
+            old = by_file.get(name.rpartition(b"/")[2])
+            if old is not None:
+                out.append((os.fsdecode(old), os.fsdecode(name)))
+                if len(out) >= SHOWN:
+                    return out
+    return out

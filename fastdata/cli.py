@@ -348,9 +348,15 @@ def convert(
 @cli.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--source-collection", help="The collection, when SRC is a mongodb:// URI.")
 @click.option(
-    "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
+    "--source-collection",
+    help="SRC's collection, when both SRC and DST are mongodb:// URIs.",
+)
+@click.option(
+    "--collection",
+    "-c",
+    help="The collection of the one side that is a mongodb:// URI; when both are, DST's "
+    "(default: SRC's name).",
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted copy into DST.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
@@ -378,7 +384,7 @@ def copy(
     \b
     Example:
       fastdata copy train.lmdb mongodb://db1:27017/images -c train
-      fastdata copy mongodb://db1:27017/images --source-collection train /local/train.lmdb
+      fastdata copy mongodb://db1:27017/images -c train /local/train.lmdb
     """
     from .copy import copy_store
 

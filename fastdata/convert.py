@@ -27,7 +27,8 @@ from .errors import CorruptImageError, SourceError, UsageError
 from .folder import FolderScan, Sample, read_file, scan_folder
 from .jpeg import checksum, validate_image
 from .malloc import tune_malloc
-from .manifest import is_manifest, scan_manifest
+from .manifest import is_manifest, listed_folders, scan_manifest
+from .packed import PackedStrings
 from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 from .stores import StoreWriter, open_writer
 
@@ -91,6 +92,12 @@ class ConvertReport:
         class_order: ``"sorted"`` (ImageFolder's) or ``"appended"`` (new classes at the end).
         changed: files the store holds that changed since they were stored (reported, not
             stored again).
+        gone: the first few images of the store that the source no longer has (the store keeps
+            them); ``gone_count`` counts them all.
+        moved: ``(stored name, new name)`` of images that look moved (another folder, same file
+            name): stored again as new records, the old ones kept.
+        skipped_unchanged: files the store lists as skipped, unchanged since: not read again.
+        resumed_options: the options a resumed run continued with, as command-line flags.
     """
 
     destination: str
@@ -109,6 +116,11 @@ class ConvertReport:
     new_classes: list[str] = field(default_factory=list)
     class_order: str = "sorted"
     changed: list[SkippedFile] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    gone_count: int = 0
+    moved: list[tuple[str, str]] = field(default_factory=list)
+    skipped_unchanged: int = 0
+    resumed_options: list[str] = field(default_factory=list)
 
     @property
     def images_per_second(self) -> float:
@@ -207,14 +219,23 @@ def _loader(
 ) -> Callable[[list[Sample]], list[tuple[Sample, _Loaded | SkippedFile]]]:
     """The workers' job: read, validate and checksum a chunk of samples (never writes)."""
 
+    def skip(sample: Sample, path: str, reason: str) -> SkippedFile:
+        # the file as it was, so that an append reads it again only once it changed
+        try:
+            st = os.stat(path)
+        except OSError:
+            return SkippedFile(sample.name, reason)
+        return SkippedFile(sample.name, reason, st.st_size, st.st_mtime_ns)
+
     def load_one(sample: Sample) -> _Loaded | SkippedFile:
-        data = read_file(scan.file_path(sample.name), max_file_bytes)
+        path = scan.file_path(sample.name)
+        data = read_file(path, max_file_bytes)
         if isinstance(data, str):
-            return SkippedFile(sample.name, data)
+            return skip(sample, path, data)
         try:
             checked = validate_image(data, sample.name, decode=verify_decode)
         except CorruptImageError as exc:
-            return SkippedFile(sample.name, exc.reason)
+            return skip(sample, path, exc.reason)
         header = RecordHeader(
             name=sample.name,
             label=sample.label,
@@ -232,11 +253,29 @@ def _loader(
 
 
 def _check_destination(scan: FolderScan, writer: StoreWriter) -> None:
-    """Refuse a store inside the source folder, comparing paths with links resolved."""
+    """Refuse a store where it would hold what it converts, comparing paths with links
+    resolved: inside the source folder, or, for a manifest (whose source is the files it lists,
+    not the folder it sits in), at the manifest or at a folder that holds a listed file."""
     target = getattr(writer, "path", None)
     if not isinstance(target, str):
         return  # not on the file system
     dest = Path(os.path.realpath(target))
+    if scan.layout == "manifest":
+        manifest = Path(scan.source)
+        if dest == manifest or dest in manifest.parents:
+            raise SourceError(
+                f"{target}: the store would be written over the manifest {scan.source}; "
+                "choose another destination"
+            )
+        for folder in map(Path, listed_folders(scan)):
+            if dest == folder or dest in folder.parents:
+                raise SourceError(
+                    f"{target}: the store would be written where the manifest's images are "
+                    f"(links resolved, {folder} is {'it' if dest == folder else 'inside it'}); "
+                    "choose a destination that holds none of them (the images are never "
+                    "written to)"
+                )
+        return
     root = Path(os.path.realpath(scan.root))
     if dest == root or root in dest.parents:
         raise SourceError(
@@ -252,7 +291,7 @@ def convert(
     *,
     workers: int | None = None,
     strict: bool = False,
-    verify_decode: bool = False,
+    verify_decode: bool | None = None,
     resume: bool = False,
     overwrite: bool = False,
     progress: ProgressCallback | None = None,
@@ -263,6 +302,7 @@ def convert(
     tune_allocator: bool = False,
     append: bool = False,
     classes: Sequence[str] | None = None,
+    check_content: bool = False,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``), or the images a CSV or JSON Lines
     manifest lists (see :mod:`fastdata.manifest`), into a store.
@@ -278,8 +318,10 @@ def convert(
         workers: reader threads; by default the conversion measures a few counts as it goes
             and uses the fastest (see ``_tuned_map``).
         strict: raise on the first unusable file instead of skipping it.
-        verify_decode: also decode every image fully with Pillow and skip those that fail.
-        resume: continue an interrupted conversion into ``destination``.
+        verify_decode: also decode every image fully with Pillow and skip those that fail. Not
+            given (None): off for a new run, as recorded for a resumed one.
+        resume: continue an interrupted conversion into ``destination`` with the options it
+            was started with (an option given that conflicts with them is refused).
         overwrite: replace an existing store at ``destination``.
         progress: called as ``progress(done, total)`` as samples are handled.
         commit_records: records per committed batch.
@@ -293,6 +335,9 @@ def convert(
             yet (by relative path) as new records, in place (see :mod:`fastdata.append`);
             ``resume`` then continues an interrupted append.
         classes: for a manifest, the class order (integer labels index it).
+        check_content: with ``append``, read every source file the store holds and compare
+            it with its record by checksum (by default only the size is compared, and the bytes
+            of files modified since the store was written).
 
     Returns:
         A :class:`ConvertReport`.
@@ -339,23 +384,30 @@ def convert(
             def make_plan(base: StoreMeta) -> Progress:
                 nonlocal plan
                 plan = plan_append(
-                    scan, writer, base, verify_decode=verify_decode, max_file_bytes=max_file_bytes
+                    scan,
+                    writer,
+                    base,
+                    verify_decode=bool(verify_decode),
+                    max_file_bytes=max_file_bytes,
+                    check_content=check_content,
                 )
+                plan.progress.verify_decode = verify_decode  # type: ignore[assignment]
                 return plan.progress
 
             state = writer.start_append(make_plan, resume=resume)
             assert plan is not None and writer.base is not None, "start_append() plans"
             scan, total = plan.scan, len(plan.scan.samples)
             if state is None:
-                log.info("%s: the store holds every image of the source", writer.location)
+                log.info("%s: nothing to add; the store is as it was", writer.location)
                 report = _report(writer.base, writer.location, scan, started, total, [])
+                report.skipped = list(scan.unusable)
                 return plan.completed(report)
         else:
             fresh = Progress(
                 source=scan.source,
                 fingerprint=scan.fingerprint(),
                 total=total,
-                verify_decode=verify_decode,
+                verify_decode=verify_decode,  # type: ignore[arg-type]
                 skipped=list(scan.unusable),
             )
             state = writer.start(fresh, overwrite=overwrite, resume=resume)
@@ -365,6 +417,7 @@ def convert(
             # Its skipped list stays in the store (`fastdata info --skipped`).
             return _report(writer.completed, writer.location, scan, started, total, [])
         resumed_from = state.next_sample
+        verify_decode = state.verify_decode = bool(state.verify_decode)
         batch: list[Record] = []
         batch_bytes = 0
 
@@ -413,11 +466,22 @@ def convert(
                 f"{scan.root}: none of its {total} images could be used ({reasons}); "
                 "fix or remove them and convert again"
             )
+        skipped_from = None
+        final_skipped = new_skipped = state.skipped
         if plan is not None:
             assert writer.base is not None
-            labels, names = _stored(scan, state.count, state.skipped[plan.base_skipped :])
+            new_skipped = state.skipped[plan.base_skipped :]
+            labels, names = _stored(scan, state.count, new_skipped)
+            final_skipped = plan.final_skipped(state.skipped, PackedStrings.from_joined(names))
+            if final_skipped != state.skipped:
+                pairs = zip(final_skipped, state.skipped, strict=False)
+                skipped_from = next(
+                    (i for i, (a, b) in enumerate(pairs) if a != b),
+                    min(len(final_skipped), len(state.skipped)),
+                )
             labels = np.concatenate([plan.base_labels, labels])
             names = b"\0".join(n for n in (plan.base_names, names) if n)
+            state.skipped = final_skipped
             meta = plan.meta(writer.base, state)
         else:
             labels, names = _stored(scan, state.count, state.skipped)
@@ -435,10 +499,10 @@ def convert(
                 layout=scan.layout,
                 updated=now,
             )
-        writer.finish(meta, labels, state.skipped, names)
+        writer.finish(meta, labels, final_skipped, names, skipped_from=skipped_from)
     if progress is not None:
         progress(total, total)
-    skipped = state.skipped[plan.base_skipped :] if plan is not None else state.skipped
+    skipped = new_skipped if plan is not None else state.skipped
     report = _report(meta, writer.location, scan, started, resumed_from, skipped)
     report.reader_threads = chosen if workers is None else [workers]
     return plan.completed(report) if plan is not None else report

@@ -90,6 +90,20 @@ def _name_of(reader: StoreReader) -> str:
     return os.path.splitext(os.path.basename(os.path.normpath(reader.location)))[0]
 
 
+def _source_words(reader: StoreReader) -> str:
+    """The source store as command-line words, resolved, so that a resume from any folder, with
+    any spelling of the path, names the same store: ``PATH`` or ``URI --source-collection C``."""
+    path = getattr(reader, "path", None)
+    if isinstance(path, str):
+        return os.path.realpath(path)
+    uri, name = getattr(reader, "uri", None), getattr(reader, "collection", None)
+    if isinstance(uri, str) and isinstance(name, str):
+        from .stores.mongo_store import mask_uri
+
+        return f"{mask_uri(uri)} --source-collection {name}"
+    return reader.location
+
+
 def _same_place(reader: StoreReader, writer: StoreWriter) -> bool:
     a, b = getattr(reader, "path", None), getattr(writer, "path", None)
     if isinstance(a, str) and isinstance(b, str):
@@ -118,7 +132,8 @@ def copy_store(
         destination: an LMDB folder, a URI (with ``collection``, default the source's
             collection), or a writer.
         source_collection: the source's collection, when it is a URI.
-        collection: the destination's collection, when it is a URI.
+        collection: the destination's collection, when it is a URI; when only the source is
+            one, the source's (``--collection`` names the one MongoDB side).
         overwrite: replace a store at ``destination`` (built aside; the old one stays whole
             until the copy is complete).
         resume: continue an interrupted copy of the same source store.
@@ -133,6 +148,20 @@ def copy_store(
         StoreExistsError, StoreLockedError, StoreError: as for :func:`fastdata.convert`.
     """
     started = time.perf_counter()
+    from .stores.mongo_store import is_mongo_uri, mask_uri
+
+    if is_mongo_uri(source) and not is_mongo_uri(destination):
+        # one side is MongoDB: ``collection`` names that side, whichever it is
+        if source_collection is None:
+            source_collection, collection = collection, None
+        elif collection is not None:
+            raise UsageError(
+                f"{destination}: an LMDB destination has no collection; --collection names the "
+                "source's when only the source is a MongoDB URI (give it once)"
+            )
+    if is_mongo_uri(source) and not source_collection:
+        flag = "--source-collection" if is_mongo_uri(destination) else "--collection"
+        raise UsageError(f"{mask_uri(str(source))}: name the source's collection ({flag} NAME)")
     mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
     reader = (
         source
@@ -147,7 +176,7 @@ def copy_store(
         raise UsageError(f"{writer.location}: the source and the destination are the same store")
     total = len(reader)
     fresh = Progress(
-        source=reader.location,
+        source=_source_words(reader),
         fingerprint=f"store:{src_meta.id or reader.location}",
         total=total,
         skipped=reader.skipped_files(),
@@ -196,7 +225,8 @@ def copy_store(
 
 
 def _copied_meta(src: StoreMeta, state: Progress) -> StoreMeta:
-    """The source's metadata as it is, under the copy's own identity."""
+    """The source's metadata as it is (``updated`` too: an append to the copy compares files
+    with the time the records were written), under the copy's own identity."""
     now = datetime.now(UTC).isoformat(timespec="seconds")
     return replace(
         src,
@@ -211,5 +241,5 @@ def _copied_meta(src: StoreMeta, state: Progress) -> StoreMeta:
         id=state.store_id,
         appended_from=[],
         copied_from=src.id,
-        updated=now,
+        updated=src.updated or src.created or now,
     )

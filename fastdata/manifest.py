@@ -36,6 +36,7 @@ __all__ = [
     "MANIFEST_SUFFIXES",
     "export_name",
     "is_manifest",
+    "listed_folders",
     "read_class_list",
     "scan_manifest",
 ]
@@ -77,10 +78,11 @@ class _Rows:
         self.path = path
         self.classes: list[str] | None = None
 
-    def _lines(self, f: Any) -> Iterator[tuple[int, str]]:
+    def _lines(self, f: Any) -> Iterator[tuple[int, str | None]]:
+        """``(line number, text)``; the text is None for a line over ``MAX_ROW_BYTES``."""
         for number, line in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), ""), 1):
             if len(line) > MAX_ROW_BYTES:
-                yield number, ""  # too long: reported, and the rest of it skipped
+                yield number, None  # too long: reported, and the rest of it skipped
                 while len(line) > MAX_ROW_BYTES and not line.endswith("\n"):
                     line = f.readline(MAX_ROW_BYTES + 1)
                 continue
@@ -88,7 +90,7 @@ class _Rows:
 
     def _open(self) -> Any:
         try:
-            return open(self.path, encoding="utf-8", newline="", errors="surrogateescape")
+            return open(self.path, encoding="utf-8-sig", newline="", errors="surrogateescape")
         except OSError as exc:
             why = os_reason(exc, "cannot read the manifest")
             raise SourceError(f"{self.path}: {why}") from None
@@ -108,9 +110,9 @@ class _Rows:
         def texts() -> Iterator[str]:
             for number, line in lines:
                 numbers.append(number)
-                if not line:
+                if line is None:
                     too_long.add(number)
-                yield line or "\n"
+                yield "\n" if line is None else line
 
         reader = csv.reader(texts())
         try:
@@ -143,14 +145,15 @@ class _Rows:
             if len(row) <= max(at_path, at_label):
                 yield number, None, f"{len(row)} column(s), the header names {len(header)}"
                 continue
-            yield number, row[at_path], row[at_label]
+            # spaces around a field are not part of it ("img/x.jpg, cat")
+            yield number, row[at_path].strip(), row[at_label].strip()
 
     def _jsonl(self, f: Any) -> Iterator[tuple[int, str | None, Any]]:
         for number, line in self._lines(f):
-            if not line.strip():
-                continue
-            if not line:
+            if line is None:
                 yield number, None, f"longer than {MAX_ROW_BYTES} bytes"
+                continue
+            if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
@@ -181,20 +184,38 @@ def _name(raw: str) -> str | None:
     return None if norm in (".", "/") else norm
 
 
+def _is_integer(label: Any) -> bool:
+    """Whether a label is a whole number: a JSON integer, or text of digits (CSV)."""
+    if isinstance(label, bool):
+        return False
+    if isinstance(label, int):
+        return True
+    return isinstance(label, str) and label.strip().isdigit()
+
+
 def scan_manifest(
     manifest: str | os.PathLike[str], classes: Sequence[str] | None = None
 ) -> FolderScan:
     """Read a CSV or JSON Lines manifest into samples and classes, checking every file.
 
+    Labels follow one rule in both formats: a label that names a class of the class list is
+    that class; otherwise a whole number (a JSON integer, or CSV text of digits) is an index
+    into the class list. Without a class list, classes are the sorted label names, or, when
+    every label is a whole number, ``"0" .. "N-1"`` (N = the largest label + 1), so that a
+    label keeps its number as its target. Names and numbers mixed need a class list.
+
+    One file is one record: rows are compared by the file they name (device and inode, links
+    resolved), so a relative and an absolute path to one file, or two spellings of it, are
+    stored once; the later rows are listed as duplicates, by their line.
+
     Args:
         manifest: the manifest file.
-        classes: the class order (label ``k`` is ``classes[k]``); integer labels index it. By
-            default the order comes from the manifest's first line (JSON Lines) or is the
-            sorted class names.
+        classes: the class order (label ``k`` is ``classes[k]``). By default the order comes
+            from the manifest's first line (JSON Lines), else as above.
 
     Raises:
-        SourceError: the manifest cannot be read, lacks its header row, uses integer labels
-            without a class list, or names no usable image.
+        SourceError: the manifest cannot be read, lacks its header row, mixes class names and
+            numbers without a class list, or names no usable image.
     """
     path = Path(manifest).expanduser()
     if not path.exists():
@@ -206,45 +227,65 @@ def scan_manifest(
     # Two passes over the file, so that no row is held: the class names first, then the samples,
     # packed as they come.
     names_of_classes: set[str] = set()
-    integers = False
+    integers = names = False
+    largest = -1
     for _, raw, label in rows:
-        if raw is not None:
-            integers |= isinstance(label, int) and not isinstance(label, bool)
-            if isinstance(label, str) and label:
-                names_of_classes.add(label)
+        if raw is None:
+            continue
+        if _is_integer(label):
+            integers = True
+            largest = max(largest, int(label))
+        elif isinstance(label, str) and label:
+            names = True
+            names_of_classes.add(label)
     order = list(classes) if classes is not None else rows.classes
     if order is not None and len(set(order)) != len(order):
         raise SourceError(f"{path}: the class list names a class twice")
     if order is None:
-        if integers:
+        if integers and names:
             raise SourceError(
-                f"{path}: integer labels need a class list: pass one (--classes FILE, a name a "
-                'line) or start a JSON Lines manifest with {"classes": [...]}'
+                f"{path}: labels mix class names and numbers: pass a class list (--classes "
+                'FILE, a name a line) or start a JSON Lines manifest with {"classes": [...]}'
             )
-        order = sorted(names_of_classes)
+        order = [str(k) for k in range(largest + 1)] if integers else sorted(names_of_classes)
     index = {c: i for i, c in enumerate(order)}
     unusable: list[SkippedFile] = []
     builder = _SampleBuilder()
-    hashes, lines = array("q"), array("q")
+    devs, inodes, lines = array("q"), array("q"), array("q")
+    missing: dict[str, int] = {}  # unusable files, by absolute path: the line that named it
+
+    def row_name(number: int) -> str:
+        return f"{path.name}:{number}"
+
     for number, raw, label in rows:
         name = _name(raw) if raw is not None else None
         if name is None:
             why = label if raw is None else "empty path"
-            unusable.append(SkippedFile(f"{path.name}:{number}", f"line {number}: {why}"))
+            unusable.append(SkippedFile(row_name(number), f"line {number}: {why}"))
             continue
         k = _label(label, index, len(order))
         if isinstance(k, str):
-            unusable.append(SkippedFile(name, f"line {number}: {k}"))
+            unusable.append(SkippedFile(row_name(number), f"line {number}: {name}: {k}"))
             continue
-        why = _unusable_file(root, name)
-        if why is not None:
-            unusable.append(SkippedFile(name, f"line {number}: {why}"))
+        found = _file_identity(root, name)
+        if isinstance(found, str):
+            where = os.path.normpath(os.path.join(root, name))
+            first = missing.setdefault(where, number)
+            if first == number:
+                unusable.append(SkippedFile(name, f"line {number}: {found}"))
+            else:
+                unusable.append(
+                    SkippedFile(
+                        row_name(number), f"line {number}: {name}: duplicate of line {first}"
+                    )
+                )
             continue
         builder.add(name, k)
-        hashes.append(hash(name))
+        devs.append(found[0])
+        inodes.append(found[1])
         lines.append(number)
     samples = builder.build()
-    keep = _first_of_each(samples, hashes, lines, unusable)
+    keep = _first_of_each(samples, devs, inodes, lines, unusable, row_name)
     if keep is not None:
         samples = samples.select(keep)
     if not len(samples):
@@ -262,71 +303,104 @@ def scan_manifest(
 
 
 def _first_of_each(
-    samples: Samples, hashes: array[int], lines: array[int], unusable: list[SkippedFile]
+    samples: Samples,
+    devs: array[int],
+    inodes: array[int],
+    lines: array[int],
+    unusable: list[SkippedFile],
+    row_name: Any,
 ) -> np.ndarray | None:
-    """Which samples to keep when a path is listed twice: the first listing (the others are
-    added to ``unusable``); None when no path is. Paths are compared by hash, in one sort, and
-    by their bytes where hashes meet."""
-    h = np.frombuffer(hashes, dtype=np.int64)
-    order = np.argsort(h, kind="stable")  # equal hashes stay in line order
-    ranked = h[order]
-    meets = np.flatnonzero(ranked[1:] == ranked[:-1]) + 1
-    if not len(meets):
+    """Which samples to keep when one file is named by several rows: the first (the others
+    are added to ``unusable``, named by their line); None when every file is named once. One
+    sort by (device, inode): O(n log n) however many rows name one file."""
+    dev = np.frombuffer(devs, dtype=np.int64)
+    ino = np.frombuffer(inodes, dtype=np.int64)
+    if len(ino) < 2:
         return None
-    keep = np.ones(len(h), dtype=bool)
-    for at in meets.tolist():
-        later = int(order[at])
-        name = samples[later].name
-        first = at - 1
-        while first >= 0 and ranked[first] == ranked[at]:
-            earlier = int(order[first])
-            if keep[earlier] and samples[earlier].name == name:
-                keep[later] = False
-                unusable.append(
-                    SkippedFile(
-                        name,
-                        f"line {lines[later]}: duplicate of line {lines[earlier]}: stored once",
-                    )
-                )
-                break
-            first -= 1
+    order = np.lexsort((np.arange(len(ino)), ino, dev))  # one file's rows together, in line order
+    same = (dev[order][1:] == dev[order][:-1]) & (ino[order][1:] == ino[order][:-1])
+    if not same.any():
+        return None
+    keep = np.ones(len(ino), dtype=bool)
+    # the first row of each run of one file: the row each later one repeats
+    starts = np.concatenate([[True], ~same])
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(len(ino)), 0))
+    for at in (np.flatnonzero(same) + 1).tolist():
+        later, first = int(order[at]), int(order[run_start[at]])
+        keep[later] = False
+        unusable.append(
+            SkippedFile(
+                row_name(lines[later]),
+                f"line {lines[later]}: {samples[later].name}: the same file as line "
+                f"{lines[first]} ({samples[first].name}): stored once",
+            )
+        )
     return keep
 
 
 def _label(label: Any, index: dict[str, int], n: int) -> int | str:
-    """The class index of a row's label, or why it has none."""
+    """The class index of a row's label, or why it has none (the rule: see scan_manifest)."""
     if isinstance(label, bool) or not isinstance(label, (int, str)):
-        return f"label {label!r} is neither a class name nor an integer"
-    if isinstance(label, str):
-        if label in index:
-            return index[label]
-        text = label.strip()
-        if text in index:
-            return index[text]
-        if not text.lstrip("-").isdigit():
-            return f"unknown class {label!r}" if text else "empty label"
-        label = int(text)
-    if not 0 <= label < n:
-        return f"label {label} is outside the {n} classes"
-    return label
+        return f"label {label!r} is neither a class name nor a whole number"
+    text = str(label).strip() if isinstance(label, str) else str(label)
+    if text in index:
+        return index[text]
+    if not _is_integer(label):
+        if isinstance(label, int):  # a negative JSON integer
+            return f"label {label} is outside the {n} classes"
+        return f"unknown class {label!r}" if text else "empty label"
+    k = int(text)
+    if not 0 <= k < n:
+        return f"label {k} is outside the {n} classes"
+    return k
 
 
-def _unusable_file(root: Path, name: str) -> str | None:
-    """Why the file a manifest names cannot be read, or None."""
+def _file_identity(root: Path, name: str) -> tuple[int, int] | str:
+    """The device and inode of the file a manifest names (links followed), or why it cannot
+    be read."""
     try:
         st = os.stat(os.path.join(root, name))
     except OSError as exc:
         return "no such file" if exc.errno == 2 else os_reason(exc)
     if not stat.S_ISREG(st.st_mode):
         return f"not a regular file ({file_kind(st.st_mode)})"
-    return None
+    return st.st_dev, st.st_ino
+
+
+def listed_folders(scan: FolderScan) -> set[str]:
+    """The folders that the files of a manifest scan lie in, links resolved (one call per
+    folder, not per file)."""
+    parents: set[bytes] = set()
+    names = scan.samples.packed_names
+    step = 1 << 16
+    for lo in range(0, len(names), step):
+        for n in names.slice_list(lo, min(len(names), lo + step)):
+            parents.add(n.rpartition(b"/")[0] or (b"/" if n.startswith(b"/") else b""))
+    root = os.fspath(scan.root)
+    return {os.path.realpath(os.path.join(root, os.fsdecode(p)) if p else root) for p in parents}
+
+
+_RESERVED = frozenset({"_root", "_up", "_", EXPORTED_MANIFEST})
 
 
 def export_name(name: str) -> str:
     """Where ``export`` writes the image a manifest named ``name``, relative to the export
-    folder: the same path when it is a plain relative one; an absolute path under ``_root/``, and
-    ``..`` parts as ``_up``, so that every image lands inside the export folder."""
-    parts = name.split("/")
-    if name.startswith("/"):
-        parts = ["_root", *[p for p in parts if p]]
-    return "/".join("_up" if p == ".." else p for p in parts if p not in ("", "."))
+    folder, so that every image lands inside it and no two names ever land on one file:
+
+    - a plain relative path is kept as it is;
+    - an absolute path goes under ``_root/``, each leading ``..`` becomes ``_up/``;
+    - a path whose (remaining) first part is itself ``_root``, ``_up``, ``_`` or
+      ``manifest.jsonl`` is escaped under ``_/``.
+
+    The mapping is one to one: ``_root`` and ``_up`` appear only as the prefix, and ``_/`` marks
+    the rest as literal.
+    """
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    prefix: list[str] = ["_root"] if name.startswith("/") else []
+    while parts and parts[0] == "..":
+        prefix.append("_up")
+        parts.pop(0)
+    parts = ["_up" if p == ".." else p for p in parts]  # not in a normalised name; kept safe
+    if parts and parts[0] in _RESERVED:
+        prefix.append("_")
+    return "/".join(prefix + parts)

@@ -133,10 +133,22 @@ class Record:
 
 @dataclass(frozen=True)
 class SkippedFile:
-    """A source file left out of the store, and why."""
+    """A source file left out of the store, and why.
+
+    ``size`` and ``mtime_ns`` are the file's as it was when it was left out (-1 when unknown):
+    an append reads it again only once either changed.
+    """
 
     name: str
     reason: str
+    size: int = -1
+    mtime_ns: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "reason": self.reason}
+        if self.size >= 0:
+            d["size"], d["mtime_ns"] = self.size, self.mtime_ns
+        return d
 
 
 @dataclass
@@ -201,7 +213,7 @@ class Progress:
             d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
             count = d.pop("skipped_count", None)
             if "skipped" in d:  # saved inside the progress by earlier versions
-                d["skipped"] = [SkippedFile(**s) for s in d["skipped"]]
+                d["skipped"] = [skipped_file(s, where) for s in d["skipped"]]
             elif count is not None:
                 if type(count) is not int or count < 0:
                     raise ValueError(f"'skipped_count' is {count!r}")
@@ -227,26 +239,49 @@ class Progress:
             )
         return progress
 
+    @property
+    def is_copy(self) -> bool:
+        return self.fingerprint.startswith("store:")
+
+    def options(self) -> list[str]:
+        """The run's options, as the command-line flags that give them."""
+        return [
+            *(["--append"] if self.base_id else []),
+            *(["--verify-decode"] if self.verify_decode else []),
+        ]
+
     def resume_command(self, destination: str) -> str:
-        """The command that finishes this run into ``destination`` (``DST [--collection C]``)."""
-        verb = "copy" if self.fingerprint.startswith("store:") else "convert"
-        append = " --append" if self.base_id else ""
-        return f"fastdata {verb} {self.source} {destination}{append} --resume"
+        """The command that finishes this run into ``destination`` (``DST [--collection C]``),
+        with the options it was started with."""
+        verb = "copy" if self.is_copy else "convert"
+        flags = "".join(f" {flag}" for flag in self.options())
+        return f"fastdata {verb} {_shell(self.source)} {destination}{flags} --resume"
 
     def same_conversion(self, other: Progress) -> str | None:
         """What differs between the conversion this progress records and ``other``, or None.
 
         A resume continues only the same conversion: same source folder (resolved), same file
-        list, same options.
+        list, same options (an option ``other`` leaves as None takes the recorded value).
         """
+        if self.is_copy or other.is_copy:  # a copy: the source store's id, wherever it is now
+            if self.fingerprint != other.fingerprint:
+                return f"it copies another store ({self.source}), not {other.source}"
+            return None
         if os.path.realpath(self.source) != os.path.realpath(other.source):
             return f"it was started from {self.source}, not {other.source}"
         if self.fingerprint != other.fingerprint:
-            return f"the source folder {other.source} changed since it started"
-        if self.verify_decode != other.verify_decode:
+            return f"the source {other.source} changed since it started"
+        if other.verify_decode is not None and self.verify_decode != other.verify_decode:
             flag = "with" if self.verify_decode else "without"
             return f"it was started {flag} --verify-decode"
         return None
+
+
+def _shell(text: str) -> str:
+    """``text`` as one shell word (quoted only when it needs to be)."""
+    import shlex
+
+    return text if " --source-collection " in text else shlex.quote(text)
 
 
 @dataclass(frozen=True)
@@ -382,7 +417,10 @@ def skipped_file(item: Any, where: str) -> SkippedFile:
     """One entry of a saved skipped list (``{"name": ..., "reason": ...}``), checked."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise _damaged(where, "skipped")
-    return SkippedFile(item["name"], str(item.get("reason", "")))
+    size, mtime = item.get("size", -1), item.get("mtime_ns", -1)
+    if type(size) is not int or type(mtime) is not int:
+        size = mtime = -1
+    return SkippedFile(item["name"], str(item.get("reason", "")), size, mtime)
 
 
 def _damaged(where: str, field_name: str) -> StoreError:

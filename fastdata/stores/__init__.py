@@ -75,7 +75,7 @@ def open_store(
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``).
     """
     if _check_target(target, collection=collection, index_file=index_file, **mongo_options):
-        from ..errors import StoreError, UsageError
+        from ..errors import UsageError
         from .mongo_store import LegacyMongoStore, MongoStore, mask_uri
 
         uri = str(target)
@@ -84,7 +84,7 @@ def open_store(
                 f"{mask_uri(uri)}: --allow-pickle applies to LMDB stores; leave it out"
             )
         if not collection:
-            raise StoreError(f"{mask_uri(uri)}: name the collection (--collection NAME)")
+            raise UsageError(f"{mask_uri(uri)}: name the collection (--collection NAME)")
         options = _mongo_options(mongo_options)
         if index_file is not None:
             return LegacyMongoStore(uri, collection, index_file, database=database, options=options)
@@ -107,12 +107,12 @@ def open_writer(
     if isinstance(target, StoreWriter):
         return target
     if _check_target(target, collection=collection, **mongo_options):
-        from ..errors import StoreError
+        from ..errors import UsageError
         from .mongo_store import MongoWriter, mask_uri
 
         name = collection or default_collection
         if not name:
-            raise StoreError(f"{mask_uri(str(target))}: name the collection (--collection NAME)")
+            raise UsageError(f"{mask_uri(str(target))}: name the collection (--collection NAME)")
         return MongoWriter(
             str(target), name, database=database, options=_mongo_options(mongo_options)
         )

@@ -92,6 +92,67 @@ class Completion:
     names: bytes | None = None
     """Every record's name (:func:`~fastdata.records.name_bytes`), in order, joined by NULs."""
 
+    def failures(self) -> list[str]:
+        """The invariants of a finished store (README, "What a finished store guarantees") that
+        this completion breaks, each named; none when it may be written."""
+        return invariant_failures(self.meta, self.labels, self.names, self.skipped)
+
+
+def invariant_failures(
+    meta: StoreMeta,
+    labels: np.ndarray,
+    names: bytes | PackedStrings | None,
+    skipped: Sequence[SkippedFile] | None,
+) -> list[str]:
+    """Which invariants of a finished store the given parts break (``names`` and ``skipped``
+    are checked when given). Costs one sort of the names by hash: O(n log n), no object per
+    record held.
+
+    1. one label per record; 2. every label a class index; 3. one name per record; 4. no name
+    twice (no image stored twice); 5. no skipped entry twice; 6. no skipped entry also stored;
+    7. the metadata counts the skipped entries.
+    """
+    import numpy as np
+
+    out = []
+    if len(labels) != meta.count:
+        out.append(f"one label per record: {len(labels)} labels for {meta.count} records")
+    elif len(labels) and (int(np.min(labels)) < 0 or int(np.max(labels)) >= len(meta.classes)):
+        out.append(
+            f"every label a class index: a label lies outside the {len(meta.classes)} classes"
+        )
+    packed = None
+    if names is not None:
+        packed = PackedStrings.from_joined(names) if isinstance(names, bytes) else names
+        if len(packed) != meta.count:
+            out.append(f"one name per record: {len(packed)} names for {meta.count} records")
+        else:
+            first = packed.repeats()
+            twice = np.flatnonzero(first != np.arange(len(packed)))
+            if len(twice):
+                i = int(twice[0])
+                out.append(
+                    f"every image stored once: records {int(first[i])} and {i} are both "
+                    f"{packed[i].decode('utf-8', 'surrogateescape')}"
+                )
+    if skipped is not None:
+        listed = PackedStrings([name_bytes(s.name) for s in skipped])
+        first = listed.repeats()
+        twice = np.flatnonzero(first != np.arange(len(listed)))
+        if len(twice):
+            name = skipped[int(twice[0])].name
+            out.append(f"each skipped file listed once: {name} is listed twice")
+        if packed is not None and len(listed):
+            stored = np.flatnonzero(packed.find(listed) >= 0)
+            if len(stored):
+                out.append(f"a skipped file is not stored: {skipped[int(stored[0])].name} is both")
+        if meta.skipped_count != len(skipped):
+            out.append(
+                f"the metadata counts the skipped files: it says {meta.skipped_count}, "
+                f"the list holds {len(skipped)}"
+            )
+    return out
+
 
 class StoreWriter(abc.ABC):
     """Writes records in committed batches, then the metadata that marks the store complete.
@@ -110,7 +171,16 @@ class StoreWriter(abc.ABC):
     location: str
     """The store's path or URI (password masked), for messages."""
 
+    @property
+    def command_target(self) -> str:
+        """The destination as command-line words (``DST`` or ``URI --collection C``)."""
+        import shlex
+
+        return shlex.quote(self.location)
+
     _aside = False
+    _skipped_stale = 0
+    """Entries of the skipped list saved before it was shortened (see ``finish``)."""
     _skipped_saved = 0
     """How many of the conversion's skipped files are saved already (see ``_take_skipped``)."""
     completed: StoreMeta | None = None
@@ -139,9 +209,10 @@ class StoreWriter(abc.ABC):
             if saved is not None:
                 why = saved.same_conversion(progress)
                 if why is not None:
-                    raise StoreError(
+                    raise UsageError(
                         f"{self.location}: cannot resume the conversion it holds: {why}; "
-                        "pass --overwrite to start over"
+                        f"finish it with `{saved.resume_command(self.command_target)}`, or pass "
+                        "--overwrite instead of --resume to start over"
                     )
                 self._aside = found.aside is not None
                 return self._resume(saved, "")
@@ -206,7 +277,7 @@ class StoreWriter(abc.ABC):
             if found.progress is not None:
                 raise StoreError(
                     f"{self.location}: holds an interrupted conversion, not a complete store; "
-                    f"finish it first with `{found.progress.resume_command(self.location)}`"
+                    f"finish it first with `{found.progress.resume_command(self.command_target)}`"
                 )
             if found.other:
                 raise StoreError(
@@ -229,6 +300,13 @@ class StoreWriter(abc.ABC):
             why = pending.same_conversion(fresh) if resume else "--resume was not given"
             if why is None:
                 return self._resume(pending, " the append")
+            if resume:
+                command = pending.resume_command(self.command_target)
+                raise UsageError(
+                    f"{self.location}: cannot resume the interrupted append it holds: {why}; "
+                    f"finish it with `{command}`, or run without --resume to discard it (its "
+                    "records were never part of the store)"
+                )
             log.warning(
                 "%s: discarding an interrupted append (%d of %d samples; %s): its records were "
                 "never part of the store",
@@ -302,11 +380,34 @@ class StoreWriter(abc.ABC):
         labels: np.ndarray,
         skipped: Sequence[SkippedFile] = (),
         names: bytes | None = None,
+        *,
+        skipped_from: int | None = None,
     ) -> None:
         """Write the skipped files not saved yet, the labels, the record names (joined by NULs,
         see ``Completion``; backends that keep an index of them do) and the metadata, last; a
-        replacement then moves into place."""
-        self._write_meta(Completion(meta, labels, skipped, names))
+        replacement then moves into place. ``skipped_from``: the first entry of ``skipped``
+        that differs from the list saved so far (when entries were taken off it).
+
+        The store's invariants are checked first (:meth:`Completion.failures`, and the records
+        the backend holds: :meth:`_count_records`); a store that fails them is not marked
+        complete.
+
+        Raises:
+            StoreError: an invariant fails; the message names it.
+        """
+        done = Completion(meta, labels, skipped, names)
+        broken = done.failures()
+        held = self._count_records(meta.count)
+        if held is not None:
+            broken.append(f"every index once: {held}")
+        if broken:
+            raise StoreError(self._broken_message(broken))
+        if skipped_from is not None and skipped_from < self._skipped_saved:
+            # the list changed from this entry on (an append took fixed files off it): saved
+            # again from there, and the saved entries past its new end removed
+            self._skipped_stale = self._skipped_saved
+            self._skipped_saved = skipped_from
+        self._write_meta(done)
         if self._aside:
             self._promote()
 
@@ -317,7 +418,26 @@ class StoreWriter(abc.ABC):
         saved, self._skipped_saved = self._skipped_saved, len(skipped)
         return saved
 
+    def _broken_message(self, broken: list[str]) -> str:
+        what = "; ".join(broken)
+        if self._appending:
+            return (
+                f"{self.location}: the append was not completed, because the store it would "
+                f"leave breaks its invariants ({what}); the store reads as it did before the "
+                "append. This is a fault in fastdata: please report it with this message"
+            )
+        return (
+            f"{self.location}: the store was not marked complete, because it breaks its "
+            f"invariants ({what}); no reader will open it. This is a fault in fastdata: please "
+            "report it with this message; convert again with --overwrite"
+        )
+
     # -- what each backend provides
+
+    def _count_records(self, count: int) -> str | None:
+        """What is wrong with the records the store holds, when they are not exactly the
+        indices ``0 .. count-1`` once each (None when they are, or the backend cannot tell)."""
+        return None
 
     def _kept_skipped(self, base: StoreMeta) -> int:
         """How many entries of a fresh append's skipped list (the store's list, then the new
@@ -498,6 +618,16 @@ class StoreReader(abc.ABC):
         """Every record's name, ``name_bytes``-encoded, in index order, packed (what an append
         compares a source with); backends with an index of names read it at once."""
         return PackedStrings([name_bytes(h.name) for h in self.iter_headers()])
+
+    def record_sizes(self) -> np.ndarray:
+        """The size of the source file of every record (its stored size, less a repair), in
+        index order, as one int64 array (what an append compares a source file with)."""
+        import numpy as np
+
+        out = np.empty(len(self), dtype=np.int64)
+        for i, h in enumerate(self.iter_headers()):
+            out[i] = h.size - 2 * h.repaired
+        return out
 
     def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
         """Every record in index order, fetched ``batch_size`` at a time."""

@@ -29,6 +29,7 @@ import logging
 import mmap
 import os
 import pickle
+import shlex
 import shutil
 import threading
 import time
@@ -117,7 +118,7 @@ def skipped_key(n: int) -> bytes:
 def _skipped_items(skipped: Sequence[SkippedFile], start: int) -> list[tuple[bytes, bytes]]:
     """The ``(key, JSON)`` items of ``skipped[start:]``."""
     return [
-        (skipped_key(n), json.dumps({"name": f.name, "reason": f.reason}).encode("ascii"))
+        (skipped_key(n), json.dumps(f.to_dict()).encode("ascii"))
         for n, f in enumerate(skipped[start:], start)
     ]
 
@@ -706,6 +707,18 @@ class LMDBWriter(StoreWriter):
                     time.sleep(min(wait, READER_GRACE_S))
         self._pin = self._lease.env.begin()
 
+    def _kept_skipped(self, base: StoreMeta) -> int:
+        """The store's skipped entries are kept as keys, except in stores of the first format,
+        which kept the list in their metadata: an append writes it out as keys."""
+        if not base.skipped_count:
+            return 0
+        lease = open_reader(self.path)
+        try:
+            with _reading(self.path), lease.env.begin() as txn:
+                return base.skipped_count if txn.get(skipped_key(0)) is not None else 0
+        finally:
+            lease.release()
+
     def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
         self._pending_seen = True
         self._lease = open_writable(self.path, self._map_size)
@@ -784,6 +797,40 @@ class LMDBWriter(StoreWriter):
 
         self._commit(fill)
 
+    def _count_records(self, count: int) -> str | None:
+        """Records and headers are exactly the keys of ``0 .. count-1``: the last ones are
+        there, nothing lies past them, and the entries add up (every other key counted)."""
+        assert self._lease is not None, "start() opens the store"
+        lease = self._lease
+        with _reading(self.path), lease.env.begin() as txn:
+            if count and (
+                txn.get(record_key(count - 1)) is None or txn.get(header_key(count - 1)) is None
+            ):
+                return f"record {count - 1} (the last) is missing"
+            cursor = txn.cursor()
+            for first in (record_key(count), header_key(count)):
+                if cursor.set_range(first):
+                    key = bytes(cursor.key())
+                    if key[:1].isdigit() or (key[:1] == b"#" and key[1:2].isdigit()):
+                        return f"a record past the last ({key.decode('ascii', 'replace')})"
+            skipped = 0
+            if cursor.set_range(SKIPPED_PREFIX):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not bytes(key).startswith(SKIPPED_PREFIX):
+                        break
+                    skipped += 1
+            fixed = sum(
+                txn.get(k) is not None
+                for k in (PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY)
+            )
+        entries = int(lease.env.stat()["entries"])
+        if entries - skipped - fixed != 2 * count:
+            return (
+                f"{(entries - skipped - fixed) / 2:g} records and headers for {count} records "
+                "(a record stored twice or keys of another kind)"
+            )
+        return None
+
     def _write_meta(self, done: Completion) -> None:
         meta, labels, skipped, names = done.meta, done.labels, done.skipped, done.names
         assert self._lease is not None, "start() opens the store"
@@ -799,8 +846,12 @@ class LMDBWriter(StoreWriter):
         whole = names is not None and (names.count(b"\0") + 1 if names else 0) == count
         names_value = names if whole else None
 
+        stale = [skipped_key(n) for n in range(len(skipped), self._skipped_stale)]
+
         def fill(txn: Any) -> None:
             txn.cursor().putmulti(skipped_items)
+            for key in stale:
+                txn.delete(key)
             if names_value is not None:
                 txn.put(NAMES_KEY, names_value)
             else:
@@ -1205,7 +1256,8 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         progress = Progress.from_json(raw_progress, path)
         raise IncompleteStoreError(
             f"{path}: incomplete store: its conversion stopped after {progress.next_sample} of "
-            f"{progress.total} images; finish it with `{progress.resume_command(path)}`"
+            f"{progress.total} images; finish it with "
+            f"`{progress.resume_command(shlex.quote(path))}`"
         )
     if has_keys:
         raise PickleNotAllowedError(

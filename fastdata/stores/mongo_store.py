@@ -350,6 +350,10 @@ class MongoWriter(_MongoTarget, StoreWriter):
             return self._base_bucket
         return _bucket(self.collection, self._store_id)
 
+    @property
+    def command_target(self) -> str:
+        return f"{mask_uri(self.uri)} --collection {self.collection}"
+
     def _meta_coll(self) -> Any:
         return self._conn.db()[META_COLLECTION]
 
@@ -691,6 +695,24 @@ class MongoWriter(_MongoTarget, StoreWriter):
         self._check_claim()
         self._run("saving progress", functools.partial(self._save, name, state, chunks))
 
+    def _count_records(self, count: int) -> str | None:
+        """The collection holds exactly the documents ``0 .. count-1`` (ids are unique: the
+        count and the first and last id settle it)."""
+        self._wait()
+        name = self._name()
+
+        def look() -> tuple[int, Any, Any]:
+            coll = self._conn.db()[name]
+            n = coll.count_documents({})
+            lo = coll.find_one({}, {"_id": 1}, sort=[("_id", 1)])
+            hi = coll.find_one({}, {"_id": 1}, sort=[("_id", -1)])
+            return n, lo and lo["_id"], hi and hi["_id"]
+
+        n, lo, hi = self._run("counting the records", look)
+        if n != count or (count and (lo != 0 or hi != count - 1)):
+            return f"{n} documents with ids {lo} to {hi} for {count} records"
+        return None
+
     def _write_meta(self, done: Completion) -> None:
         from bson import Binary
 
@@ -705,6 +727,16 @@ class MongoWriter(_MongoTarget, StoreWriter):
                 db[META_COLLECTION].replace_one, {"_id": chunk["_id"]}, chunk, upsert=True
             )
             self._run("saving the skipped list", save)
+        if self._skipped_stale > len(skipped):
+            first = -(-len(skipped) // SKIPPED_PER_DOC)
+            stale = [
+                f"skipped:{self._store_id}:{k:09d}"
+                for k in range(first, -(-self._skipped_stale // SKIPPED_PER_DOC))
+            ]
+            self._run(
+                "shortening the skipped list",
+                lambda: db[META_COLLECTION].delete_many({"_id": {"$in": stale}}),
+            )
         doc: dict[str, Any] = {"_id": name, **_to_bson(meta.to_dict()), "gridfs_bucket": bucket}
         raw = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
         if len(raw) > LABELS_INLINE_MAX:
@@ -765,10 +797,7 @@ def _skipped_chunks(
         {
             "_id": f"skipped:{store_id}:{k:09d}",
             "items": _to_bson(
-                [
-                    {"name": f.name, "reason": f.reason}
-                    for f in items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]
-                ]
+                [f.to_dict() for f in items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]]
             ),
         }
         for k in range(first, -(-len(items) // SKIPPED_PER_DOC))
@@ -907,6 +936,8 @@ class MongoStore(_MongoTarget, StoreReader):
                     source=str(saved.get("source")),
                     fingerprint=str(saved.get("fingerprint", "")),
                     total=0,
+                    verify_decode=bool(saved.get("verify_decode")),
+                    base_id=str(saved.get("base_id", "")),
                 ).resume_command(f"{mask_uri(self.uri)} --collection {self.collection}")
                 raise IncompleteStoreError(
                     f"{self.location}: incomplete store: its conversion stopped after "

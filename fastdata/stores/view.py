@@ -22,6 +22,33 @@ from .base import StoreReader
 __all__ = ["StoreView"]
 
 
+def _as_indices(indices: Any, n: int, where: str) -> np.ndarray:
+    """Record indices as an int64 array: integers as they are, or a boolean mask of the
+    store's length, which selects like numpy's and torch's (the records where it is true).
+
+    Raises:
+        TypeError: anything else that is not integral (floats, a mask of another length).
+    """
+    if hasattr(indices, "numpy") and hasattr(indices, "dtype"):  # a torch tensor
+        indices = indices.detach().cpu().numpy()
+    given = np.asarray(indices)
+    if given.dtype == bool:
+        if given.ndim != 1 or len(given) != n:
+            raise TypeError(
+                f"{where}: a boolean mask selects records only at the store's length ({n}); "
+                f"this one has shape {given.shape}"
+            )
+        return np.flatnonzero(given).astype(np.int64)
+    if given.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if given.dtype.kind not in "iu":
+        raise TypeError(
+            f"{where}: indices must be integers or a boolean mask, not {given.dtype} "
+            f"(e.g. {given.reshape(-1)[0]!r}); nothing is rounded"
+        )
+    return given.astype(np.int64).reshape(-1)
+
+
 class StoreView(StoreReader):
     """The records of ``reader`` whose class is in ``classes`` and whose index is in ``indices``.
 
@@ -61,7 +88,7 @@ class StoreView(StoreReader):
         self._classes = classes
         self._given: np.ndarray | None = None
         if indices is not None:
-            given = np.asarray(indices, dtype=np.int64).reshape(-1)
+            given = _as_indices(indices, len(reader), reader.location)
             n = len(reader)
             bad = (given < -n) | (given >= n)
             if bad.any():
