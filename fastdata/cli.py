@@ -222,13 +222,28 @@ def cli(verbose: bool) -> None:
     "1 reads in the writing thread).",
 )
 @click.option("--strict", is_flag=True, help="Stop at the first unusable image; don't skip.")
-@click.option("--verify-decode", is_flag=True, help="Also decode every image; skip undecodable.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted conversion into DST.")
+@click.option(
+    "--verify-decode",
+    is_flag=True,
+    default=None,
+    help="Also decode every image; skip undecodable (a resume keeps what the run began with).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted conversion into DST, with the options it began with.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
 @click.option(
     "--append",
     is_flag=True,
     help="Add the images of SRC that the store DST does not hold yet (by relative path).",
+)
+@click.option(
+    "--check-content",
+    is_flag=True,
+    help="With --append: compare every stored file's bytes with its record (checksum), not only "
+    "its size and, for files modified since, its bytes.",
 )
 @click.option(
     "--classes",
@@ -254,10 +269,11 @@ def convert(
     collection: str | None,
     workers: int | None,
     strict: bool,
-    verify_decode: bool,
+    verify_decode: bool | None,
     resume: bool,
     overwrite: bool,
     append: bool,
+    check_content: bool,
     classes_file: str | None,
     max_file_size: int,
     timeout: float | None,
@@ -302,6 +318,7 @@ def convert(
             tune_allocator=True,  # this process is the conversion's alone
             append=append,
             classes=read_class_list(classes_file) if classes_file else None,
+            check_content=check_content,
         )
     click.echo(
         f"{report.destination}: {report.count} images in {len(report.classes)} classes, "
@@ -309,10 +326,34 @@ def convert(
     )
     if report.appended:
         added = report.converted + report.resumed_from - len(report.skipped)
-        click.echo(
-            f"appended {max(0, added)} new images; {report.already_stored} of the source's "
-            "were in the store already"
-        )
+        if report.converted + report.resumed_from == 0:
+            click.echo(
+                f"nothing to add: the store holds all {report.already_stored} usable images of "
+                "the source; it is left exactly as it was"
+            )
+        else:
+            click.echo(
+                f"appended {max(0, added)} new images; {report.already_stored} of the source's "
+                "were in the store already"
+            )
+        if report.skipped_unchanged:
+            click.echo(
+                f"{report.skipped_unchanged} file(s) skipped before and unchanged since: not "
+                "read again (`fastdata info --skipped` lists them)"
+            )
+        if report.gone_count:
+            more = report.gone_count - len(report.gone)
+            _listing(
+                f"{report.gone_count} image(s) of the store are no longer in the source (the "
+                "store keeps them; convert with --overwrite to drop them):",
+                [*report.gone, *([f"... and {more} more"] if more else [])],
+            )
+        if report.moved:
+            _listing(
+                "moved, it seems (same file name, another folder): stored again under the new "
+                "path and label, the old record kept:",
+                (f"{old} -> {new}" for old, new in report.moved),
+            )
         if report.new_classes:
             click.echo(f"new classes, added at the end: {', '.join(report.new_classes)}")
         if report.class_order != "sorted":
@@ -326,8 +367,12 @@ def convert(
                 "again; convert with --overwrite to take the new versions):",
                 (f"{c.name}: {c.reason}" for c in report.changed),
             )
-    if report.resumed_from:
-        click.echo(f"resumed after {report.resumed_from} images already converted")
+    if report.resumed_from or report.resumed_options:
+        flags = " ".join(report.resumed_options)
+        click.echo(
+            f"resumed after {report.resumed_from} images already converted"
+            + (f", with the options it began with: {flags}" if flags else "")
+        )
     click.echo(
         f"{report.converted} files read in {report.seconds:.1f} s "
         f"({report.images_per_second:.0f} files/s)"

@@ -379,6 +379,7 @@ def convert(
         raise UsageError("--append adds to a store and --overwrite replaces it: choose one")
     with writer:
         plan: AppendPlan | None = None
+        fresh: Progress | None = None
         if append:
 
             def make_plan(base: StoreMeta) -> Progress:
@@ -417,7 +418,12 @@ def convert(
             # Its skipped list stays in the store (`fastdata info --skipped`).
             return _report(writer.completed, writer.location, scan, started, total, [])
         resumed_from = state.next_sample
+        resumed = state is not (plan.progress if plan is not None else fresh)
         verify_decode = state.verify_decode = bool(state.verify_decode)
+        if resumed:
+            log.info(
+                "%s: resuming with %s", writer.location, " ".join(state.options()) or "no options"
+            )
         batch: list[Record] = []
         batch_bytes = 0
 
@@ -505,6 +511,7 @@ def convert(
     skipped = new_skipped if plan is not None else state.skipped
     report = _report(meta, writer.location, scan, started, resumed_from, skipped)
     report.reader_threads = chosen if workers is None else [workers]
+    report.resumed_options = state.options() if resumed else []
     return plan.completed(report) if plan is not None else report
 
 

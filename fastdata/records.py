@@ -257,6 +257,12 @@ class Progress:
         flags = "".join(f" {flag}" for flag in self.options())
         return f"fastdata {verb} {_shell(self.source)} {destination}{flags} --resume"
 
+    def resumable_as_recorded(self, other: Progress) -> bool:
+        """Whether the run this progress records can still be finished by its own resume
+        command, although ``other`` differs from it (another path to the source, an option):
+        its source is unchanged, or it is a copy (of a store named by its id)."""
+        return self.is_copy or self.fingerprint == other.fingerprint
+
     def same_conversion(self, other: Progress) -> str | None:
         """What differs between the conversion this progress records and ``other``, or None.
 
@@ -418,9 +424,9 @@ def skipped_file(item: Any, where: str) -> SkippedFile:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise _damaged(where, "skipped")
     size, mtime = item.get("size", -1), item.get("mtime_ns", -1)
-    if type(size) is not int or type(mtime) is not int:
-        size = mtime = -1
-    return SkippedFile(item["name"], str(item.get("reason", "")), size, mtime)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (size, mtime)):
+        size = mtime = -1  # (BSON gives its 64-bit integers as a subclass of int)
+    return SkippedFile(item["name"], str(item.get("reason", "")), int(size), int(mtime))
 
 
 def _damaged(where: str, field_name: str) -> StoreError:

@@ -253,7 +253,6 @@ def test_an_overwrite_after_an_append_is_still_a_replacement(tmp_path: Path) -> 
 def test_names_are_matched_by_their_bytes_when_hashes_meet(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from fastdata.append import _find
     from fastdata.packed import PackedStrings
 
     joined = PackedStrings.from_joined(b"a/1.jpg\0b/2.jpg\0c/3.jpg")
@@ -262,7 +261,10 @@ def test_names_are_matched_by_their_bytes_when_hashes_meet(monkeypatch: pytest.M
         joined.joined() == b"a/1.jpg\0b/2.jpg\0c/3.jpg" and len(PackedStrings.from_joined(b"")) == 0
     )
     wanted = PackedStrings([b"c/3.jpg", b"z.jpg", b"a/1.jpg"])
-    assert _find(joined, wanted).tolist() == [2, -1, 0]
+    assert joined.find(wanted).tolist() == [2, -1, 0]
+    repeated = PackedStrings([b"x", b"y", b"x", b"z", b"y", b"x"])
+    assert repeated.repeats().tolist() == [0, 1, 0, 3, 1, 0]
     # every hash the same: the bytes decide
     monkeypatch.setattr(PackedStrings, "hashes", lambda self: np.zeros(len(self), np.int64))
-    assert _find(joined, wanted).tolist() == [2, -1, 0]
+    assert joined.find(wanted).tolist() == [2, -1, 0]
+    assert repeated.repeats().tolist() == [0, 1, 0, 3, 1, 0]

@@ -71,10 +71,21 @@ def test_jsonl_with_integer_labels_a_class_order_and_absolute_paths(
     convert(csv, tmp_path / "ints.lmdb", classes=["a", "b", "c"])
     ints = LMDBImageDataset(tmp_path / "ints.lmdb")
     assert ints.classes == ["a", "b", "c"] and list(ints.targets) == [2, 0]
-    with pytest.raises(SourceError, match="integer labels need a class list"):
-        bad = images / "noclasses.jsonl"
-        bad.write_text(json.dumps({"path": "img_00.jpg", "label": 3}) + "\n")
-        convert(bad, tmp_path / "x.lmdb")
+    # without a class list, whole-number labels name classes "0".."N-1": a label is its target
+    plain = images / "noclasses.jsonl"
+    plain.write_text(json.dumps({"path": "img_00.jpg", "label": 3}) + "\n")
+    convert(plain, tmp_path / "x.lmdb")
+    numbered = LMDBImageDataset(tmp_path / "x.lmdb")
+    assert numbered.classes == ["0", "1", "2", "3"] and list(numbered.targets) == [3]
+    with pytest.raises(SourceError, match="mix class names and numbers"):
+        mixed = images / "mixed.jsonl"
+        mixed.write_text(
+            json.dumps({"path": "img_00.jpg", "label": 3})
+            + "\n"
+            + json.dumps({"path": "img_01.jpg", "label": "cat"})
+            + "\n"
+        )
+        convert(mixed, tmp_path / "x2.lmdb")
     with pytest.raises(UsageError, match="applies to manifests"):
         convert(images.parent / "val", tmp_path / "y.lmdb", classes=["a"])
 
@@ -98,7 +109,7 @@ def test_bad_rows_duplicates_and_missing_files_are_listed_by_line(
     reasons = {s.reason for s in report.skipped}
     assert "line 3: 1 column(s), the header names 2" in reasons
     assert "line 4: no such file" in reasons
-    assert "line 5: duplicate of line 2: stored once" in reasons
+    assert "line 5: img_00.jpg: the same file as line 2 (img_00.jpg): stored once" in reasons
     assert "line 6: empty path" in reasons
     assert "line 8: not a regular file (a folder)" in reasons
     result = cli("convert", str(manifest), str(tmp_path / "strict.lmdb"), "--strict", "-q")
@@ -119,12 +130,14 @@ def test_export_writes_the_images_and_a_manifest_that_converts_back(
 ) -> None:
     outside = tmp_path / "outside.jpg"
     write(outside, jpeg_bytes(seed=50))
+    absolute = tmp_path / "far" / "abs.jpg"
+    write(absolute, jpeg_bytes(seed=51))
     manifest = images / "m.jsonl"
     rows = [
         {"path": "img_00.jpg", "label": "b"},
         {"path": "sub/p.png", "label": "a"},
         {"path": "../outside.jpg", "label": "b"},
-        {"path": str(outside), "label": "a"},
+        {"path": str(absolute), "label": "a"},
     ]
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     store = tmp_path / "m.lmdb"
@@ -135,7 +148,7 @@ def test_export_writes_the_images_and_a_manifest_that_converts_back(
     files = snapshot(out)
     assert files["img_00.jpg"] == (images / "img_00.jpg").read_bytes()
     assert files["_up/outside.jpg"] == outside.read_bytes()  # kept inside the export folder
-    assert files["_root" + str(outside)] == outside.read_bytes()
+    assert files["_root" + str(absolute)] == absolute.read_bytes()
     again = tmp_path / "again.lmdb"
     convert(out / "manifest.jsonl", again)
     a, b = LMDBImageDataset(store, output="bytes"), LMDBImageDataset(again, output="bytes")

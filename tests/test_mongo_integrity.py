@@ -93,18 +93,39 @@ def test_two_conversions_racing_on_one_collection(
     assert db(mongo_uri)[META_COLLECTION].find_one({"_id": "c:writer"}) is None  # released
 
 
-def test_a_killed_writers_claim_expires(folder_a: Path, mongo_uri: str, tmp_path: Path) -> None:
+def test_a_killed_writers_claim_on_this_host_is_taken_over_at_once(
+    folder_a: Path, mongo_uri: str, tmp_path: Path
+) -> None:
     started, go = tmp_path / "started", tmp_path / "go"
-    first = script(HOLDING_CONVERT, folder_a, mongo_uri, started, go, "-c", "c", "--ttl", "2")
+    first = script(HOLDING_CONVERT, folder_a, mongo_uri, started, go, "-c", "c")  # a 60 s claim
     wait_for(started, first)
     first.send_signal(signal.SIGKILL)
     first.communicate()
-    with pytest.raises(StoreLockedError, match=r"its claim expires in \d+ s .*--resume"):
-        convert(folder_a, mongo_uri, collection="c", resume=True)
-    time.sleep(2.5)
+    began = time.monotonic()
     report = convert(folder_a, mongo_uri, collection="c", resume=True)
+    assert time.monotonic() - began < 30  # not the claim's 60 s
     assert report.count == 24 and report.resumed_from > 0
     assert exported(mongo_uri, "c", tmp_path) == snapshot(folder_a)
+
+
+def test_another_hosts_claim_expires_by_the_servers_clock(
+    folder_a: Path, mongo_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import UTC
+
+    hello = db(mongo_uri).client.admin.command("hello")
+    server_now = hello["localTime"].replace(tzinfo=UTC).timestamp()
+    claims = db(mongo_uri)[META_COLLECTION]
+    claim = {"_id": "c:writer", "token": "t", "host": "elsewhere", "pid": 1, "since": 0.0}
+    claims.insert_one({**claim, "expires": server_now + 3600})
+    # this host's clock is a day ahead: by it the claim has expired, by the server's it has not
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 86400)
+    with pytest.raises(StoreLockedError, match=r"pid 1 on host elsewhere.*expires in \d+ s"):
+        convert(folder_a, mongo_uri, collection="c")
+    monkeypatch.setattr(time, "time", real_time)
+    claims.update_one({"_id": "c:writer"}, {"$set": {"expires": server_now - 1}})
+    assert convert(folder_a, mongo_uri, collection="c").count == 24
 
 
 def test_the_claim_is_renewed_while_the_conversion_runs(folder_a: Path, mongo_uri: str) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastdata import convert, open_store
-from fastdata.errors import StoreError
+from fastdata.errors import StoreError, UsageError
 from fastdata.stores import mongo_store
 from fastdata.stores.mongo_store import _legacy_classes, is_mongo_uri, mask_uri
 
@@ -44,7 +44,7 @@ def test_legacy_classes_from_paths_or_numbers() -> None:
 
 
 def test_collection_and_database_are_required() -> None:
-    with pytest.raises(StoreError, match="name the collection"):
+    with pytest.raises(UsageError, match="name the collection"):
         open_store("mongodb://h:1/db")
     with pytest.raises(StoreError, match="no database named"):
         open_store("mongodb://h:1", collection="c")

@@ -28,17 +28,76 @@ from ..records import (
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Completion", "Existing", "StoreReader", "StoreWriter", "describe_holder", "holder"]
+__all__ = [
+    "Completion",
+    "Existing",
+    "StoreReader",
+    "StoreWriter",
+    "boot_id",
+    "describe_holder",
+    "holder",
+    "holder_gone",
+]
 
 log = logging.getLogger(__name__)
 
 
 def holder() -> dict[str, object]:
-    """Who takes a writer lock: host, PID and the time, for the refusal a second writer gets."""
+    """Who takes a writer lock: host, PID and the time, for the refusal a second writer gets;
+    the machine's boot and the process's start time, so that a writer on the same host can tell
+    that the holder is gone (see :func:`holder_gone`)."""
     import socket
     import time
 
-    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.time(),
+        "boot": boot_id(),
+        "started": process_start(os.getpid()),
+    }
+
+
+def boot_id() -> str:
+    """An id of the running kernel's boot (Linux), or "" where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since the boot (Linux), or -1."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # the command name (in parentheses) may hold spaces: the fields follow the last ')'
+        return int(stat.rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def holder_gone(info: object) -> bool:
+    """Whether the holder :func:`holder` described is a process of this host that no longer
+    runs: the machine restarted since, or no process of its PID runs with its start time.
+    False whenever that cannot be known (another host, a holder without those details)."""
+    import socket
+
+    if not isinstance(info, dict) or info.get("host") != socket.gethostname():
+        return False
+    boot, pid, started = info.get("boot"), info.get("pid"), info.get("started")
+    if not isinstance(boot, str) or not boot or not isinstance(pid, int) or pid <= 0:
+        return False
+    if boot != boot_id():
+        return True  # the machine restarted: every process of the holder's boot is gone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it exists (another user's): compare start times
+    return isinstance(started, int) and started >= 0 and process_start(pid) != started
 
 
 def describe_holder(info: object) -> str:
@@ -209,10 +268,14 @@ class StoreWriter(abc.ABC):
             if saved is not None:
                 why = saved.same_conversion(progress)
                 if why is not None:
-                    raise UsageError(
+                    finish = (
+                        f"finish it with `{saved.resume_command(self.command_target)}`, or "
+                        if saved.resumable_as_recorded(progress)
+                        else ""
+                    )
+                    raise StoreExistsError(
                         f"{self.location}: cannot resume the conversion it holds: {why}; "
-                        f"finish it with `{saved.resume_command(self.command_target)}`, or pass "
-                        "--overwrite instead of --resume to start over"
+                        f"{finish}pass --overwrite instead of --resume to start over"
                     )
                 self._aside = found.aside is not None
                 return self._resume(saved, "")
@@ -301,11 +364,15 @@ class StoreWriter(abc.ABC):
             if why is None:
                 return self._resume(pending, " the append")
             if resume:
-                command = pending.resume_command(self.command_target)
-                raise UsageError(
+                finish = (
+                    f"finish it with `{pending.resume_command(self.command_target)}`, or "
+                    if pending.resumable_as_recorded(fresh)
+                    else ""
+                )
+                raise StoreExistsError(
                     f"{self.location}: cannot resume the interrupted append it holds: {why}; "
-                    f"finish it with `{command}`, or run without --resume to discard it (its "
-                    "records were never part of the store)"
+                    f"{finish}run without --resume to discard it (its records were never part "
+                    "of the store)"
                 )
             log.warning(
                 "%s: discarding an interrupted append (%d of %d samples; %s): its records were "
@@ -540,7 +607,8 @@ class StoreReader(abc.ABC):
         replaced by another store."""
         if meta.id == self._id:
             return meta, labels
-        if self._id and self._id in meta.appended_from:
+        # a store of the first format had no id: it is "" in the list of the store it grew into
+        if self._id in meta.appended_from and meta.count >= self._count:
             self._ids = meta.ids
             view = replace(
                 meta, count=self._count, classes=meta.classes[: self._n_classes], id=self._id

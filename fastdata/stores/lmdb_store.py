@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import json
 import logging
 import mmap
@@ -32,19 +33,19 @@ import pickle
 import shlex
 import shutil
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 import numpy as np
 
 from ..errors import (
+    FastdataError,
     IncompleteStoreError,
     PickleNotAllowedError,
     RecordError,
@@ -67,11 +68,20 @@ from ..records import (
     skipped_file,
 )
 from . import lmdb_file
-from .base import Completion, Existing, StoreReader, StoreWriter, describe_holder, holder
+from .base import (
+    Completion,
+    Existing,
+    StoreReader,
+    StoreWriter,
+    boot_id,
+    describe_holder,
+    holder,
+)
 
 __all__ = ["LMDBStore", "LMDBWriter", "Lease", "PickleLMDBStore", "open_lmdb", "open_reader"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 META_KEY = b"__fastdata__"
 LABELS_KEY = b"__labels__"
@@ -84,20 +94,14 @@ DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 WRITER_LOCK = "writer.lock"
 ASIDE_DIR = ".replacement"
-OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR})
+OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR, "readers.epoch"})
+EPOCH_FILE = "readers.epoch"
+"""Beside ``data.mdb``: the append epoch, which readers check around every read (see "appends")."""
+EPOCH_BYTES = 4096
 INITIAL_MAP_SIZE = 1 << 30
-READER_GRACE_S = 10.0
-"""An append writes no sooner than this after the store last changed (see "appends")."""
+READ_ATTEMPTS = 64
+"""Reads begun again at most this often when appends keep beginning while they read."""
 LABEL_DTYPE = np.dtype("<i4")
-
-
-def boot_id() -> str:
-    """An id of the running kernel's boot (Linux), or "" where there is none."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def header_key(index: int) -> bytes:
@@ -158,6 +162,21 @@ class _Env:
     fd: int | None = None
     """The data file, open for read-ahead requests (readers only)."""
     refs: int = 0
+    epoch_path: str = ""
+    epoch_map: mmap.mmap | None = None
+    epoch_view: memoryview | None = None
+    """The append epoch (see "appends"), mapped; None while the store has no epoch file."""
+
+    def epoch(self) -> int:
+        """The append epoch now: -1 while there is no epoch file (an older store never
+        appended to), which it stops being once an append creates one."""
+        view = self.epoch_view
+        if view is not None:
+            return int(view[0])
+        if not self.epoch_path or not os.path.exists(self.epoch_path):
+            return -1
+        self.epoch_map, self.epoch_view = _map_epoch(self.epoch_path)
+        return -2  # the file appeared: an append began, whatever it says
 
     def grown(self) -> bool:
         """Whether the data file grew since it was opened (an append); if so, the bounds that
@@ -183,6 +202,12 @@ class _Env:
     def close(self) -> None:
         with suppress(lmdb.Error):
             self.env.close()
+        if self.epoch_view is not None:
+            self.epoch_view.release()
+            self.epoch_view = None
+        if self.epoch_map is not None:
+            self.epoch_map.close()
+            self.epoch_map = None
         if self.fd is not None:
             with suppress(OSError):
                 os.close(self.fd)
@@ -227,6 +252,59 @@ def _open_fd(path: str, key: tuple[int, int]) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _map_epoch(path: str) -> tuple[mmap.mmap | None, memoryview | None]:
+    """The epoch file at ``path`` mapped read-only, as one native 64-bit counter (None, None
+    when it cannot be: then reads check for it again)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        if os.fstat(fd).st_size < EPOCH_BYTES:
+            return None, None
+        mapped = mmap.mmap(fd, EPOCH_BYTES, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None, None
+    finally:
+        os.close(fd)
+    return mapped, memoryview(mapped).cast("Q")
+
+
+def bump_epoch(folder: str) -> None:
+    """Advance the append epoch of the store in ``folder`` (creating its file at 1): readers
+    that began a read before this go through it again (see "appends")."""
+    import struct
+
+    path = os.path.join(folder, EPOCH_FILE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _new_epoch_file(path, 1)
+        return
+    try:
+        (now,) = struct.unpack("=Q", os.pread(fd, 8, 0).ljust(8, b"\0"))
+        os.pwrite(fd, struct.pack("=Q", now + 1), 0)
+    finally:
+        os.close(fd)
+
+
+def ensure_epoch(folder: str) -> None:
+    """Give the store in ``folder`` its epoch file (at 0) if it has none, so that its readers
+    map it when they open it."""
+    path = os.path.join(folder, EPOCH_FILE)
+    if not os.path.exists(path):
+        _new_epoch_file(path, 0)
+
+
+def _new_epoch_file(path: str, value: int) -> None:
+    import struct
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:  # whole before it appears: renamed into place
+        f.write(struct.pack("=Q", value).ljust(EPOCH_BYTES, b"\0"))
+    os.replace(tmp, path)
 
 
 def _data_file(path: str) -> str:
@@ -345,6 +423,27 @@ class Lease:
                 self._ahead = end + SCAN_WINDOW
                 os.posix_fadvise(fd, start, self._ahead - start, os.POSIX_FADV_WILLNEED)
 
+    def read(self, fn: Callable[[Any], T], where: str) -> T:
+        """``fn(txn)`` in a read transaction (``buffers=True``), begun again in a new one when
+        an append began while it read: then the pages it read may have been reused, and what
+        it copied is not trusted, nor an error it met (see "appends"). ``fn`` copies what it
+        keeps out of the transaction."""
+        entry = self.entry
+        for _ in range(READ_ATTEMPTS):
+            before = entry.epoch()
+            try:
+                with _reading(where), self.env.begin(buffers=True) as txn:
+                    out = fn(txn)
+            except FastdataError:
+                if entry.epoch() != before:
+                    continue
+                raise
+            if entry.epoch() == before:
+                return out
+        raise StoreError(
+            f"{where}: appends kept beginning while it was read ({READ_ATTEMPTS} times); try again"
+        )
+
     def value(self, raw: memoryview | None, where: str) -> bytes | None:
         """The bytes of a value read with ``buffers=True``, after checking they lie inside the
         file: a damaged page can give a value a size or place that would fault on copying."""
@@ -442,9 +541,10 @@ def open_reader(path: str) -> Lease:
             if _file_key(data_file)[0] != key:  # replaced between the check and the open
                 env.close()
                 continue
-            return _lease(
-                _Env(key, path, env, False, _span(key, size), size, _open_fd(data_file, key))
-            )
+            entry = _Env(key, path, env, False, _span(key, size), size, _open_fd(data_file, key))
+            entry.epoch_path = os.path.join(os.path.dirname(data_file), EPOCH_FILE)
+            entry.epoch_map, entry.epoch_view = _map_epoch(entry.epoch_path)
+            return _lease(entry)
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
 
 
@@ -485,8 +585,9 @@ def _lmdb_open(store: str, path: str, settings: dict[str, Any]) -> Any:
         raise StoreError(f"{store}: cannot open the LMDB store{writing}: {exc}") from None
 
 
-def open_writable(folder: str, map_size: int) -> Lease:
-    """This process's writable environment for the store folder ``folder``.
+def open_writable(folder: str, map_size: int, *, durable: bool = False) -> Lease:
+    """This process's writable environment for the store folder ``folder``; ``durable``: every
+    commit flushed to the disk before the next begins (for writes into a complete store).
 
     Raises:
         StoreError: the store is open for reading in this process, or cannot be opened.
@@ -507,7 +608,10 @@ def open_writable(folder: str, map_size: int) -> Lease:
         # as the whole conversion. A killed process loses nothing committed (the page cache holds
         # it); a machine that restarts mid-conversion may, which is why a resume after a restart
         # is refused (see LMDBWriter._check_resumable).
-        env = _lmdb_open(folder, folder, {**WRITER_SETTINGS, "map_size": map_size})
+        settings = {**WRITER_SETTINGS, "map_size": map_size}
+        if durable:
+            settings.update(sync=True, metasync=True)
+        env = _lmdb_open(folder, folder, settings)
         key, size = _file_key(data_file)
         return _lease(_Env(key, folder, env, True, None, size))
 
@@ -531,7 +635,7 @@ def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
                 # a complete store keeps the progress of its last run: it matters only when it
                 # is an append to this very store that did not finish
                 progress = Progress.from_json(raw_progress, path)
-                if meta is None or (meta.id and progress.base_id == meta.id):
+                if meta is None or _appends_to(progress, meta):
                     progress = Progress.from_json(
                         raw_progress, path, lambda n: _read_skipped(lease, txn, n, path)
                     )
@@ -540,6 +644,12 @@ def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
     finally:
         lease.release()
     return meta, progress, has_keys
+
+
+def _appends_to(progress: Progress, meta: StoreMeta) -> bool:
+    """Whether a progress found beside a complete store is an unfinished append to it (and not
+    what its own conversion, or an earlier append, left)."""
+    return progress.base_id == meta.id and 0 < progress.first_index == meta.count
 
 
 @contextmanager
@@ -600,6 +710,9 @@ class LMDBWriter(StoreWriter):
                     f"{folder}: the folder is not empty ({foreign[0]}, ...) and holds no LMDB "
                     "store; give a new or empty folder for the store"
                 )
+        # the folders this writer creates: removed again if it ends without writing a store (a
+        # refused command leaves nothing behind)
+        self._created = tuple(p for p in [folder, *folder.parents] if not p.exists())
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(folder / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -659,14 +772,12 @@ class LMDBWriter(StoreWriter):
             )
 
     def _open(self, progress: Progress, *, new: bool) -> None:
-        if self._appending and not new:
-            self._pending_seen = True  # resuming an append: it wrote before it stopped
         target = self._target()
         if new and self._aside:
             self._discard_aside()
         os.makedirs(target, exist_ok=True)
         if self._lease is None:  # (a discarded append left it open, and pinned)
-            self._lease = open_writable(target, self._map_size)
+            self._lease = open_writable(target, self._map_size, durable=self._appending)
         if self._appending and self._pin is None:
             self._pin_readers()
         if new:
@@ -679,33 +790,46 @@ class LMDBWriter(StoreWriter):
 
     # -- appends in place
     #
+    # NOTE [ Appends against readers ]
+    #
     # Readers map the store without LMDB's lock table (they may not be able to write its lock
-    # file), so a writer cannot see them and would reuse the pages that a commit frees while a
-    # reader may still be reading them. An append therefore holds a read transaction of the
-    # store as it found it for as long as it writes: LMDB never reuses a page freed after its
-    # oldest reader began, so every version of the store a reader can have begun reading in the
-    # meantime stays intact. Pages freed by an earlier append (finished or interrupted) are
-    # reused only once no reader transaction can still be on them: such an append starts
-    # writing at least READER_GRACE_S after the data file last changed (a reader's transaction
-    # lasts one batch read). Pages freed by a conversion belong to versions without metadata,
-    # which readers do not read.
+    # file), so LMDB cannot see them, and a commit may reuse pages that a reader is still
+    # reading. Two rules keep every reader's bytes right, without a time margin:
+    #
+    # 1. An append holds a read transaction of the store as it found it (version V) for as long
+    #    as it writes. LMDB reuses no page freed after its oldest reader began, so every version
+    #    from V on stays intact while the append runs: a reader that began at V or later reads
+    #    what it would have read.
+    # 2. Pages freed before V (by an earlier append) may be reused. A reader that began before V
+    #    may be on them, however long ago it began (a stopped process, a debugger). So, after
+    #    taking its read transaction and before its first write, an append advances the append
+    #    epoch (``readers.epoch`` beside ``data.mdb``, mapped by every reader). A reader reads
+    #    the epoch, begins its transaction, copies what it reads, and reads the epoch again
+    #    (``Lease.read``): if it moved, an append may have begun writing while it read, and the
+    #    read is done again in a new transaction (it sees V or later: rule 1). If it did not
+    #    move, no append began: any append writing then began before the reader's transaction,
+    #    so the reader is at its V or later.
+    #
+    # The first append to a store never reuses a page a reader needs (pages freed before the
+    # store was complete belong to versions without metadata, which readers never read), so a
+    # store without an epoch file (an older one) gets one from its first append; its readers
+    # look for it until it appears. Pages freed by a conversion or a replacement belong to such
+    # versions too. The epoch is a live signal between processes of one machine (one page
+    # cache), as LMDB itself is.
+    #
+    # Power loss: an append writes into the complete store, so its commits are durable (LMDB's
+    # sync: the pages, then the meta page that points at them, each flushed): a crash at any
+    # point leaves the store as it was, or with some of the append's batches (unseen by readers
+    # until the metadata is written), never damaged. Conversions and replacements write stores
+    # that readers do not read until they are complete, and are flushed once, before their
+    # metadata (see ``open_writable``).
 
     _pin: Any = None
-    _pending_seen = False
-    """An interrupted append was found (it wrote; when, only the data file's time says)."""
 
     def _pin_readers(self) -> None:
         assert self._lease is not None, "_open() opens the store"
-        base = self.base
-        if base is not None and (base.appended_from or self._pending_seen):
-            # the last writer was an append (finished or not): it freed pages that readers
-            # which began during it may still be on; give them time to finish
-            with suppress(OSError):
-                wait = _mtime(self.path) + READER_GRACE_S - time.time()
-                if wait > 0:
-                    log.info("%s: waiting %.1f s for readers of the last append", self.path, wait)
-                    time.sleep(min(wait, READER_GRACE_S))
         self._pin = self._lease.env.begin()
+        bump_epoch(self.path)  # after the pin, before any write (see the note above)
 
     def _kept_skipped(self, base: StoreMeta) -> int:
         """The store's skipped entries are kept as keys, except in stores of the first format,
@@ -720,8 +844,7 @@ class LMDBWriter(StoreWriter):
             lease.release()
 
     def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
-        self._pending_seen = True
-        self._lease = open_writable(self.path, self._map_size)
+        self._lease = open_writable(self.path, self._map_size, durable=True)
         self._pin_readers()
         keys = [
             key
@@ -862,6 +985,10 @@ class LMDBWriter(StoreWriter):
             txn.put(META_KEY, meta.to_json())
 
         self._commit(fill)
+        try:
+            ensure_epoch(self.path)  # readers map it when they open the store
+        except OSError as exc:
+            raise _write_failed(self.path, exc) from None
 
     def _close_env(self) -> None:
         pin, self._pin = self._pin, None
@@ -879,13 +1006,22 @@ class LMDBWriter(StoreWriter):
         with suppress(OSError, StoreError):
             lmdb_file.pad(os.path.join(self._target(), DATA_FILE))
 
+    _created: tuple[Path, ...] = ()
+
     def close(self) -> None:
-        """Flush and close the store, then release the writer lock (even if flushing fails)."""
+        """Flush and close the store, then release the writer lock (even if flushing fails);
+        a folder this writer created and wrote no store into is removed."""
         try:
             self._close_env()
         finally:
             fd, self._lock_fd = self._lock_fd, None
             if fd is not None:
+                if self._created and not os.path.exists(os.path.join(self.path, DATA_FILE)):
+                    with suppress(OSError):
+                        os.unlink(os.path.join(self.path, WRITER_LOCK))
+                    for folder in self._created:  # deepest first; only while empty
+                        with suppress(OSError):
+                            os.rmdir(folder)
                 os.close(fd)  # releases the flock
 
 
@@ -913,10 +1049,6 @@ def _record_keys(count: int) -> bytes:
         rest //= 10
     out[:, :10] += ord("0")
     return out.reshape(-1)[:-1].tobytes()
-
-
-def _mtime(folder: str) -> float:
-    return os.stat(os.path.join(folder, DATA_FILE)).st_mtime
 
 
 def _fsync(path: str) -> None:
@@ -985,9 +1117,11 @@ class LMDBStore(_Leased):
         self._opened(self._meta)
 
     def _load(self, lease: Lease) -> tuple[StoreMeta, np.ndarray]:
-        with _reading(self.path), lease.env.begin(buffers=True) as txn:
+        def get(txn: Any) -> tuple[bytes | None, bytes | None]:
             raw_meta = lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
-            raw_labels = lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
+            return raw_meta, lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
+
+        raw_meta, raw_labels = lease.read(get, self.path)
         if raw_meta is None:
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
         meta = StoreMeta.from_json(raw_meta, self.path)
@@ -996,11 +1130,17 @@ class LMDBStore(_Leased):
     def skipped_files(self) -> list[SkippedFile]:
         lease = self._env()
         where = self.path
-        with _reading(where), lease.env.begin(buffers=True) as txn:
-            if txn.get(skipped_key(0)) is not None or not self.meta.skipped_count:
-                return _read_skipped(lease, txn, self.meta.skipped_count, where)
-            raw_meta = lease.value(txn.get(META_KEY), f"{where}: the metadata")
-        legacy = json.loads(raw_meta or b"{}").get("skipped", [])  # earlier versions kept it there
+        count = self.meta.skipped_count
+
+        def get(txn: Any) -> list[SkippedFile] | bytes | None:
+            if txn.get(skipped_key(0)) is not None or not count:
+                return _read_skipped(lease, txn, count, where)
+            return lease.value(txn.get(META_KEY), f"{where}: the metadata")
+
+        found = lease.read(get, where)
+        if isinstance(found, list):
+            return found
+        legacy = json.loads(found or b"{}").get("skipped", [])  # earlier versions kept it there
         return [skipped_file(item, where) for item in legacy]
 
     def _check_identity(self, lease: Lease) -> None:
@@ -1036,22 +1176,25 @@ class LMDBStore(_Leased):
         """The headers alone, walked with a cursor (they sort apart from the image bytes)."""
         n = len(self) if stop is None else stop
         lease = self._env()
+
+        def batch(txn: Any, start: int) -> list[RecordHeader]:
+            out = []
+            cursor = txn.cursor()
+            found = cursor.set_key(header_key(start))
+            for i in range(start, min(n, start + batch_size)):
+                where = f"{self.path}: record {i}"
+                if not found or bytes(cursor.key()) != header_key(i):
+                    raise RecordError(
+                        f"{where}: its header is missing; the store is damaged, run "
+                        "`fastdata verify` on it"
+                    )
+                raw = lease.value(cursor.value(), where) or b""
+                out.append(RecordHeader.from_json(raw, where))
+                found = cursor.next()
+            return out
+
         for start in range(0, n, batch_size):
-            batch = []
-            with _reading(self.path), lease.env.begin(buffers=True) as txn:
-                cursor = txn.cursor()
-                found = cursor.set_key(header_key(start))
-                for i in range(start, min(n, start + batch_size)):
-                    where = f"{self.path}: record {i}"
-                    if not found or bytes(cursor.key()) != header_key(i):
-                        raise RecordError(
-                            f"{where}: its header is missing; the store is damaged, run "
-                            "`fastdata verify` on it"
-                        )
-                    raw = lease.value(cursor.value(), where) or b""
-                    batch.append(RecordHeader.from_json(raw, where))
-                    found = cursor.next()
-            yield from batch
+            yield from lease.read(functools.partial(batch, start=start), self.path)
 
     def _record(self, lease: Lease, txn: Any, key: bytes) -> bytes:
         where = f"{self.path}: record {key.decode()}"
@@ -1065,8 +1208,9 @@ class LMDBStore(_Leased):
 
     def record_names(self) -> PackedStrings:
         lease = self._env()
-        with _reading(self.path), lease.env.begin(buffers=True) as txn:
-            raw = lease.value(txn.get(NAMES_KEY), f"{self.path}: the names")
+        raw = lease.read(
+            lambda txn: lease.value(txn.get(NAMES_KEY), f"{self.path}: the names"), self.path
+        )
         names = PackedStrings.from_joined(raw or b"")
         if len(names) != len(self) or len(self) == 0:
             return super().record_names()  # written before the index existed, or damaged
@@ -1076,25 +1220,29 @@ class LMDBStore(_Leased):
         idx = self.check_indices(indices)
         lease = self._env()
         labels = self._labels[idx].tolist()
+
         # Read in key order (file order), so pages that come from disk come in ascending runs.
-        data: dict[int, bytes] = {}
-        with _reading(self.path), lease.env.begin(buffers=True) as txn:
-            for i in sorted(set(idx)):
-                data[i] = self._record(lease, txn, record_key(i))
+        def get(txn: Any) -> dict[int, bytes]:
+            return {i: self._record(lease, txn, record_key(i)) for i in sorted(set(idx))}
+
+        data = lease.read(get, self.path)
         return list(zip([data[i] for i in idx], labels, strict=True))
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
         lease = self._env()
-        out = []
-        with _reading(self.path), lease.env.begin(buffers=True) as txn:
+
+        def get(txn: Any) -> list[Record]:
+            out = []
             for i in idx:
                 key = record_key(i)
                 data = self._record(lease, txn, key)
                 head = self._record(lease, txn, header_key(i))
                 header = RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
                 out.append(Record(i, header, data))
-        return out
+            return out
+
+        return lease.read(get, self.path)
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         idx = self.check_indices(indices)  # in an unpickled reader, this loads the labels

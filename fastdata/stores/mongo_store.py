@@ -56,7 +56,15 @@ from ..records import (
     name_bytes,
     skipped_file,
 )
-from .base import Completion, Existing, StoreReader, StoreWriter, describe_holder, holder
+from .base import (
+    Completion,
+    Existing,
+    StoreReader,
+    StoreWriter,
+    describe_holder,
+    holder,
+    holder_gone,
+)
 
 __all__ = [
     "LegacyMongoStore",
@@ -369,7 +377,7 @@ class MongoWriter(_MongoTarget, StoreWriter):
         def take() -> dict[str, Any] | None:
             meta = self._meta_coll()
             for _ in range(10):
-                now = time.time()
+                now = self._server_now()
                 doc = {"_id": claim_id, "token": token, **holder(), "expires": now + ttl}
                 try:
                     meta.insert_one(doc)
@@ -379,23 +387,25 @@ class MongoWriter(_MongoTarget, StoreWriter):
                 if held is None or held.get("token") == token:
                     continue  # released meanwhile, or our own insert, retried
                 expires = held.get("expires")
-                if isinstance(expires, (int, float)) and expires > now:
-                    return dict(held)
-                # expired: take it over, unless another writer did so first
+                gone = holder_gone(held)
+                if isinstance(expires, (int, float)) and expires > now and not gone:
+                    return {**held, "now": now}
+                # expired, or its process is gone: take it over, unless another writer did first
                 if meta.replace_one(
                     {"_id": claim_id, "token": held.get("token")}, doc
                 ).matched_count:
                     log.warning(
-                        "%s: took over the expired writer claim of %s",
+                        "%s: took over the writer claim of %s (%s)",
                         self.location,
                         describe_holder(held),
+                        "that process is gone" if gone else "it expired",
                     )
                     return None
             return {"token": "?"}
 
         held = self._run("claiming the collection for writing", take, first=True)
         if held is not None:
-            left = held.get("expires", 0) - time.time() if "expires" in held else ttl
+            left = held.get("expires", 0) - held["now"] if "expires" in held else ttl
             raise StoreLockedError(
                 f"{self.location}: another conversion is writing this collection "
                 f"({describe_holder(held)}); wait for it to finish. If that process is gone, its "
@@ -414,22 +424,37 @@ class MongoWriter(_MongoTarget, StoreWriter):
         from pymongo.errors import PyMongoError
 
         assert self._stop is not None, "_lock() starts the heartbeat"
-        expires = time.time() + self.claim_ttl_s
+        expires = time.monotonic() + self.claim_ttl_s
         while not self._stop.wait(self.claim_ttl_s / 4):
             try:
-                new = time.time() + self.claim_ttl_s
+                new = self._server_now() + self.claim_ttl_s
                 result = self._meta_coll().update_one(
                     {"_id": claim_id, "token": self._token}, {"$set": {"expires": new}}
                 )
                 if not result.matched_count:
                     self._lost = "another writer took it over after it expired"
                     return
-                expires = new
+                expires = time.monotonic() + self.claim_ttl_s
             except PyMongoError as exc:
                 log.warning("%s: renewing the writer claim failed: %s", self.location, exc)
-                if time.time() > expires:
+                if time.monotonic() > expires:
                     self._lost = "it expired while the server could not be reached"
                     return
+
+    def _server_now(self) -> float:
+        """The server's clock, in seconds since the epoch: a claim's expiry is written and
+        compared in it, so writers on hosts whose clocks disagree agree on it."""
+        from datetime import UTC
+
+        from pymongo.errors import OperationFailure
+
+        try:
+            now = self._conn.db().client.admin.command("hello").get("localTime")
+        except (OperationFailure, NotImplementedError):
+            now = None
+        if now is None:  # a server that does not say: this host's clock
+            return time.time()
+        return float(now.replace(tzinfo=UTC).timestamp() if now.tzinfo is None else now.timestamp())
 
     def _check_claim(self) -> None:
         if self._lost:
@@ -479,7 +504,12 @@ class MongoWriter(_MongoTarget, StoreWriter):
             bucket = docs[coll].get("gridfs_bucket")
             self._base_bucket = bucket if isinstance(bucket, str) else ""
             saved = docs.get(f"{coll}:progress")
-            if meta is not None and saved is not None and saved.get("base_id") == meta.id:
+            if (
+                meta is not None
+                and saved is not None
+                and saved.get("base_id", "") == meta.id
+                and 0 < saved.get("first_index", 0) == meta.count
+            ):
                 appending = self._progress(saved)
         elif f"{coll}:progress" in docs:
             progress = self._progress(docs[f"{coll}:progress"])
@@ -921,10 +951,21 @@ class MongoStore(_MongoTarget, StoreReader):
 
     def skipped_files(self) -> list[SkippedFile]:
         meta = self.meta
-        return self._run(
-            "reading the skipped list",
-            lambda: _load_skipped(self._conn.db(), meta.id, meta.skipped_count, self.location),
-        )
+
+        def load() -> list[SkippedFile]:
+            db = self._conn.db()
+            if meta.id and db[META_COLLECTION].find_one(_skipped_ids(meta.id), {"_id": 1}):
+                return _load_skipped(db, meta.id, meta.skipped_count, self.location)
+            # the first layout kept the list in the metadata document
+            doc = db[META_COLLECTION].find_one({"_id": self.collection}, {"skipped": 1}) or {}
+            items = _names_from_bson(doc).get("skipped") or []
+            if not meta.skipped_count:
+                return []
+            if not isinstance(items, list) or len(items) < meta.skipped_count:
+                return _load_skipped(db, meta.id, meta.skipped_count, self.location)
+            return [skipped_file(i, self.location) for i in items[: meta.skipped_count]]
+
+        return self._run("reading the skipped list", load)
 
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
         db = self._conn.db()
@@ -1012,7 +1053,8 @@ class MongoStore(_MongoTarget, StoreReader):
     def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
         """Check a document's store id and the type of its image before using it; fetch an image
         kept in GridFS."""
-        if self._id and doc.get("store") not in self._ids:
+        # documents of the first layout carry no store id: they are the id-less store's
+        if self._ids and doc.get("store", "") not in self._ids:
             raise StoreReplacedError(
                 f"{self.location}: record {index} belongs to another store (id "
                 f"{doc.get('store')!r}, not {self._id}): the collection was replaced since "
