@@ -559,16 +559,19 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
             what = "read" + (" and decoded" if decode else "") + "; the store has no checksums"
         click.echo(f"{report.location}: {report.checked} records OK ({what})")
         return
+    if report.broken:
+        _listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
     if report.damaged_pages:
         click.echo(f"{report.location}: {len(report.damaged_pages)} damaged page(s):")
         for page in report.damaged_pages:
             click.echo(f"  {page}")
-    click.echo(
-        f"{report.location}: {len(report.failures)} of {len(reader)} records failed "
-        f"({report.checked} read):"
-    )
-    for f in report.failures:
-        click.echo(f"  {f.index} {f.name}: {f.reason}")
+    if report.failures or report.damaged_pages:
+        click.echo(
+            f"{report.location}: {len(report.failures)} of {len(reader)} records failed "
+            f"({report.checked} read):"
+        )
+        for f in report.failures:
+            click.echo(f"  {f.index} {f.name}: {f.reason}")
     sys.exit(1)
 
 

@@ -450,8 +450,9 @@ def check_labels(raw: bytes | memoryview | None, meta: StoreMeta, where: str) ->
     data = bytes(raw) if raw is not None else b""
     if len(data) != 4 * meta.count:
         raise StoreError(
-            f"{where}: {len(data) // 4} labels for {meta.count} records; the store is damaged, "
-            "run `fastdata verify` on it and convert it again"
+            f"{where}: the store breaks the invariant 'one label per record' ({len(data) // 4} "
+            f"labels for {meta.count} records); it is damaged: run `fastdata verify` on it to "
+            "see what else is, and convert it again (with --overwrite)"
         )
     labels = np.frombuffer(data, dtype="<i4").astype(np.int64)
     if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):

@@ -31,12 +31,15 @@ class VerifyReport:
     decoded: int = 0
     failures: list[Failure] = field(default_factory=list)
     damaged_pages: list[str] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)
+    """The invariants of a finished store that it breaks, each named (README, "What a finished
+    store guarantees")."""
     checksums: bool = True
     """Whether the store has checksums to check (stores of other tools have none)."""
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.damaged_pages
+        return not self.failures and not self.damaged_pages and not self.broken
 
 
 def verify_store(
@@ -55,6 +58,7 @@ def verify_store(
     report = VerifyReport(reader.location, checksums=reader.has_checksums)
     report.damaged_pages = reader.structure_damage()
     total = len(reader)
+    labels = reader.labels
     with reader.sequential():
         for start in range(0, total, batch_size):
             indices: list[int] = []
@@ -78,6 +82,11 @@ def verify_store(
             for rec in records:
                 report.checked += 1
                 h = rec.header
+                if reader.has_checksums and h.label != int(labels[rec.index]):
+                    report.broken.append(
+                        f"each record's label is the one the labels list gives: record "
+                        f"{rec.index} ({h.name}) says {h.label}, the list {int(labels[rec.index])}"
+                    )
                 if len(rec.data) != h.size:
                     report.failures.append(
                         Failure(rec.index, h.name, f"size {len(rec.data)}, expected {h.size}")
@@ -94,7 +103,22 @@ def verify_store(
                         report.failures.append(Failure(rec.index, h.name, exc.reason))
             if progress is not None:
                 progress(min(total, start + batch_size), total)
+    if reader.has_checksums:
+        _check_invariants(reader, report)
     return report
+
+
+def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:
+    """The invariants of the whole store (names, skipped list, counts), named when broken."""
+    from .stores.base import invariant_failures
+
+    try:
+        names = reader.record_names()
+        skipped = reader.skipped_files()
+    except FastdataError as exc:
+        report.broken.append(f"the names and the skipped list can be read: {exc}")
+        return
+    report.broken.extend(invariant_failures(reader.meta, reader.labels, names, skipped))
 
 
 def check_file(path: str) -> list[str]:

@@ -19,15 +19,6 @@ from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database
 from .procs import HOLDING_CONVERT, KILLED_CONVERT, cli, run_script, script, wait_for
 
-# Appends wait for readers of an earlier append (lmdb_store.READER_GRACE_S); tests need not.
-SHORT_GRACE = "from fastdata.stores import lmdb_store; lmdb_store.READER_GRACE_S = 0.2\n"
-
-
-@pytest.fixture(autouse=True)
-def _short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lmdb_store, "READER_GRACE_S", 0.2)
-
-
 def folder(root: Path, classes: dict[str, range], seed: int = 0) -> Path:
     for cls, numbers in classes.items():
         for i in numbers:
@@ -191,7 +182,7 @@ def test_a_killed_append_resumes_and_the_store_stays_readable(
     folder(src, {"a": range(5, 15), "b": range(6)})
     args = ["-c", kw["collection"]] if kw else []
     result = run_script(
-        SHORT_GRACE + textwrap.dedent(KILLED_CONVERT),
+        textwrap.dedent(KILLED_CONVERT),
         src,
         dst,
         3,
@@ -223,7 +214,7 @@ def test_an_interrupted_append_is_started_over_without_resume(tmp_path: Path) ->
     dst = tmp_path / "s.lmdb"
     convert(src, dst)
     folder(src, {"a": range(3, 12)})
-    code = SHORT_GRACE + textwrap.dedent(KILLED_CONVERT)
+    code = textwrap.dedent(KILLED_CONVERT)
     assert run_script(code, src, dst, 2, "--append").returncode == -signal.SIGKILL
     # the folder changed meanwhile: the interrupted append cannot resume; a new one replaces it
     folder(src, {"z": range(2)})

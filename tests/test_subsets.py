@@ -115,3 +115,24 @@ def test_subsets_of_a_mongo_store(good_folder: Path, mongo_uri: str) -> None:
     _check_class_subset(pickle.loads(pickle.dumps(ds)), full, good_folder)
     idx = MongoImageDataset(mongo_uri, "good", output="bytes", indices=[11, 0])
     assert list(idx.targets) == [2, 0] and idx[0][0] == full[11][0]
+
+
+def test_a_boolean_mask_selects_like_numpy_and_anything_else_unintegral_is_refused(
+    lmdb_store: Path,
+) -> None:
+    import torch
+
+    full = LMDBImageDataset(lmdb_store, output="bytes")
+    targets = np.asarray(full.targets)
+    for mask in (targets == 2, torch.as_tensor(targets == 2)):
+        eel = full.subset(indices=mask)
+        assert len(eel) == 3 and list(eel.targets) == [2, 2, 2]
+        assert [eel[i][0] for i in range(3)] == [full[i][0] for i in (9, 10, 11)]
+    assert len(LMDBImageDataset(lmdb_store, indices=[False] * 12)) == 0
+    with pytest.raises(TypeError, match="store's length"):
+        full.subset(indices=[True, False])
+    with pytest.raises(TypeError, match="not float64"):
+        full.subset(indices=[0.5, 2.9])
+    with pytest.raises(TypeError, match="integers or a boolean mask"):
+        LMDBImageDataset(lmdb_store, indices=np.array([1.0, 2.0]))
+    assert list(full.subset(indices=np.array([3, 1], dtype=np.uint8)).targets) == [0, 0]
