@@ -290,12 +290,13 @@ def plan_append(
 
 def _moves(stored: PackedStrings, gone_at: np.ndarray, new: PackedStrings) -> list[tuple[str, str]]:
     """``(stored name, new name)`` of images that look moved: a path gone from the source and a
-    new one with the same file name (at most ``SHOWN``)."""
+    new one with the same file name, when only one gone path has it (at most ``SHOWN``)."""
     if not len(gone_at) or not len(new):
         return []
-    by_file: dict[bytes, bytes] = {}
+    by_file: dict[bytes, bytes | None] = {}
     for name in stored.take(gone_at[: 1 << 16]):
-        by_file.setdefault(name.rpartition(b"/")[2], name)
+        base = name.rpartition(b"/")[2]
+        by_file[base] = None if base in by_file else name  # a name gone twice: no guess
     out = []
     for lo in range(0, len(new), 1 << 16):
         for name in new.slice_list(lo, min(len(new), lo + (1 << 16))):

@@ -258,10 +258,15 @@ class Progress:
         return f"fastdata {verb} {_shell(self.source)} {destination}{flags} --resume"
 
     def resumable_as_recorded(self, other: Progress) -> bool:
-        """Whether the run this progress records can still be finished by its own resume
-        command, although ``other`` differs from it (another path to the source, an option):
-        its source is unchanged, or it is a copy (of a store named by its id)."""
-        return self.is_copy or self.fingerprint == other.fingerprint
+        """Whether the run this progress records may still be finished by its own resume
+        command, although ``other`` differs from it: ``other`` names another source (the
+        recorded one may be as it was), or differs only in an option, or it is a copy (of a
+        store named by its id). Not when the same source changed since."""
+        return (
+            self.is_copy
+            or self.fingerprint == other.fingerprint
+            or os.path.realpath(self.source) != os.path.realpath(other.source)
+        )
 
     def same_conversion(self, other: Progress) -> str | None:
         """What differs between the conversion this progress records and ``other``, or None.

@@ -1,0 +1,169 @@
+"""``--append``, case by case (the README's table), on LMDB and MongoDB."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fastdata import convert, copy_store, open_store
+from fastdata.errors import StoreExistsError
+
+from .conftest import jpeg_bytes, write
+from .procs import KILLED_CONVERT, cli, run_script
+
+BACKENDS = ["lmdb", "mongo"]
+LONG_AGO = 1_000_000_000  # 2001: a modification time older than any store
+
+
+def _src(root: Path) -> Path:
+    for cls in ("cat", "dog"):
+        for i in range(3):
+            write(root / cls / f"{i}.jpg", jpeg_bytes(seed=ord(cls[0]) * 10 + i))
+    return root
+
+
+def _target(backend: str, tmp_path: Path, mongo_uri: str) -> tuple[str, dict[str, str]]:
+    if backend == "lmdb":
+        return str(tmp_path / "s.lmdb"), {}
+    return mongo_uri, {"collection": "imgs"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_changed_files_are_reported_by_size_whatever_their_time(
+    backend: str, tmp_path: Path, mongo_uri: str
+) -> None:
+    src = _src(tmp_path / "src")
+    dst, kw = _target(backend, tmp_path, mongo_uri)
+    convert(src, dst, **kw)
+    grown = src / "cat" / "0.jpg"
+    write(grown, jpeg_bytes(width=80, seed=5))  # another size ...
+    os.utime(grown, (LONG_AGO, LONG_AGO))  # ... and an old time (rsync -a, cp -p)
+    same_size = src / "dog" / "1.jpg"
+    other = jpeg_bytes(seed=6)
+    old = same_size.read_bytes()
+    assert len(other) != len(old) or other != old
+    same = bytearray(old)
+    same[-10] ^= 0xFF  # same size, other bytes, old time: only a content check sees it
+    same_size.write_bytes(bytes(same))
+    os.utime(same_size, (LONG_AGO, LONG_AGO))
+    report = convert(src, dst, append=True, **kw)
+    assert [c.name for c in report.changed] == ["cat/0.jpg"]
+    assert "bytes now" in report.changed[0].reason
+    checked = convert(src, dst, append=True, check_content=True, **kw)
+    assert sorted(c.name for c in checked.changed) == ["cat/0.jpg", "dog/1.jpg"]
+    assert len(open_store(dst, **kw)) == 6  # reported, never stored twice
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gone_and_moved_images_are_reported(
+    backend: str, tmp_path: Path, mongo_uri: str
+) -> None:
+    src = _src(tmp_path / "src")
+    dst, kw = _target(backend, tmp_path, mongo_uri)
+    convert(src, dst, **kw)
+    (src / "cat" / "2.jpg").unlink()
+    (src / "cat" / "1.jpg").rename(src / "cat" / "1b.jpg")  # renamed: gone + new
+    (src / "bird").mkdir()
+    (src / "dog" / "0.jpg").rename(src / "bird" / "0.jpg")  # same file name, another class
+    report = convert(src, dst, append=True, **kw)
+    assert report.gone_count == 3
+    assert sorted(report.gone) == ["cat/1.jpg", "cat/2.jpg", "dog/0.jpg"]
+    assert report.moved == [("dog/0.jpg", "bird/0.jpg")]
+    assert report.count == 6 + 2  # the new paths are new records; the old ones are kept
+    out = cli("convert", str(src), *_words(dst, kw), "--append")
+    assert out.returncode == 0, out.stderr
+    assert "nothing to add" in out.stdout and "no longer in the source" in out.stdout
+
+
+def _words(dst: str, kw: dict[str, str]) -> list[str]:
+    return [dst, *(["-c", kw["collection"]] if kw else [])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_skipped_files_are_read_again_only_when_they_change(
+    backend: str, tmp_path: Path, mongo_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _src(tmp_path / "src")
+    write(src / "cat" / "broken.jpg", b"\xff\xd8 not really")
+    write(src / "dog" / "empty.jpg", b"")
+    dst, kw = _target(backend, tmp_path, mongo_uri)
+    convert(src, dst, **kw)
+    store = open_store(dst, **kw)
+    first_id = store.meta.id
+    assert sorted(s.name for s in store.skipped_files()) == ["cat/broken.jpg", "dog/empty.jpg"]
+    store.close()
+    convert_module = importlib.import_module("fastdata.convert")
+    reads: list[str] = []
+    real = convert_module.read_file
+    monkeypatch.setattr(
+        convert_module, "read_file", lambda path, limit: reads.append(path) or real(path, limit)
+    )
+    report = convert(src, dst, append=True, **kw)
+    # nothing new: not read, not listed again, the store exactly as it was
+    assert reads == [] and report.skipped == [] and report.skipped_unchanged == 2
+    store = open_store(dst, **kw)
+    assert store.meta.id == first_id and len(store) == 6
+    store.close()
+    # a skipped file fixed since: stored, and taken off the list
+    write(src / "cat" / "broken.jpg", jpeg_bytes(seed=77))
+    report = convert(src, dst, append=True, **kw)
+    assert reads == [str(src / "cat" / "broken.jpg")]
+    store = open_store(dst, **kw)
+    assert len(store) == 7 and store.meta.id != first_id
+    assert [s.name for s in store.skipped_files()] == ["dog/empty.jpg"]
+    assert store.meta.skipped_count == 1
+    assert store.read_named([6])[0][0] == "cat/broken.jpg"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_change_made_before_a_copy_is_still_reported(
+    backend: str, tmp_path: Path, mongo_uri: str
+) -> None:
+    src = _src(tmp_path / "src")
+    first = tmp_path / "first.lmdb"
+    convert(src, first)
+    time.sleep(1.1)  # store times have a resolution of a second
+    changed = src / "dog" / "2.jpg"
+    data = bytearray(changed.read_bytes())
+    data[-10] ^= 0xFF
+    changed.write_bytes(bytes(data))  # same size, newer than the store
+    dst, kw = _target(backend, tmp_path, mongo_uri)
+    copy_store(first, dst, **kw)
+    report = convert(src, dst, append=True, **kw)
+    assert [c.name for c in report.changed] == ["dog/2.jpg"]
+
+
+def test_resuming_an_append_from_another_folder_is_refused(tmp_path: Path) -> None:
+    src = _src(tmp_path / "src")
+    dst = tmp_path / "s.lmdb"
+    convert(src, dst)
+    for i in range(6):
+        write(src / "eel" / f"{i}.jpg", jpeg_bytes(seed=500 + i))
+    result = run_script(KILLED_CONVERT, src, dst, 1, "--append")
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    other = _src(tmp_path / "other")
+    with pytest.raises(StoreExistsError, match=r"cannot resume the interrupted append"):
+        convert(other, dst, append=True, resume=True)
+    refused = cli("convert", str(other), str(dst), "--append", "--resume", "-q")
+    assert refused.returncode == 2 and "fastdata convert" in refused.stderr
+    # the command it names finishes the append
+    printed = refused.stderr.split("`")[1].split()
+    done = cli(*printed[1:], "-q")
+    assert done.returncode == 0, done.stderr
+    assert len(open_store(dst)) == 12
+
+
+def test_appends_one_after_another_do_not_wait(tmp_path: Path) -> None:
+    src = _src(tmp_path / "src")
+    dst = tmp_path / "s.lmdb"
+    convert(src, dst)
+    began = time.monotonic()
+    for n in range(3):
+        write(src / "eel" / f"{n}.jpg", jpeg_bytes(seed=900 + n))
+        assert convert(src, dst, append=True).count == 7 + n
+    assert time.monotonic() - began < 10  # (appends used to wait 10 s for each other)
