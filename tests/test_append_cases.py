@@ -132,6 +132,7 @@ def test_a_change_made_before_a_copy_is_still_reported(
     data = bytearray(changed.read_bytes())
     data[-10] ^= 0xFF
     changed.write_bytes(bytes(data))  # same size, newer than the store
+    time.sleep(1.1)  # ... and older than the copy
     dst, kw = _target(backend, tmp_path, mongo_uri)
     copy_store(first, dst, **kw)
     report = convert(src, dst, append=True, **kw)

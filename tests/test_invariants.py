@@ -244,3 +244,20 @@ def test_a_resume_with_nothing_to_resume_says_what_to_run(good_folder: Path, tmp
     with pytest.raises(UsageError, match="run the same command without --resume"):
         convert(good_folder, tmp_path / "n.lmdb", resume=True)
     assert not (tmp_path / "n.lmdb").exists()
+
+
+def test_the_commands_printed_for_an_interrupted_mongo_store_run_as_printed(
+    good_folder: Path, mongo_uri: str
+) -> None:
+    result = run_script(KILLED_CONVERT, good_folder, mongo_uri, 2, "-c", "imgs")
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    with pytest.raises(IncompleteStoreError) as refused:
+        open_store(mongo_uri, collection="imgs")
+    printed = str(refused.value).split("`")[1]
+    assert "--collection imgs" in printed
+    info = cli("info", mongo_uri, "-c", "imgs")
+    assert info.returncode != 0 and printed in info.stderr
+    # the killed writer's claim is this host's and its process is gone: no wait
+    done = cli(*shlex.split(printed)[1:], "-q")
+    assert done.returncode == 0, done.stderr
+    assert len(open_store(mongo_uri, collection="imgs")) == 12
