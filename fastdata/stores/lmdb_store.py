@@ -176,6 +176,8 @@ class _Env:
         if not self.epoch_path or not os.path.exists(self.epoch_path):
             return -1
         self.epoch_map, self.epoch_view = _map_epoch(self.epoch_path)
+        if self.epoch_view is None:
+            return -3  # there, but damaged (too short): the next append writes it anew
         return -2  # the file appeared: an append began, whatever it says
 
     def grown(self) -> bool:
@@ -284,7 +286,10 @@ def bump_epoch(folder: str) -> None:
         _new_epoch_file(path, 1)
         return
     try:
-        (now,) = struct.unpack("=Q", os.pread(fd, 8, 0).ljust(8, b"\0"))
+        if os.fstat(fd).st_size < EPOCH_BYTES:  # damaged: no reader could map it; anew
+            _new_epoch_file(path, 1)
+            return
+        (now,) = struct.unpack("=Q", os.pread(fd, 8, 0))
         os.pwrite(fd, struct.pack("=Q", now + 1), 0)
     finally:
         os.close(fd)
