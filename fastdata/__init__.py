@@ -83,34 +83,30 @@ __all__.sort()
 
 _LOCATIONS = {
     "BackgroundGenerator": "loaders",
-    "EvalPipeline": "pipelines",
+    "EvalPipeline": "images.pipelines",
     "Loader": "loaders",
     "PrefetchLoader": "loaders",
-    "TrainPipeline": "pipelines",
+    "TrainPipeline": "images.pipelines",
     "background": "loaders",
     "create_loader": "loaders",
     "fast_collate": "loaders",
-    "ConvertReport": "convert",
-    "convert": "convert",
-    "CopyReport": "copy",
-    "copy_store": "copy",
+    "ConvertReport": "ops.convert",
+    "convert": "ops.convert",
+    "CopyReport": "ops.copy",
+    "copy_store": "ops.copy",
     "ImageStoreDataset": "datasets",
     "LMDBImageDataset": "datasets",
     "MongoImageDataset": "datasets",
-    "export_store": "export",
+    "export_store": "ops.export",
     "open_store": "stores",
-    "scan_folder": "folder",
-    "store_info": "info",
-    "verify_store": "verify",
+    "scan_folder": "sources.folder",
+    "store_info": "ops.info",
+    "verify_store": "ops.verify",
 }
 
 if TYPE_CHECKING:
-    from .convert import ConvertReport, convert
-    from .copy import CopyReport, copy_store
     from .datasets import ImageStoreDataset, LMDBImageDataset, MongoImageDataset
-    from .export import export_store
-    from .folder import scan_folder
-    from .info import store_info
+    from .images.pipelines import EvalPipeline, TrainPipeline
     from .loaders import (
         BackgroundGenerator,
         Loader,
@@ -119,9 +115,13 @@ if TYPE_CHECKING:
         create_loader,
         fast_collate,
     )
-    from .pipelines import EvalPipeline, TrainPipeline
+    from .ops.convert import ConvertReport, convert
+    from .ops.copy import CopyReport, copy_store
+    from .ops.export import export_store
+    from .ops.info import store_info
+    from .ops.verify import verify_store
+    from .sources.folder import scan_folder
     from .stores import open_store
-    from .verify import verify_store
 
 
 def __getattr__(name: str) -> Any:

@@ -15,9 +15,9 @@ from typing import Any, Literal, overload
 import numpy as np
 from torch.utils.data import Dataset
 
-from .decode import decode_numpy, decode_pil
 from .errors import CorruptImageError
-from .pipelines import Pipeline
+from .images.decode import decode_numpy, decode_pil
+from .images.pipelines import Pipeline
 from .stores.base import StoreReader
 from .stores.view import StoreView
 
@@ -88,8 +88,9 @@ class ImageStoreDataset(Dataset):
         target_transform: applied to each label.
         output: what an image is before ``transform``: ``"pil"`` (RGB ``PIL.Image``),
             ``"numpy"`` (``HxWx3`` uint8 RGB array) or ``"bytes"`` (the stored encoded bytes).
-        pipeline: a :class:`~fastdata.pipelines.Pipeline` that turns the stored bytes straight
-            into a uint8 array (decode, crop, resize, flip); used when ``transform`` is None.
+        pipeline: a :class:`~fastdata.images.pipelines.Pipeline` that turns the stored bytes
+            straight into a uint8 array (decode, crop, resize, flip); used when ``transform``
+            is None.
         classes: read only the records of these classes; the dataset's ``classes`` are these,
             in this order, and its labels index them (see :class:`~fastdata.stores.view.StoreView`).
         indices: read only these records, in this order.

@@ -9,23 +9,38 @@ Nothing is pickled.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import RecordError, StoreError
 
+try:  # the same CRC-32 as zlib's, 4x as fast (measured); installed with fastdata
+    from isal.isal_zlib import crc32 as _crc32
+
+    CHECKSUM_IMPLEMENTATION = "ISA-L (isal)"
+except ImportError as _missing:  # pragma: no cover - a platform without an isal wheel
+    _crc32 = zlib.crc32
+    CHECKSUM_IMPLEMENTATION = "zlib"
+    logging.getLogger(__name__).info(
+        "CRC-32 through zlib, about 4x slower than ISA-L: %s; pip install isal", _missing
+    )
+
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "Progress",
+    "CHECKSUM_IMPLEMENTATION",
     "Record",
     "RecordHeader",
     "SkippedFile",
     "StoreMeta",
     "check_labels",
+    "checksum",
     "class_count",
     "name_bytes",
     "new_store_id",
@@ -35,6 +50,11 @@ __all__ = [
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """CRC-32 of the bytes, as stored in every record (detects truncation and bit rot)."""
+    return _crc32(data) & 0xFFFFFFFF
 
 
 def new_store_id() -> str:

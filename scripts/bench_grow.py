@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 CHILD = """
 import json, sys, time
 from fastdata import convert, copy_store
-import fastdata.append, fastdata.copy, fastdata.stores.lmdb_store, fastdata.stores.mongo_store
+import fastdata.ops.append, fastdata.ops.copy, fastdata.stores.lmdb_store, fastdata.stores.mongo_store
 what, src, dst, coll = sys.argv[1:5]  # modules imported first: the clock times the work
 coll = coll or None
 t = time.perf_counter()
@@ -72,7 +72,7 @@ def drop(uri: str, collection: str) -> None:
 
 
 def run(work: Path, n: int, repeat: int, uri: str, width: int, height: int) -> None:
-    from fastdata.synthetic import make_image_folder
+    from fastdata.images.synthetic import make_image_folder
 
     classes, size = 100, {"width": width, "height": height}
     base = make_image_folder(work / "base", classes=classes, per_class=n // classes, **size)

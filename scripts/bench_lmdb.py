@@ -24,10 +24,10 @@ import lmdb
 from benchkit import add_workdir_options, evict, workdir
 
 from fastdata import convert
-from fastdata.folder import scan_folder
-from fastdata.malloc import tune_malloc
+from fastdata.sources.folder import scan_folder
+from fastdata.ops.malloc import tune_malloc
 from fastdata.records import record_key
-from fastdata.synthetic import make_image_folder
+from fastdata.images.synthetic import make_image_folder
 
 # LMDBImageDataset (and with it torch) is imported in run(): the memory-measuring child process
 # runs this file too, and must weigh what a conversion weighs, not what torch does.
@@ -116,7 +116,7 @@ def main() -> None:
         return
 
     # Both sides of every comparison run in this process, under the same allocator settings:
-    # those fastdata uses for conversion (see fastdata.malloc).
+    # those fastdata uses for conversion (see fastdata.ops.malloc).
     tune_malloc()
     with workdir(args, "fastdata-bench-") as work:
         run(work, args.images, args.repeat)
@@ -124,7 +124,7 @@ def main() -> None:
 
 def run(work: Path, n_images: int, repeat: int) -> None:
     from fastdata import LMDBImageDataset
-    from fastdata.decode import decode_pil
+    from fastdata.images.decode import decode_pil
 
     classes = 10
     src = make_image_folder(work / "images", classes=classes, per_class=n_images // classes)

@@ -33,9 +33,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from fastdata import LMDBImageDataset, create_loader
-from fastdata.folder import scan_folder
-from fastdata.pipelines import TrainPipeline, sample_crop
-from fastdata.synthetic import make_image_folder
+from fastdata.sources.folder import scan_folder
+from fastdata.images.pipelines import TrainPipeline, sample_crop
+from fastdata.images.synthetic import make_image_folder
 
 # the plain loader's Pillow arrays are read-only; torch warns once when it wraps them
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -25,9 +25,9 @@ import pymongo
 from bson import Binary
 
 from fastdata import MongoImageDataset, convert
-from fastdata.folder import scan_folder
-from fastdata.jpeg import checksum
-from fastdata.synthetic import make_image_folder
+from fastdata.sources.folder import scan_folder
+from fastdata.records import checksum
+from fastdata.images.synthetic import make_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.mongo_server import SecantusServer

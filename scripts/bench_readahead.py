@@ -22,7 +22,7 @@ import lmdb
 import numpy as np
 from benchkit import add_workdir_options, evict, workdir
 
-from fastdata.jpeg import checksum
+from fastdata.records import checksum
 from fastdata.records import Progress, Record, RecordHeader, StoreMeta, record_key
 from fastdata.stores.lmdb_store import LMDBStore, LMDBWriter
 

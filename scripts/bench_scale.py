@@ -122,7 +122,7 @@ def private_bytes(pid: int) -> int:
 
 
 def make_folder(root: Path, n: int) -> Path:
-    from fastdata.synthetic import make_image_folder
+    from fastdata.images.synthetic import make_image_folder
 
     classes = 100
     return make_image_folder(root, classes=classes, per_class=n // classes, width=64, height=48)

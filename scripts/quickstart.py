@@ -13,7 +13,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader
 
 from fastdata import LMDBImageDataset, convert, open_store, store_info
-from fastdata.synthetic import make_image_folder
+from fastdata.images.synthetic import make_image_folder
 
 
 def main() -> None:

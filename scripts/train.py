@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from fastdata import FastdataError, LMDBImageDataset, convert, create_loader
-from fastdata.synthetic import make_image_folder
+from fastdata.images.synthetic import make_image_folder
 
 
 def compact_cnn(classes: int, width: int = 32) -> nn.Module:

@@ -97,7 +97,7 @@ def test_skipped_files_are_read_again_only_when_they_change(
     first_id = store.meta.id
     assert sorted(s.name for s in store.skipped_files()) == ["cat/broken.jpg", "dog/empty.jpg"]
     store.close()
-    convert_module = importlib.import_module("fastdata.convert")
+    convert_module = importlib.import_module("fastdata.ops.convert")
     reads: list[str] = []
     real = convert_module.read_file
     monkeypatch.setattr(

@@ -271,7 +271,7 @@ def test_reader_threads_are_chosen_by_measurement(monkeypatch: pytest.MonkeyPatc
 
     import importlib
 
-    convert_module = importlib.import_module("fastdata.convert")
+    convert_module = importlib.import_module("fastdata.ops.convert")
 
     monkeypatch.setattr(convert_module, "PROBE_CHUNKS", 12)
     monkeypatch.setattr(convert_module, "RETUNE_CHUNKS", 40)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastdata import LMDBImageDataset, convert, create_loader
-from fastdata.bench import measure_loader
+from fastdata.ops.bench import measure_loader
 from fastdata.errors import StoreError
 
 from .conftest import jpeg_bytes
@@ -257,7 +257,7 @@ def test_the_apex_loop_ends_with_none(small_store: Path) -> None:
         from torch.utils.data import DataLoader
         from fastdata import LMDBImageDataset, fast_collate
         from fastdata.compat.apex import data_prefetcher
-        from fastdata.pipelines import EvalPipeline
+        from fastdata.images.pipelines import EvalPipeline
 
         ds = LMDBImageDataset(sys.argv[1], pipeline=EvalPipeline(32))
         prefetcher = data_prefetcher(DataLoader(ds, batch_size=5, collate_fn=fast_collate))
@@ -295,9 +295,10 @@ def test_timms_call_shape(small_store: Path) -> None:
 
 
 def test_the_default_install_is_the_fast_path(small_store: Path) -> None:
-    from fastdata import decode, jpeg
+    from fastdata import records
+    from fastdata.images import decode
 
-    assert decode.has_turbo() and jpeg.CHECKSUM_IMPLEMENTATION == "ISA-L (isal)"
+    assert decode.has_turbo() and records.CHECKSUM_IMPLEMENTATION == "ISA-L (isal)"
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
     required = cfg["options"]["install_requires"]
@@ -313,7 +314,8 @@ def test_without_the_fast_path_fastdata_falls_back_and_says_so() -> None:
         sys.modules["simplejpeg"] = None  # as on a platform without the wheels
         sys.modules["isal"] = sys.modules["isal.isal_zlib"] = None
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-        from fastdata import decode, jpeg
+        from fastdata import records as jpeg
+        from fastdata.images import decode
         from tests.conftest import jpeg_bytes
         data = jpeg_bytes()
         assert decode.decode_numpy(data).shape == (48, 64, 3)  # Pillow decodes it

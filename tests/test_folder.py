@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from fastdata.errors import SourceError
-from fastdata.folder import Sample, scan_folder
+from fastdata.sources.folder import Sample, scan_folder
 
 from .conftest import jpeg_bytes, write
 

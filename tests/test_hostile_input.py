@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from fastdata import LMDBImageDataset, convert, export_store, open_store, verify_store
-from fastdata import decode as decode_module
+from fastdata.images import decode as decode_module
 from fastdata.errors import CorruptImageError, SourceError
-from fastdata.folder import scan_folder
+from fastdata.sources.folder import scan_folder
 from fastdata.packed import PackedStrings
-from fastdata.pipelines import EvalPipeline, TrainPipeline
+from fastdata.images.pipelines import EvalPipeline, TrainPipeline
 from fastdata.records import SkippedFile
 
 from .conftest import jpeg_bytes, snapshot, write
@@ -84,7 +84,7 @@ def test_fifos_sockets_devices_and_broken_links_are_skipped_not_read(tmp_path: P
 
 
 def test_a_fifo_that_appears_after_the_scan_is_not_waited_for(tmp_path: Path) -> None:
-    from fastdata.folder import read_file
+    from fastdata.sources.folder import read_file
 
     os.mkfifo(tmp_path / "late.jpg")
     assert read_file(str(tmp_path / "late.jpg"), 1 << 20) == "not a regular file (a FIFO)"
@@ -217,7 +217,7 @@ def pixel_bomb() -> bytes:
 
 def write_store_with(dst: Path, images: list[bytes]) -> None:
     """A store of ``images`` written record by record, as another tool could."""
-    from fastdata.jpeg import checksum
+    from fastdata.records import checksum
     from fastdata.records import Progress, Record, RecordHeader, StoreMeta
     from fastdata.stores.lmdb_store import LMDBWriter
 

@@ -96,7 +96,7 @@ def test_a_store_that_would_break_an_invariant_is_not_marked_complete(
 ) -> None:
     import importlib
 
-    convert_module = importlib.import_module("fastdata.convert")
+    convert_module = importlib.import_module("fastdata.ops.convert")
 
     dst = tmp_path / "s.lmdb"
     real = convert_module._stored

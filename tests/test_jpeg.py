@@ -1,7 +1,8 @@
 import pytest
 
 from fastdata.errors import CorruptImageError
-from fastdata.jpeg import JpegState, inspect_jpeg, repair_jpeg, sniff, validate_image
+from fastdata.images.codec import JpegState, inspect_jpeg, repair_jpeg, sniff
+from fastdata.images.validate import validate_image
 
 from .conftest import jpeg_bytes, png_bytes
 

@@ -15,7 +15,7 @@ from fastdata.errors import (
     StoreError,
     StoreNotFoundError,
 )
-from fastdata.folder import scan_folder
+from fastdata.sources.folder import scan_folder
 
 from .conftest import jpeg_bytes
 

@@ -11,7 +11,7 @@ import pytest
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert, export_store, open_store
 from fastdata.errors import SourceError, UsageError
-from fastdata.manifest import scan_manifest
+from fastdata.sources.manifest import scan_manifest
 
 from .conftest import jpeg_bytes, png_bytes, snapshot, write
 from .procs import cli

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from fastdata import LMDBImageDataset, convert
-from fastdata.pipelines import EvalPipeline, TrainPipeline, sample_crop
+from fastdata.images.pipelines import EvalPipeline, TrainPipeline, sample_crop
 
 from .conftest import jpeg_bytes, png_bytes, write
 

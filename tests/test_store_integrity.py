@@ -247,8 +247,8 @@ def test_ctrl_c_keeps_what_was_committed(folder_a: Path, tmp_path: Path) -> None
             if calls[0] == 3:
                 os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C
         LMDBWriter.write = write
-        import fastdata.convert
-        fastdata.convert.convert.__kwdefaults__["commit_records"] = 4  # several commits
+        import fastdata.ops.convert
+        fastdata.ops.convert.convert.__kwdefaults__["commit_records"] = 4  # several commits
         sys.argv = ["fastdata", "convert", sys.argv[1], sys.argv[2], "-q", "-j", "1"]
         main()
         """,

@@ -99,7 +99,7 @@ def create_loader(
     """
     import torch
 
-    from ..pipelines import EvalPipeline, TrainPipeline
+    from ..images.pipelines import EvalPipeline, TrainPipeline
 
     unknown = sorted(set(timm_only) - set(_UNSUPPORTED_DEFAULTS))
     if unknown:

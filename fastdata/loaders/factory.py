@@ -27,7 +27,7 @@ Workers = Union[int, str]
 
 
 def _worker_init(worker_id: int) -> None:
-    from ..malloc import tune_malloc
+    from ..ops.malloc import tune_malloc
 
     # torch seeds each worker from the loader's generator; the other generators follow it, so a
     # user transform that draws from random or numpy is reproducible for a given worker count.
@@ -231,7 +231,7 @@ def create_loader(
         A :class:`Loader`.
     """
     from ..datasets import ImageStoreDataset
-    from ..pipelines import EvalPipeline, TrainPipeline
+    from ..images.pipelines import EvalPipeline, TrainPipeline
 
     with_seeds = False
     if isinstance(dataset, ImageStoreDataset) and dataset.transform is None:

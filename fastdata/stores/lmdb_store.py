@@ -1337,7 +1337,8 @@ class PickleLMDBStore(_Leased):
             return [self._get(txn, i) for i in idx]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
-        from ..jpeg import checksum, sniff
+        from ..images.codec import sniff
+        from ..records import checksum
 
         out = []
         for i, (data, label) in zip(

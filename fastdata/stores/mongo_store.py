@@ -1207,7 +1207,7 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         )
 
     def _fetch(self, idx: list[int]) -> list[tuple[str, bytes, bool]]:
-        from ..jpeg import repair_if_cut
+        from ..images.codec import repair_if_cut
 
         names = [self._names[i].decode("utf-8", "surrogateescape") for i in idx]
 
@@ -1251,7 +1251,8 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         ]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
-        from ..jpeg import checksum, sniff
+        from ..images.codec import sniff
+        from ..records import checksum
 
         idx = self.check_indices(indices)
         out = []

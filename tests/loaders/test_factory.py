@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import Dataset
 
 from fastdata import LMDBImageDataset, convert, create_loader, fast_collate
-from fastdata.bench import worker_candidates
+from fastdata.ops.bench import worker_candidates
 from fastdata.loaders import EpochSampler
 
 from ..conftest import jpeg_bytes, write

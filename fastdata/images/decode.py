@@ -21,8 +21,8 @@ import logging
 import warnings
 from typing import TYPE_CHECKING
 
-from .errors import CorruptImageError
-from .jpeg import is_jpeg as _is_jpeg
+from ..errors import CorruptImageError
+from .codec import is_jpeg as _is_jpeg
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,7 +85,7 @@ def _check_pixels(height: int, width: int, name: str) -> None:
         raise CorruptImageError(
             name,
             f"declares {width} x {height} pixels, over the limit of {limit} "
-            "(fastdata.decode.MAX_IMAGE_PIXELS); refused before decoding",
+            "(fastdata.images.decode.MAX_IMAGE_PIXELS); refused before decoding",
         )
 
 
@@ -102,7 +102,7 @@ def _open(data: bytes | memoryview, name: str) -> Image.Image:
         raise CorruptImageError(
             name,
             f"declares more pixels than the limit of {pixel_limit()} "
-            f"(fastdata.decode.MAX_IMAGE_PIXELS); refused before decoding ({exc})",
+            f"(fastdata.images.decode.MAX_IMAGE_PIXELS); refused before decoding ({exc})",
         ) from None
     except Exception as exc:
         raise CorruptImageError(name, f"cannot decode image: {exc}") from exc

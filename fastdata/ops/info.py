@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from .decode import decoder_name
-from .jpeg import CHECKSUM_IMPLEMENTATION
-from .stores.base import StoreReader
+from ..images.decode import decoder_name
+from ..records import CHECKSUM_IMPLEMENTATION
+from ..stores.base import StoreReader
 
 __all__ = ["store_info"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .decode import decode_check
-from .errors import CorruptImageError, FastdataError
-from .jpeg import checksum
-from .stores.base import StoreReader
+from ..errors import CorruptImageError, FastdataError
+from ..images.decode import decode_check
+from ..records import checksum
+from ..stores.base import StoreReader
 
 __all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
 
@@ -110,7 +110,7 @@ def verify_store(
 
 def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:
     """The invariants of the whole store (names, skipped list, counts), named when broken."""
-    from .stores.base import invariant_failures
+    from ..stores.base import invariant_failures
 
     try:
         names = reader.record_names()
@@ -130,8 +130,8 @@ def check_file(path: str) -> list[str]:
     """
     import os
 
-    from .stores.lmdb_file import walk
-    from .stores.lmdb_store import DATA_FILE
+    from ..stores.lmdb_file import walk
+    from ..stores.lmdb_store import DATA_FILE
 
     data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(data_file):

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import CorruptImageError, SourceError
-from .folder import FolderScan, _SampleBuilder, read_file
-from .jpeg import checksum, validate_image
-from .packed import PackedStrings
-from .records import Progress, SkippedFile, StoreMeta, name_bytes
-from .stores.base import StoreWriter
+from ..errors import CorruptImageError, SourceError
+from ..images.validate import validate_image
+from ..packed import PackedStrings
+from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
+from ..sources.folder import FolderScan, _SampleBuilder, read_file
+from ..stores.base import StoreWriter
 
 if TYPE_CHECKING:
     from .convert import ConvertReport

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import click
 
-from . import __version__
-from .errors import FastdataError
+from .. import __version__
+from ..errors import FastdataError
 
 __all__ = ["main"]
 
@@ -115,7 +115,7 @@ def _mongo(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open(store: str, options: dict[str, Any]) -> Any:
-    from .stores import open_store
+    from ..stores import open_store
 
     return open_store(
         store,
@@ -299,8 +299,8 @@ def convert(
       fastdata convert ~/data/imagenet/train train.lmdb --append
       fastdata convert ~/data/imagenet/val.csv val.lmdb --classes synsets.txt
     """
-    from .convert import convert as run_convert
-    from .manifest import read_class_list
+    from ..ops.convert import convert as run_convert
+    from ..sources.manifest import read_class_list
 
     with _writing(dst, "converting", quiet, resume, overwrite) as progress:
         report = run_convert(
@@ -431,7 +431,7 @@ def copy(
       fastdata copy train.lmdb mongodb://db1:27017/images -c train
       fastdata copy mongodb://db1:27017/images -c train /local/train.lmdb
     """
-    from .copy import copy_store
+    from ..ops.copy import copy_store
 
     with _writing(dst, "copying", quiet, resume, overwrite) as progress:
         report = copy_store(
@@ -471,7 +471,7 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
       fastdata info train.lmdb
       fastdata info mongodb://db1:27017/images --collection train
     """
-    from .info import store_info
+    from ..ops.info import store_info
 
     facts = store_info(_open(store, options), list_skipped=list_skipped)
     if as_json:
@@ -529,13 +529,13 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
     Example:
       fastdata verify train.lmdb --decode
     """
-    from .errors import (
+    from ..errors import (
         IncompleteStoreError,
         PickleNotAllowedError,
         StoreError,
         StoreNotFoundError,
     )
-    from .verify import check_file, verify_store
+    from ..ops.verify import check_file, verify_store
 
     try:
         reader = _open(store, options)
@@ -543,7 +543,7 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
         raise
     except StoreError as exc:
         # too damaged to open: say which pages are, when it is an LMDB file
-        from .stores.mongo_store import is_mongo_uri
+        from ..stores.mongo_store import is_mongo_uri
 
         pages = [] if is_mongo_uri(store) else check_file(store)
         click.echo(f"Error: {exc}", err=True)
@@ -608,7 +608,7 @@ def export(
     Example:
       fastdata export train.lmdb restored/
     """
-    from .export import export_store
+    from ..ops.export import export_store
 
     reader = _open(store, options)
     with _progress("exporting", quiet) as progress:
@@ -672,7 +672,7 @@ def bench(
     Example:
       fastdata bench train.lmdb --batch-size 256 --step-ms 120
     """
-    from .bench import bench_store, plot_report
+    from ..ops.bench import bench_store, plot_report
 
     report = bench_store(
         store,

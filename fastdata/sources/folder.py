@@ -21,9 +21,9 @@ from typing import overload
 
 import numpy as np
 
-from .errors import SourceError
-from .packed import PackedStrings
-from .records import SkippedFile
+from ..errors import SourceError
+from ..packed import PackedStrings
+from ..records import SkippedFile
 
 __all__ = ["IMG_EXTENSIONS", "FolderScan", "Sample", "Samples", "read_file", "scan_folder"]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .loaders.tuning import (
+from ..loaders.tuning import (
     choose_workers,
     cpu_count,
     measure_loader,
@@ -127,11 +127,11 @@ def bench_store(
         image_size: output side of the train pipeline.
         rounds: loader rounds per worker count (the median is reported, with the spread).
     """
-    from .datasets import ImageStoreDataset
-    from .decode import decoder_name
-    from .loaders import create_loader
-    from .pipelines import TrainPipeline
-    from .stores import open_store
+    from ..datasets import ImageStoreDataset
+    from ..images.decode import decoder_name
+    from ..images.pipelines import TrainPipeline
+    from ..loaders import create_loader
+    from ..stores import open_store
 
     reader = open_store(store, **open_options)
     dataset = ImageStoreDataset(reader, pipeline=TrainPipeline(image_size))
@@ -197,7 +197,7 @@ def plot_report(report: BenchReport, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        from .errors import MissingDependencyError
+        from ..errors import MissingDependencyError
 
         raise MissingDependencyError(
             "--plot needs matplotlib: pip install 'fastdata-images[plot]'"

@@ -22,15 +22,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..errors import CorruptImageError, SourceError, UsageError
+from ..images.validate import validate_image
+from ..packed import PackedStrings
+from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, checksum, name_bytes
+from ..sources.folder import FolderScan, Sample, read_file, scan_folder
+from ..sources.manifest import is_manifest, listed_folders, scan_manifest
+from ..stores import StoreWriter, open_writer
 from .append import AppendPlan, plan_append
-from .errors import CorruptImageError, SourceError, UsageError
-from .folder import FolderScan, Sample, read_file, scan_folder
-from .jpeg import checksum, validate_image
 from .malloc import tune_malloc
-from .manifest import is_manifest, listed_folders, scan_manifest
-from .packed import PackedStrings
-from .records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
-from .stores import StoreWriter, open_writer
 
 __all__ = ["ConvertReport", "ProgressCallback", "convert", "default_workers"]
 
@@ -305,7 +305,7 @@ def convert(
     check_content: bool = False,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``), or the images a CSV or JSON Lines
-    manifest lists (see :mod:`fastdata.manifest`), into a store.
+    manifest lists (see :mod:`fastdata.sources.manifest`), into a store.
 
     Every image is validated (its real format sniffed from its bytes; JPEGs checked for their
     start-of-image marker, and repaired when only their end-of-image marker is missing). Files
@@ -329,10 +329,10 @@ def convert(
         max_file_bytes: files larger than this are skipped.
         timeout_s: for a MongoDB destination, the server selection and connection timeout.
         tune_allocator: retune glibc's allocator for image-sized buffers
-            (:func:`fastdata.malloc.tune_malloc`), for the rest of the process: what the
+            (:func:`fastdata.ops.malloc.tune_malloc`), for the rest of the process: what the
             ``fastdata convert`` command does, since the process is the conversion's alone.
         append: add the images of ``source`` that the store at ``destination`` does not hold
-            yet (by relative path) as new records, in place (see :mod:`fastdata.append`);
+            yet (by relative path) as new records, in place (see :mod:`fastdata.ops.append`);
             ``resume`` then continues an interrupted append.
         classes: for a manifest, the class order (integer labels index it).
         check_content: with ``append``, read every source file the store holds and compare

@@ -18,11 +18,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import RecordError, UsageError
-from .jpeg import checksum
-from .records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta, name_bytes
-from .stores import open_store, open_writer
-from .stores.base import StoreReader, StoreWriter
+from ..errors import RecordError, UsageError
+from ..records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta, checksum, name_bytes
+from ..stores import open_store, open_writer
+from ..stores.base import StoreReader, StoreWriter
 
 __all__ = ["CopyReport", "copy_store"]
 
@@ -98,7 +97,7 @@ def _source_words(reader: StoreReader) -> str:
         return os.path.realpath(path)
     uri, name = getattr(reader, "uri", None), getattr(reader, "collection", None)
     if isinstance(uri, str) and isinstance(name, str):
-        from .stores.mongo_store import mask_uri
+        from ..stores.mongo_store import mask_uri
 
         return f"{mask_uri(uri)} --source-collection {name}"
     return reader.location
@@ -145,10 +144,10 @@ def copy_store(
     Raises:
         RecordError: a source record fails its checksum (nothing damaged is copied; what was
             committed is kept and ``resume`` continues once the source is fixed).
-        StoreExistsError, StoreLockedError, StoreError: as for :func:`fastdata.convert`.
+        StoreExistsError, StoreLockedError, StoreError: as for :func:`fastdata.ops.convert`.
     """
     started = time.perf_counter()
-    from .stores.mongo_store import is_mongo_uri, mask_uri
+    from ..stores.mongo_store import is_mongo_uri, mask_uri
 
     if is_mongo_uri(source) and not is_mongo_uri(destination):
         # one side is MongoDB: ``collection`` names that side, whichever it is

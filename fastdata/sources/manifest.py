@@ -9,8 +9,8 @@ ImageFolder's unless an order is given; records keep the manifest's row order.
 
 Bad rows (a missing column, an empty path, an unknown class), duplicate paths and files that are
 missing or not regular files are listed with their line numbers, under the same skip /
-``--strict`` rules as a folder's unusable files. The scan is a :class:`~fastdata.folder.FolderScan`
-like a folder's, so the conversion is the same.
+``--strict`` rules as a folder's unusable files. The scan is a
+:class:`~fastdata.sources.folder.FolderScan` like a folder's, so the conversion is the same.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import SourceError
+from ..errors import SourceError
+from ..records import SkippedFile
 from .folder import FolderScan, Samples, _SampleBuilder, file_kind, os_reason
-from .records import SkippedFile
 
 __all__ = [
     "EXPORTED_MANIFEST",

@@ -13,35 +13,18 @@ decoders accept it. A file cut inside its headers, or one without SOI, is corrup
 from __future__ import annotations
 
 import enum
-import logging
-import zlib
-from dataclasses import dataclass
 
-from .errors import CorruptImageError
-
-try:  # the same CRC-32 as zlib's, 4x as fast (measured); installed with fastdata
-    from isal.isal_zlib import crc32 as _crc32
-
-    CHECKSUM_IMPLEMENTATION = "ISA-L (isal)"
-except ImportError as _missing:  # pragma: no cover - a platform without an isal wheel
-    _crc32 = zlib.crc32
-    CHECKSUM_IMPLEMENTATION = "zlib"
-    logging.getLogger(__name__).info(
-        "CRC-32 through zlib, about 4x slower than ISA-L: %s; pip install isal", _missing
-    )
+from ..errors import CorruptImageError
 
 __all__ = [
-    "CheckedImage",
     "EOI",
     "JpegState",
     "SOI",
-    "checksum",
     "inspect_jpeg",
     "is_jpeg",
     "repair_if_cut",
     "repair_jpeg",
     "sniff",
-    "validate_image",
 ]
 
 SOI = b"\xff\xd8"
@@ -169,61 +152,3 @@ def repair_if_cut(data: bytes) -> tuple[bytes, bool]:
     if is_jpeg(data) and inspect_jpeg(data)[0] is JpegState.MISSING_EOI:
         return data + EOI, True
     return data, False
-
-
-def checksum(data: bytes | memoryview) -> int:
-    """CRC-32 of the bytes, as stored in every record (detects truncation and bit rot)."""
-    return _crc32(data) & 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class CheckedImage:
-    """Bytes that passed :func:`validate_image`.
-
-    Attributes:
-        data: the bytes to store: the original, with ``FF D9`` appended when ``repaired``.
-        format: the format sniffed from the bytes (``jpeg``, ``png``, ...).
-        repaired: whether the end-of-image marker was appended.
-    """
-
-    data: bytes
-    format: str
-    repaired: bool
-
-
-def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedImage:
-    """Check that bytes hold an image, repairing a JPEG's missing end-of-image marker.
-
-    Args:
-        data: the image file's bytes.
-        name: what to call the image in errors (its relative path).
-        decode: also decode the image fully and strictly (slower, catches damaged pixel data);
-            without it only the header is read, for the image's size.
-
-    Returns:
-        The bytes to store, their format and whether they were repaired.
-
-    Raises:
-        CorruptImageError: empty bytes, an unknown format, a JPEG that cannot be repaired, a
-            header that cannot be read or declares more pixels than the limit, or (with
-            ``decode``) bytes that cannot be decoded.
-    """
-    if not data:
-        raise CorruptImageError(name, "empty file (0 bytes)")
-    fmt = sniff(data)
-    if fmt is None:
-        raise CorruptImageError(name, "not a recognised image format")
-    repaired = False
-    if fmt == "jpeg":
-        state, reason = inspect_jpeg(data)
-        if state is JpegState.CORRUPT:
-            raise CorruptImageError(name, reason)
-        if state is JpegState.MISSING_EOI:
-            data, repaired = data + EOI, True
-    from .decode import decode_check, image_size
-
-    if decode:
-        decode_check(data, name)
-    else:
-        image_size(data, name)  # a readable header, within the pixel limit
-    return CheckedImage(data, fmt, repaired)

@@ -10,11 +10,10 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import RecordError, StoreError, StoreExistsError, UnsafePathError
-from .jpeg import checksum
-from .manifest import EXPORTED_MANIFEST, export_name
-from .records import Record
-from .stores.base import StoreReader
+from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
+from ..records import Record, checksum
+from ..sources.manifest import EXPORTED_MANIFEST, export_name
+from ..stores.base import StoreReader
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
 

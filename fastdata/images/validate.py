@@ -1,0 +1,64 @@
+"""Check that bytes hold a usable image: its real format sniffed, a JPEG's markers checked (and
+its missing end-of-image marker repaired), its header read within the pixel limit, and, when
+asked, the whole image decoded. Pure: bytes in, bytes out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CorruptImageError
+from .codec import EOI, JpegState, inspect_jpeg, sniff
+from .decode import decode_check, image_size
+
+__all__ = ["CheckedImage", "validate_image"]
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    """Bytes that passed :func:`validate_image`.
+
+    Attributes:
+        data: the bytes to store: the original, with ``FF D9`` appended when ``repaired``.
+        format: the format sniffed from the bytes (``jpeg``, ``png``, ...).
+        repaired: whether the end-of-image marker was appended.
+    """
+
+    data: bytes
+    format: str
+    repaired: bool
+
+
+def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedImage:
+    """Check that bytes hold an image, repairing a JPEG's missing end-of-image marker.
+
+    Args:
+        data: the image file's bytes.
+        name: what to call the image in errors (its relative path).
+        decode: also decode the image fully and strictly (slower, catches damaged pixel data);
+            without it only the header is read, for the image's size.
+
+    Returns:
+        The bytes to store, their format and whether they were repaired.
+
+    Raises:
+        CorruptImageError: empty bytes, an unknown format, a JPEG that cannot be repaired, a
+            header that cannot be read or declares more pixels than the limit, or (with
+            ``decode``) bytes that cannot be decoded.
+    """
+    if not data:
+        raise CorruptImageError(name, "empty file (0 bytes)")
+    fmt = sniff(data)
+    if fmt is None:
+        raise CorruptImageError(name, "not a recognised image format")
+    repaired = False
+    if fmt == "jpeg":
+        state, reason = inspect_jpeg(data)
+        if state is JpegState.CORRUPT:
+            raise CorruptImageError(name, reason)
+        if state is JpegState.MISSING_EOI:
+            data, repaired = data + EOI, True
+    if decode:
+        decode_check(data, name)
+    else:
+        image_size(data, name)  # a readable header, within the pixel limit
+    return CheckedImage(data, fmt, repaired)
