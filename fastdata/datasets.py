@@ -1,6 +1,6 @@
 """The reader base shared by the LMDB and Mongo datasets: decode, transforms, targets, batches.
 
-A dataset holds a :class:`~fastdata.stores.base.StoreReader` and nothing per sample: keys come
+A dataset holds a :class:`~fastdata.stores.policy.StoreReader` and nothing per sample: keys come
 from the index, labels live in one array. The reader's handle opens lazily in each process, so
 a dataset can be handed to ``DataLoader`` workers under fork or spawn.
 """
@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from .errors import CorruptImageError
 from .images.decode import decode_numpy, decode_pil
 from .images.pipelines import Pipeline
-from .stores.base import StoreReader
+from .stores.reader import StoreReader
 from .stores.view import StoreView
 
 __all__ = [

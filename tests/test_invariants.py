@@ -14,7 +14,7 @@ import pytest
 from fastdata import convert, copy_store, open_store, verify_store
 from fastdata.errors import IncompleteStoreError, StoreError, StoreExistsError, UsageError
 from fastdata.records import StoreMeta
-from fastdata.stores.base import invariant_failures
+from fastdata.stores.invariants import invariant_failures
 from fastdata.stores.mongo_store import META_COLLECTION
 
 from .conftest import jpeg_bytes, write

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert
 from fastdata.records import StoreMeta
-from fastdata.stores.base import StoreReader
+from fastdata.stores.reader import StoreReader
 
 
 @pytest.fixture

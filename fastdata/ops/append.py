@@ -24,7 +24,7 @@ from ..images.validate import validate_image
 from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
 from ..sources.folder import FolderScan, _SampleBuilder, read_file
-from ..stores.base import StoreWriter
+from ..stores.policy import StoreWriter
 
 if TYPE_CHECKING:
     from .convert import ConvertReport

@@ -21,7 +21,8 @@ from typing import Any
 from ..errors import RecordError, UsageError
 from ..records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta, checksum, name_bytes
 from ..stores import open_store, open_writer
-from ..stores.base import StoreReader, StoreWriter
+from ..stores.policy import StoreWriter
+from ..stores.reader import StoreReader
 
 __all__ = ["CopyReport", "copy_store"]
 

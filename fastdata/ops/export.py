@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
 from ..records import Record, checksum
 from ..sources.manifest import EXPORTED_MANIFEST, export_name
-from ..stores.base import StoreReader
+from ..stores.reader import StoreReader
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
 

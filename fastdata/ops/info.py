@@ -8,7 +8,7 @@ import numpy as np
 
 from ..images.decode import decoder_name
 from ..records import CHECKSUM_IMPLEMENTATION
-from ..stores.base import StoreReader
+from ..stores.reader import StoreReader
 
 __all__ = ["store_info"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..errors import CorruptImageError, FastdataError
 from ..images.decode import decode_check
 from ..records import checksum
-from ..stores.base import StoreReader
+from ..stores.reader import StoreReader
 
 __all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
 
@@ -110,7 +110,7 @@ def verify_store(
 
 def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:
     """The invariants of the whole store (names, skipped list, counts), named when broken."""
-    from ..stores.base import invariant_failures
+    from ..stores.invariants import invariant_failures
 
     try:
         names = reader.record_names()

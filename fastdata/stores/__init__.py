@@ -6,7 +6,8 @@ import os
 import re
 from typing import Any
 
-from .base import StoreReader, StoreWriter
+from .policy import StoreWriter
+from .reader import StoreReader
 
 __all__ = ["StoreReader", "StoreWriter", "open_store", "open_writer"]
 

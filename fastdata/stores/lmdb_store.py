@@ -68,15 +68,9 @@ from ..records import (
     skipped_file,
 )
 from . import lmdb_file
-from .base import (
-    Completion,
-    Existing,
-    StoreReader,
-    StoreWriter,
-    boot_id,
-    describe_holder,
-    holder,
-)
+from .locks import boot_id, describe_holder, holder
+from .policy import Completion, Existing, StoreWriter
+from .reader import StoreReader
 
 __all__ = ["LMDBStore", "LMDBWriter", "Lease", "PickleLMDBStore", "open_lmdb", "open_reader"]
 

@@ -56,15 +56,9 @@ from ..records import (
     name_bytes,
     skipped_file,
 )
-from .base import (
-    Completion,
-    Existing,
-    StoreReader,
-    StoreWriter,
-    describe_holder,
-    holder,
-    holder_gone,
-)
+from .locks import describe_holder, holder, holder_gone
+from .policy import Completion, Existing, StoreWriter
+from .reader import StoreReader
 
 __all__ = [
     "LegacyMongoStore",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..records import Record, SkippedFile, StoreMeta
-from .base import StoreReader
+from .reader import StoreReader
 
 __all__ = ["StoreView"]
 

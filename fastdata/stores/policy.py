@@ -1,118 +1,29 @@
-"""What every backend provides: a writer that commits batches and writes metadata last, under the
-policy both share (lock, resume, build aside and replace, identity), and a reader that fetches
-records by index. Converters, datasets and the CLI talk only to these."""
+"""The writer's life, once for both backends: lock, look, build aside, promote, resume, the
+finish invariants, the incomplete and replaced errors. Backends say where bytes live and how to
+lock, build aside and replace (the abstract steps of :class:`StoreWriter`)."""
 
 from __future__ import annotations
 
 import abc
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError, StoreExistsError, StoreNotFoundError, UsageError
-from ..packed import PackedStrings
-from ..records import (
-    Progress,
-    Record,
-    RecordHeader,
-    SkippedFile,
-    StoreMeta,
-    name_bytes,
-    new_store_id,
-)
+from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
+from .invariants import invariant_failures
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "Completion",
-    "Existing",
-    "StoreReader",
-    "StoreWriter",
-    "boot_id",
-    "describe_holder",
-    "holder",
-    "holder_gone",
-]
+    from .reader import StoreReader
+
+__all__ = ["Completion", "Existing", "StoreWriter"]
 
 log = logging.getLogger(__name__)
-
-
-def holder() -> dict[str, object]:
-    """Who takes a writer lock: host, PID and the time, for the refusal a second writer gets;
-    the machine's boot and the process's start time, so that a writer on the same host can tell
-    that the holder is gone (see :func:`holder_gone`)."""
-    import socket
-    import time
-
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "since": time.time(),
-        "boot": boot_id(),
-        "started": process_start(os.getpid()),
-    }
-
-
-def boot_id() -> str:
-    """An id of the running kernel's boot (Linux), or "" where there is none."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def process_start(pid: int) -> int:
-    """When process ``pid`` started, in clock ticks since the boot (Linux), or -1."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        # the command name (in parentheses) may hold spaces: the fields follow the last ')'
-        return int(stat.rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-def holder_gone(info: object) -> bool:
-    """Whether the holder :func:`holder` described is a process of this host that no longer
-    runs: the machine restarted since, or no process of its PID runs with its start time.
-    False whenever that cannot be known (another host, a holder without those details)."""
-    import socket
-
-    if not isinstance(info, dict) or info.get("host") != socket.gethostname():
-        return False
-    boot, pid, started = info.get("boot"), info.get("pid"), info.get("started")
-    if not isinstance(boot, str) or not boot or not isinstance(pid, int) or pid <= 0:
-        return False
-    if boot != boot_id():
-        return True  # the machine restarted: every process of the holder's boot is gone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        pass  # it exists (another user's): compare start times
-    return isinstance(started, int) and started >= 0 and process_start(pid) != started
-
-
-def describe_holder(info: object) -> str:
-    """``pid 123 on host h since 2026-11-23 10:00:00 UTC`` from what :func:`holder` gave."""
-    import time
-
-    if not isinstance(info, dict):
-        return "a process that left no details"
-    since = info.get("since")
-    when = (
-        time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
-        if isinstance(since, (int, float))
-        else ""
-    )
-    return f"pid {info.get('pid', '?')} on host {info.get('host', '?')}{when}"
 
 
 @dataclass(frozen=True)
@@ -155,62 +66,6 @@ class Completion:
         """The invariants of a finished store (README, "What a finished store guarantees") that
         this completion breaks, each named; none when it may be written."""
         return invariant_failures(self.meta, self.labels, self.names, self.skipped)
-
-
-def invariant_failures(
-    meta: StoreMeta,
-    labels: np.ndarray,
-    names: bytes | PackedStrings | None,
-    skipped: Sequence[SkippedFile] | None,
-) -> list[str]:
-    """Which invariants of a finished store the given parts break (``names`` and ``skipped``
-    are checked when given). Costs one sort of the names by hash: O(n log n), no object per
-    record held.
-
-    1. one label per record; 2. every label a class index; 3. one name per record; 4. no name
-    twice (no image stored twice); 5. no skipped entry twice; 6. no skipped entry also stored;
-    7. the metadata counts the skipped entries.
-    """
-    import numpy as np
-
-    out = []
-    if len(labels) != meta.count:
-        out.append(f"one label per record: {len(labels)} labels for {meta.count} records")
-    elif len(labels) and (int(np.min(labels)) < 0 or int(np.max(labels)) >= len(meta.classes)):
-        out.append(
-            f"every label a class index: a label lies outside the {len(meta.classes)} classes"
-        )
-    packed = None
-    if names is not None:
-        packed = PackedStrings.from_joined(names) if isinstance(names, bytes) else names
-        if len(packed) != meta.count:
-            out.append(f"one name per record: {len(packed)} names for {meta.count} records")
-        else:
-            first = packed.repeats()
-            twice = np.flatnonzero(first != np.arange(len(packed)))
-            if len(twice):
-                i = int(twice[0])
-                out.append(
-                    f"every image stored once: records {int(first[i])} and {i} are both "
-                    f"{packed[i].decode('utf-8', 'surrogateescape')}"
-                )
-    if skipped is not None:
-        listed = PackedStrings([name_bytes(s.name) for s in skipped])
-        first = listed.repeats()
-        twice = np.flatnonzero(first != np.arange(len(listed)))
-        if len(twice):
-            name = skipped[int(twice[0])].name
-            out.append(f"each skipped file listed once: {name} is listed twice")
-        if packed is not None and len(listed):
-            stored = np.flatnonzero(packed.find(listed) >= 0)
-            if len(stored):
-                out.append(f"a skipped file is not stored: {skipped[int(stored[0])].name} is both")
-        if meta.skipped_count != len(skipped):
-            out.append(
-                f"the metadata counts the skipped files: it says {meta.skipped_count}, "
-                f"the list holds {len(skipped)}"
-            )
-    return out
 
 
 class StoreWriter(abc.ABC):
@@ -568,164 +423,3 @@ class StoreWriter(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-class StoreReader(abc.ABC):
-    """Reads a complete store by record index.
-
-    Readers open their handles lazily, once per process, and pickle without them, so a reader
-    (and a dataset holding one) can cross into ``DataLoader`` workers under fork or spawn.
-    """
-
-    location: str
-    """The store's path or URI (password masked), for messages."""
-
-    has_checksums = True
-    """Whether records carry a checksum written with them (stores of other tools have none: their
-    readers compute one from the bytes they return, which proves nothing)."""
-
-    # Readers of fastdata stores load both when they open; readers of other layouts override.
-    _meta: StoreMeta
-    _labels: np.ndarray
-
-    # What this reader opened: its id, the ids of the stores it grew from, its size. A store
-    # that grew by appends since is still this one, read as it was (see ``_as_opened``).
-    _id = ""
-    _ids: frozenset[str] = frozenset()
-    _count = 0
-    _n_classes = 0
-
-    def _opened(self, meta: StoreMeta) -> None:
-        self._id, self._ids = meta.id, meta.ids
-        self._count, self._n_classes = meta.count, len(meta.classes)
-
-    def _as_opened(
-        self, meta: StoreMeta, labels: np.ndarray
-    ) -> tuple[StoreMeta, np.ndarray] | None:
-        """The store's metadata and labels now, seen as this reader opened it: unchanged, or
-        grown by appends (its first records and classes are the ones opened); None when it was
-        replaced by another store."""
-        if meta.id == self._id:
-            return meta, labels
-        # a store of the first format had no id: it is "" in the list of the store it grew into
-        if self._id in meta.appended_from and meta.count >= self._count:
-            self._ids = meta.ids
-            view = replace(
-                meta, count=self._count, classes=meta.classes[: self._n_classes], id=self._id
-            )
-            return view, labels[: self._count]
-        return None
-
-    def _loaded(self) -> None:
-        """Read again what a pickle left out (readers that pickle without their metadata and
-        labels read them in each process that unpickles them)."""
-        return None
-
-    def __len__(self) -> int:
-        """The number of records."""
-        self._loaded()
-        return self._meta.count
-
-    @property
-    def meta(self) -> StoreMeta:
-        """The store's metadata (count, classes, repairs, ...)."""
-        self._loaded()
-        return self._meta
-
-    @property
-    def labels(self) -> np.ndarray:
-        """One int64 label per record, in index order (read-only)."""
-        self._loaded()
-        return self._labels
-
-    def skipped_files(self) -> list[SkippedFile]:
-        """The source files the conversion left out, with the reason (``meta.skipped_count`` of
-        them). Kept apart from the metadata: opening a store never reads this list."""
-        return []
-
-    @abc.abstractmethod
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
-        """``(image bytes, label)`` of the given records, in the order asked, in one round trip.
-
-        Raises:
-            IndexError: an index is out of range.
-        """
-
-    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
-        """``(name, image bytes, label)`` of the given records, in the order asked: the bytes
-        with the name that errors about them must give."""
-        return [
-            (r.header.name, r.data, int(self.labels[r.index])) for r in self.read_records(indices)
-        ]
-
-    def read_data(self, indices: Sequence[int]) -> list[bytes]:
-        """The stored image bytes of the given records, in the order asked."""
-        return [data for data, _ in self.read_samples(indices)]
-
-    @abc.abstractmethod
-    def read_records(self, indices: Sequence[int]) -> list[Record]:
-        """Whole records (header and bytes) of the given indices, in the order asked."""
-
-    @contextmanager
-    def sequential(self) -> Iterator[None]:
-        """Tell the backend that the block reads records in index order (a scan), so it can
-        read ahead; random access is what it is tuned for otherwise."""
-        yield
-
-    def iter_headers(
-        self, stop: int | None = None, batch_size: int = 1024
-    ) -> Iterator[RecordHeader]:
-        """The headers of records ``0 .. stop-1`` (all by default), in index order; backends
-        that can read them without the image bytes do."""
-        n = len(self) if stop is None else stop
-        for start in range(0, n, batch_size):
-            for rec in self.read_records(range(start, min(n, start + batch_size))):
-                yield rec.header
-
-    def record_names(self) -> PackedStrings:
-        """Every record's name, ``name_bytes``-encoded, in index order, packed (what an append
-        compares a source with); backends with an index of names read it at once."""
-        return PackedStrings([name_bytes(h.name) for h in self.iter_headers()])
-
-    def record_sizes(self) -> np.ndarray:
-        """The size of the source file of every record (its stored size, less a repair), in
-        index order, as one int64 array (what an append compares a source file with)."""
-        import numpy as np
-
-        out = np.empty(len(self), dtype=np.int64)
-        for i, h in enumerate(self.iter_headers()):
-            out[i] = h.size - 2 * h.repaired
-        return out
-
-    def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
-        """Every record in index order, fetched ``batch_size`` at a time."""
-        n = len(self)
-        with self.sequential():
-            for start in range(0, n, batch_size):
-                yield from self.read_records(range(start, min(n, start + batch_size)))
-
-    def check_indices(self, indices: Sequence[int]) -> list[int]:
-        """Normalise negative indices and raise IndexError for any out of range."""
-        n = len(self)
-        out = []
-        for i in indices:
-            j = int(i)
-            if j < 0:
-                j += n
-            if not 0 <= j < n:
-                raise IndexError(f"{self.location}: index {i} out of range for {n} records")
-            out.append(j)
-        return out
-
-    def structure_damage(self) -> list[str]:
-        """Damage to the store's own structure (pages, indexes) found by a full check; readers
-        whose backend has nothing to check return none."""
-        return []
-
-    def damaged_record(self, index: int) -> str | None:
-        """Why record ``index`` cannot be read safely after :meth:`structure_damage`, or None."""
-        return None
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release this process's handle (it reopens on the next read)."""

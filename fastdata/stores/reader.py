@@ -1,0 +1,180 @@
+"""What every backend's reader provides: records by index, read in one round trip per batch,
+handles opened lazily once per process and dropped when pickled; the identity it opened, and
+how a store grown by appends is seen as it was opened."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..packed import PackedStrings
+from ..records import Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["StoreReader"]
+
+
+class StoreReader(abc.ABC):
+    """Reads a complete store by record index.
+
+    Readers open their handles lazily, once per process, and pickle without them, so a reader
+    (and a dataset holding one) can cross into ``DataLoader`` workers under fork or spawn.
+    """
+
+    location: str
+    """The store's path or URI (password masked), for messages."""
+
+    has_checksums = True
+    """Whether records carry a checksum written with them (stores of other tools have none: their
+    readers compute one from the bytes they return, which proves nothing)."""
+
+    # Readers of fastdata stores load both when they open; readers of other layouts override.
+    _meta: StoreMeta
+    _labels: np.ndarray
+
+    # What this reader opened: its id, the ids of the stores it grew from, its size. A store
+    # that grew by appends since is still this one, read as it was (see ``_as_opened``).
+    _id = ""
+    _ids: frozenset[str] = frozenset()
+    _count = 0
+    _n_classes = 0
+
+    def _opened(self, meta: StoreMeta) -> None:
+        self._id, self._ids = meta.id, meta.ids
+        self._count, self._n_classes = meta.count, len(meta.classes)
+
+    def _as_opened(
+        self, meta: StoreMeta, labels: np.ndarray
+    ) -> tuple[StoreMeta, np.ndarray] | None:
+        """The store's metadata and labels now, seen as this reader opened it: unchanged, or
+        grown by appends (its first records and classes are the ones opened); None when it was
+        replaced by another store."""
+        if meta.id == self._id:
+            return meta, labels
+        # a store of the first format had no id: it is "" in the list of the store it grew into
+        if self._id in meta.appended_from and meta.count >= self._count:
+            self._ids = meta.ids
+            view = replace(
+                meta, count=self._count, classes=meta.classes[: self._n_classes], id=self._id
+            )
+            return view, labels[: self._count]
+        return None
+
+    def _loaded(self) -> None:
+        """Read again what a pickle left out (readers that pickle without their metadata and
+        labels read them in each process that unpickles them)."""
+        return None
+
+    def __len__(self) -> int:
+        """The number of records."""
+        self._loaded()
+        return self._meta.count
+
+    @property
+    def meta(self) -> StoreMeta:
+        """The store's metadata (count, classes, repairs, ...)."""
+        self._loaded()
+        return self._meta
+
+    @property
+    def labels(self) -> np.ndarray:
+        """One int64 label per record, in index order (read-only)."""
+        self._loaded()
+        return self._labels
+
+    def skipped_files(self) -> list[SkippedFile]:
+        """The source files the conversion left out, with the reason (``meta.skipped_count`` of
+        them). Kept apart from the metadata: opening a store never reads this list."""
+        return []
+
+    @abc.abstractmethod
+    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+        """``(image bytes, label)`` of the given records, in the order asked, in one round trip.
+
+        Raises:
+            IndexError: an index is out of range.
+        """
+
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        """``(name, image bytes, label)`` of the given records, in the order asked: the bytes
+        with the name that errors about them must give."""
+        return [
+            (r.header.name, r.data, int(self.labels[r.index])) for r in self.read_records(indices)
+        ]
+
+    def read_data(self, indices: Sequence[int]) -> list[bytes]:
+        """The stored image bytes of the given records, in the order asked."""
+        return [data for data, _ in self.read_samples(indices)]
+
+    @abc.abstractmethod
+    def read_records(self, indices: Sequence[int]) -> list[Record]:
+        """Whole records (header and bytes) of the given indices, in the order asked."""
+
+    @contextmanager
+    def sequential(self) -> Iterator[None]:
+        """Tell the backend that the block reads records in index order (a scan), so it can
+        read ahead; random access is what it is tuned for otherwise."""
+        yield
+
+    def iter_headers(
+        self, stop: int | None = None, batch_size: int = 1024
+    ) -> Iterator[RecordHeader]:
+        """The headers of records ``0 .. stop-1`` (all by default), in index order; backends
+        that can read them without the image bytes do."""
+        n = len(self) if stop is None else stop
+        for start in range(0, n, batch_size):
+            for rec in self.read_records(range(start, min(n, start + batch_size))):
+                yield rec.header
+
+    def record_names(self) -> PackedStrings:
+        """Every record's name, ``name_bytes``-encoded, in index order, packed (what an append
+        compares a source with); backends with an index of names read it at once."""
+        return PackedStrings([name_bytes(h.name) for h in self.iter_headers()])
+
+    def record_sizes(self) -> np.ndarray:
+        """The size of the source file of every record (its stored size, less a repair), in
+        index order, as one int64 array (what an append compares a source file with)."""
+        import numpy as np
+
+        out = np.empty(len(self), dtype=np.int64)
+        for i, h in enumerate(self.iter_headers()):
+            out[i] = h.size - 2 * h.repaired
+        return out
+
+    def iter_records(self, batch_size: int = 256) -> Iterator[Record]:
+        """Every record in index order, fetched ``batch_size`` at a time."""
+        n = len(self)
+        with self.sequential():
+            for start in range(0, n, batch_size):
+                yield from self.read_records(range(start, min(n, start + batch_size)))
+
+    def check_indices(self, indices: Sequence[int]) -> list[int]:
+        """Normalise negative indices and raise IndexError for any out of range."""
+        n = len(self)
+        out = []
+        for i in indices:
+            j = int(i)
+            if j < 0:
+                j += n
+            if not 0 <= j < n:
+                raise IndexError(f"{self.location}: index {i} out of range for {n} records")
+            out.append(j)
+        return out
+
+    def structure_damage(self) -> list[str]:
+        """Damage to the store's own structure (pages, indexes) found by a full check; readers
+        whose backend has nothing to check return none."""
+        return []
+
+    def damaged_record(self, index: int) -> str | None:
+        """Why record ``index`` cannot be read safely after :meth:`structure_damage`, or None."""
+        return None
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release this process's handle (it reopens on the next read)."""
