@@ -243,7 +243,7 @@ class LMDBImageDataset(ImageStoreDataset):
 
     Raises:
         StoreNotFoundError, IncompleteStoreError, PickleNotAllowedError, StoreError: see
-            :func:`fastdata.stores.lmdb_store.open_lmdb`.
+            :func:`fastdata.stores.lmdb.layout.open_lmdb`.
     """
 
     def __init__(
@@ -258,7 +258,7 @@ class LMDBImageDataset(ImageStoreDataset):
         classes: Sequence[str] | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
     ) -> None:
-        from .stores.lmdb_store import open_lmdb
+        from .stores.lmdb.open import open_lmdb
 
         super().__init__(
             _part(open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle), classes, indices),

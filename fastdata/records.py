@@ -44,7 +44,6 @@ __all__ = [
     "class_count",
     "name_bytes",
     "new_store_id",
-    "record_key",
     "skipped_file",
 ]
 
@@ -67,11 +66,6 @@ def name_bytes(name: str) -> bytes:
     they were (``surrogateescape``). No name holds a NUL byte (no file name can), so a list of
     them is stored joined by NULs."""
     return name.encode("utf-8", "surrogateescape")
-
-
-def record_key(index: int) -> bytes:
-    """The key of record ``index``: zero-padded decimal, so keys sort in index order."""
-    return b"%010d" % index
 
 
 @dataclass(frozen=True)

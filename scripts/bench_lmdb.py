@@ -26,7 +26,7 @@ from benchkit import add_workdir_options, evict, workdir
 from fastdata import convert
 from fastdata.sources.folder import scan_folder
 from fastdata.ops.malloc import tune_malloc
-from fastdata.records import record_key
+from fastdata.stores.lmdb.layout import record_key
 from fastdata.images.synthetic import make_image_folder
 
 # LMDBImageDataset (and with it torch) is imported in run(): the memory-measuring child process

@@ -23,8 +23,10 @@ import numpy as np
 from benchkit import add_workdir_options, evict, workdir
 
 from fastdata.records import checksum
-from fastdata.records import Progress, Record, RecordHeader, StoreMeta, record_key
-from fastdata.stores.lmdb_store import LMDBStore, LMDBWriter
+from fastdata.records import Progress, Record, RecordHeader, StoreMeta
+from fastdata.stores.lmdb.layout import record_key
+from fastdata.stores.lmdb.reader import LMDBStore
+from fastdata.stores.lmdb.writer import LMDBWriter
 
 
 def disk_read_bytes() -> int | None:

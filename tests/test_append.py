@@ -12,7 +12,6 @@ import pytest
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert, export_store, open_store
 from fastdata.errors import StoreNotFoundError, StoreReplacedError, UsageError
-from fastdata.stores import lmdb_store
 from fastdata.stores.mongo_store import META_COLLECTION
 
 from .conftest import jpeg_bytes, snapshot, write
@@ -124,7 +123,7 @@ def test_a_reader_open_during_an_append_reads_on(
         import os, pickle, sys, time
         from pathlib import Path
         from fastdata import LMDBImageDataset, MongoImageDataset
-        from fastdata.stores import lmdb_store
+
 
         dst, src, ready, done = sys.argv[1:5]
         coll = sys.argv[5] if len(sys.argv) > 5 else None

@@ -16,7 +16,7 @@ from .procs import script, wait_for
 STOPPED_READER = """
     import json, os, sys, time, zlib
     from pathlib import Path
-    from fastdata.stores.lmdb_store import LMDBStore
+    from fastdata.stores.lmdb.reader import LMDBStore
 
     store, started, go = sys.argv[1:4]
     reader = LMDBStore(store)

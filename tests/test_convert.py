@@ -11,7 +11,7 @@ from fastdata.errors import (
     StoreError,
     StoreExistsError,
 )
-from fastdata.stores.lmdb_store import LMDBWriter
+from fastdata.stores.lmdb.writer import LMDBWriter
 
 from .conftest import jpeg_bytes, snapshot, write
 
@@ -217,11 +217,11 @@ def test_plain_lmdb_client_reads_the_store(good_folder: Path, tmp_path: Path) ->
 def test_resume_after_machine_restart_is_refused(
     good_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import fastdata.stores.lmdb_store as lmdb_store
+    import fastdata.stores.lmdb.writer as lmdb_writer
 
     dst = tmp_path / "s.lmdb"
     convert_interrupted(monkeypatch, good_folder, dst, commits=1)
-    monkeypatch.setattr(lmdb_store, "boot_id", lambda: "another-boot")
+    monkeypatch.setattr(lmdb_writer, "boot_id", lambda: "another-boot")
     with pytest.raises(StoreError, match="machine restarted"):
         convert(good_folder, dst, resume=True)
     assert convert(good_folder, dst, overwrite=True).count == 12

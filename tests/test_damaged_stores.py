@@ -14,7 +14,7 @@ import lmdb
 import pytest
 
 from fastdata import convert
-from fastdata.stores import lmdb_file
+from fastdata.stores.lmdb import file as lmdb_file
 
 from .conftest import jpeg_bytes, write
 from .procs import cli, run_script

@@ -219,7 +219,7 @@ def write_store_with(dst: Path, images: list[bytes]) -> None:
     """A store of ``images`` written record by record, as another tool could."""
     from fastdata.records import checksum
     from fastdata.records import Progress, Record, RecordHeader, StoreMeta
-    from fastdata.stores.lmdb_store import LMDBWriter
+    from fastdata.stores.lmdb.writer import LMDBWriter
 
     with LMDBWriter(dst) as writer:
         progress = Progress(source="elsewhere", fingerprint="f", total=len(images))

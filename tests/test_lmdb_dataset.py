@@ -210,7 +210,7 @@ def test_a_cold_random_read_of_a_small_record_reads_about_its_own_pages(tmp_path
     """A store larger than memory must not pay megabytes of read-ahead per 2 kB image."""
     import random
 
-    from fastdata.stores.lmdb_store import LMDBStore
+    from fastdata.stores.lmdb.reader import LMDBStore
 
     from .test_hostile_input import write_store_with
 

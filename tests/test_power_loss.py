@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fastdata import convert
-from fastdata.stores.lmdb_store import LMDBStore
+from fastdata.stores.lmdb.reader import LMDBStore
 
 from .conftest import jpeg_bytes, write
 from .procs import REPO

@@ -237,7 +237,7 @@ def test_ctrl_c_keeps_what_was_committed(folder_a: Path, tmp_path: Path) -> None
     result = run_script(
         """
         import os, signal, sys
-        from fastdata.stores.lmdb_store import LMDBWriter
+        from fastdata.stores.lmdb.writer import LMDBWriter
         from fastdata.cli import main
         real = LMDBWriter.write
         calls = [0]

@@ -25,7 +25,15 @@ import numpy as np
 from ..errors import CorruptImageError, SourceError, UsageError
 from ..images.validate import validate_image
 from ..packed import PackedStrings
-from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, checksum, name_bytes
+from ..records import (
+    Progress,
+    Record,
+    RecordHeader,
+    SkippedFile,
+    StoreMeta,
+    checksum,
+    name_bytes,
+)
 from ..sources.folder import FolderScan, Sample, read_file, scan_folder
 from ..sources.manifest import is_manifest, listed_folders, scan_manifest
 from ..stores import StoreWriter, open_writer

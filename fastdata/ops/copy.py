@@ -19,7 +19,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import RecordError, UsageError
-from ..records import FORMAT_NAME, FORMAT_VERSION, Progress, Record, StoreMeta, checksum, name_bytes
+from ..records import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    Progress,
+    Record,
+    StoreMeta,
+    checksum,
+    name_bytes,
+)
 from ..stores import open_store, open_writer
 from ..stores.policy import StoreWriter
 from ..stores.reader import StoreReader

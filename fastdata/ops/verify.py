@@ -130,8 +130,8 @@ def check_file(path: str) -> list[str]:
     """
     import os
 
-    from ..stores.lmdb_file import walk
-    from ..stores.lmdb_store import DATA_FILE
+    from ..stores.lmdb.file import walk
+    from ..stores.lmdb.layout import DATA_FILE
 
     data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(data_file):

@@ -90,7 +90,7 @@ def open_store(
         if index_file is not None:
             return LegacyMongoStore(uri, collection, index_file, database=database, options=options)
         return MongoStore(uri, collection, database=database, options=options)
-    from .lmdb_store import open_lmdb
+    from .lmdb.open import open_lmdb
 
     return open_lmdb(os.path.expanduser(target), allow_pickle=allow_pickle)
 
@@ -117,6 +117,6 @@ def open_writer(
         return MongoWriter(
             str(target), name, database=database, options=_mongo_options(mongo_options)
         )
-    from .lmdb_store import LMDBWriter
+    from .lmdb.writer import LMDBWriter
 
     return LMDBWriter(os.path.expanduser(target))

@@ -17,7 +17,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 __all__ = ["SLACK", "Damage", "Header", "check_file", "pad", "walk"]
 

@@ -1,0 +1,524 @@
+"""LMDB environments, one owner per process: the registry every reader and writer goes through,
+read-ahead advice, and the append epoch that readers check (NOTE [ Appends against readers ] in
+``writer.py``)."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import lmdb
+import numpy as np
+
+from ...errors import (
+    FastdataError,
+    RecordError,
+    StoreError,
+    StoreNotFoundError,
+)
+from . import file as lmdb_file
+from .layout import DATA_FILE, EPOCH_BYTES, EPOCH_FILE
+
+T = TypeVar("T")
+READ_ATTEMPTS = 64
+"""Reads begun again at most this often when appends keep beginning while they read."""
+
+
+# --------------------------------------------------------------------------- environment registry
+#
+# The one owner of LMDB environments in a process. py-lmdb refuses to open a data file that this
+# process has open already (it goes by the file, not the path), and a child forked from a process
+# that opened it inherits that refusal. So every environment is opened here, once per process and
+# data file (device and inode: a store replaced by rename is another file), shared by everyone
+# who asks for it, counted, and closed when the last user lets go. A forked child closes the
+# environments it inherited (never using them) before it opens its own.
+
+
+@dataclass(eq=False)
+class _Env:
+    key: tuple[int, int]
+    path: str
+    env: Any
+    writable: bool
+    span: tuple[int, int] | None
+    """Addresses of the data file's bytes in this process's map (Linux), for value checks."""
+    size: int
+    fd: int | None = None
+    """The data file, open for read-ahead requests (readers only)."""
+    refs: int = 0
+    epoch_path: str = ""
+    epoch_map: mmap.mmap | None = None
+    epoch_view: memoryview | None = None
+    """The append epoch (see "appends"), mapped; None while the store has no epoch file."""
+
+    def epoch(self) -> int:
+        """The append epoch now: -1 while there is no epoch file (an older store never
+        appended to), which it stops being once an append creates one."""
+        view = self.epoch_view
+        if view is not None:
+            return int(view[0])
+        if not self.epoch_path or not os.path.exists(self.epoch_path):
+            return -1
+        self.epoch_map, self.epoch_view = _map_epoch(self.epoch_path)
+        if self.epoch_view is None:
+            return -3  # there, but damaged (too short): the next append writes it anew
+        return -2  # the file appeared: an append began, whatever it says
+
+    def grown(self) -> bool:
+        """Whether the data file grew since it was opened (an append); if so, the bounds that
+        values are checked against are updated."""
+        if self.fd is None:
+            return False
+        try:
+            size = os.fstat(self.fd).st_size
+        except OSError:
+            return False
+        if size <= self.size:
+            return False
+        if self.span is not None:
+            self.span = (self.span[0], self.span[0] + min(size, self.map_length))
+        self.size = size
+        return True
+
+    @property
+    def map_length(self) -> int:
+        info = self.env.info()
+        return int(info["map_size"])
+
+    def close(self) -> None:
+        with suppress(lmdb.Error):
+            self.env.close()
+        if self.epoch_view is not None:
+            self.epoch_view.release()
+            self.epoch_view = None
+        if self.epoch_map is not None:
+            self.epoch_map.close()
+            self.epoch_map = None
+        if self.fd is not None:
+            with suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+_envs: dict[tuple[int, int], _Env] = {}
+_envs_pid = os.getpid()
+_envs_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    global _envs_lock
+    _envs_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _forget_inherited() -> None:
+    """In a forked child, close what the parent had open; apply queued releases (called under
+    the registry lock)."""
+    global _envs_pid
+    if _envs_pid == os.getpid():
+        _drain()
+        return
+    _pending.clear()
+    for entry in _envs.values():
+        entry.close()
+    _envs.clear()
+    _envs_pid = os.getpid()
+
+
+def _open_fd(path: str, key: tuple[int, int]) -> int | None:
+    """The data file opened for read-ahead requests, if it is still the file ``key`` names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != key:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _map_epoch(path: str) -> tuple[mmap.mmap | None, memoryview | None]:
+    """The epoch file at ``path`` mapped read-only, as one native 64-bit counter (None, None
+    when it cannot be: then reads check for it again)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        if os.fstat(fd).st_size < EPOCH_BYTES:
+            return None, None
+        mapped = mmap.mmap(fd, EPOCH_BYTES, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None, None
+    finally:
+        os.close(fd)
+    return mapped, memoryview(mapped).cast("Q")
+
+
+def bump_epoch(folder: str) -> None:
+    """Advance the append epoch of the store in ``folder`` (creating its file at 1): readers
+    that began a read before this go through it again (see "appends")."""
+    import struct
+
+    path = os.path.join(folder, EPOCH_FILE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _new_epoch_file(path, 1)
+        return
+    try:
+        if os.fstat(fd).st_size < EPOCH_BYTES:  # damaged: no reader could map it; anew
+            _new_epoch_file(path, 1)
+            return
+        (now,) = struct.unpack("=Q", os.pread(fd, 8, 0))
+        os.pwrite(fd, struct.pack("=Q", now + 1), 0)
+    finally:
+        os.close(fd)
+
+
+def ensure_epoch(folder: str) -> None:
+    """Give the store in ``folder`` its epoch file (at 0) if it has none, so that its readers
+    map it when they open it."""
+    path = os.path.join(folder, EPOCH_FILE)
+    if not os.path.exists(path):
+        _new_epoch_file(path, 0)
+
+
+def _new_epoch_file(path: str, value: int) -> None:
+    import struct
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:  # whole before it appears: renamed into place
+        f.write(struct.pack("=Q", value).ljust(EPOCH_BYTES, b"\0"))
+    os.replace(tmp, path)
+
+
+def _data_file(path: str) -> str:
+    return os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
+
+
+def _file_key(path: str) -> tuple[tuple[int, int], int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino), st.st_size
+
+
+def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
+    """Where this process mapped the data file with inode ``key`` (from /proc/self/maps)."""
+    dev, ino = key
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) < 6 or int(fields[4]) != ino or int(fields[2], 16) != 0:
+                    continue
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                if (major, minor) != (os.major(dev), os.minor(dev)):
+                    continue
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                return lo, lo + min(size, hi - lo)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# ----------------------------------------------------------------------------------- read-ahead
+#
+# Readers map the store with the kernel's read-ahead off (LMDB's MDB_NORDAHEAD: MADV_RANDOM on
+# the whole map): with it on, a cold random read of a 2 kB record pulled about 0.5-1.5 MB from
+# the disk, and a store larger than the page cache spent its reads evicting useful pages. With it
+# off a record is read a page at a time as it is copied, so a value spanning several pages is
+# announced first (POSIX_FADV_WILLNEED on its byte range: one request for its pages), and a scan
+# in index order (verify, export) asks for sequential read-ahead (MADV_SEQUENTIAL) while it
+# runs. ``scripts/bench_readahead.py`` measures all three against a bare lmdb loop.
+
+ADVISE_MIN_BYTES = 3 * mmap.PAGESIZE
+"""Values at least this long are announced to the kernel before they are copied."""
+SCAN_WINDOW = 32 << 20
+"""How far ahead of a scan its pages are requested."""
+
+_libc: Any = None
+
+
+def _madvise(address: int, length: int, advice: int) -> None:
+    """Give the kernel ``advice`` about a range of this process's map; a no-op where it cannot."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc:
+        return
+    start = address - address % mmap.PAGESIZE
+    _libc.madvise(start, address + length - start, advice)  # advice only: its failure is harmless
+
+
+class Lease:
+    """One user's share of an environment; let go by :meth:`release` or garbage collection."""
+
+    def __init__(self, entry: _Env) -> None:
+        self.entry = entry
+        self.pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _release, entry.key, self.pid)
+        self._finalizer.atexit = False
+
+    @property
+    def env(self) -> Any:
+        return self.entry.env
+
+    @property
+    def usable(self) -> bool:
+        """Held by this process and not released."""
+        return self.pid == os.getpid() and self._finalizer.alive
+
+    def release(self) -> None:
+        self._finalizer()
+
+    @contextmanager
+    def sequential(self) -> Iterator[None]:
+        """Read-ahead for a scan in index order while the block runs (see above)."""
+        span = self.entry.span
+        if span is None or self.entry.writable:
+            yield
+            return
+        _madvise(span[0], span[1] - span[0], mmap.MADV_SEQUENTIAL)
+        self._ahead = 0
+        try:
+            yield
+        finally:
+            self._ahead = None
+            _madvise(span[0], span[1] - span[0], mmap.MADV_RANDOM)
+
+    _ahead: int | None = None
+    """In a scan: the file offset up to which read-ahead was requested."""
+
+    def _advise(self, offset: int, n: int) -> None:
+        """Ask for a large value's pages in one request; in a scan, keep a window of the file
+        past the last value read on its way in (records are stored in index order)."""
+        fd = self.entry.fd
+        if fd is None:
+            return
+        with suppress(OSError):  # advice only
+            end = offset + n
+            if self._ahead is None:
+                if n >= ADVISE_MIN_BYTES:
+                    os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
+            elif end + SCAN_WINDOW // 2 > self._ahead:
+                start = max(end, self._ahead)
+                self._ahead = end + SCAN_WINDOW
+                os.posix_fadvise(fd, start, self._ahead - start, os.POSIX_FADV_WILLNEED)
+
+    def read(self, fn: Callable[[Any], T], where: str) -> T:
+        """``fn(txn)`` in a read transaction (``buffers=True``), begun again in a new one when
+        an append began while it read: then the pages it read may have been reused, and what
+        it copied is not trusted, nor an error it met (see "appends"). ``fn`` copies what it
+        keeps out of the transaction."""
+        entry = self.entry
+        for _ in range(READ_ATTEMPTS):
+            before = entry.epoch()
+            try:
+                with _reading(where), self.env.begin(buffers=True) as txn:
+                    out = fn(txn)
+            except FastdataError:
+                if entry.epoch() != before:
+                    continue
+                raise
+            if entry.epoch() == before:
+                return out
+        raise StoreError(
+            f"{where}: appends kept beginning while it was read ({READ_ATTEMPTS} times); try again"
+        )
+
+    def value(self, raw: memoryview | None, where: str) -> bytes | None:
+        """The bytes of a value read with ``buffers=True``, after checking they lie inside the
+        file: a damaged page can give a value a size or place that would fault on copying."""
+        if raw is None:
+            return None
+        n = len(raw)
+        entry = self.entry
+        if n and entry.span is not None:
+            address = np.frombuffer(raw, dtype=np.uint8).ctypes.data
+            while address < entry.span[0] or address + n > entry.span[1]:
+                if not entry.grown():
+                    raise _damage(where, f"its value ({n} bytes) lies outside the file")
+            self._advise(address - entry.span[0], n)
+        elif not entry.writable and n > entry.size and not entry.grown():
+            raise _damage(where, f"its value ({n} bytes) is larger than the file")
+        return bytes(raw)
+
+
+def _damage(where: str, what: str) -> RecordError:
+    return RecordError(
+        f"{where}: {what}; the store is damaged, run `fastdata verify` on it and convert it again"
+    )
+
+
+_pending: deque[tuple[int, int]] = deque()
+"""Releases made by garbage collection, applied under the registry lock."""
+
+
+def _release(key: tuple[int, int], pid: int) -> None:
+    # Also called by the garbage collector, which may run while this very thread holds the
+    # registry lock: the release is queued, and applied now only if the lock is free.
+    if os.getpid() != pid:
+        return
+    _pending.append(key)
+    if _envs_lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _envs_lock.release()
+
+
+def _drain() -> None:
+    """Apply queued releases (called with the registry lock held)."""
+    while _pending:
+        key = _pending.popleft()
+        entry = _envs.get(key)
+        if entry is None or _envs_pid != os.getpid():
+            continue
+        entry.refs -= 1
+        if entry.refs <= 0:
+            del _envs[key]
+            entry.close()
+
+
+def _lease(entry: _Env) -> Lease:
+    entry.refs += 1
+    _envs[entry.key] = entry
+    return Lease(entry)
+
+
+def open_reader(path: str) -> Lease:
+    """A share of this process's read-only environment for the store at ``path``.
+
+    The data file's header is checked against its size before LMDB maps it.
+
+    Raises:
+        StoreNotFoundError: no LMDB store at ``path``.
+        StoreError: the file is damaged or cannot be opened.
+    """
+    if not os.path.exists(path) or (
+        os.path.isdir(path) and not os.path.exists(os.path.join(path, DATA_FILE))
+    ):
+        if os.path.isdir(path) and any(e.is_dir() for e in os.scandir(path)):
+            store = os.path.normpath(path) + ".lmdb"
+            raise StoreNotFoundError(
+                f"{path}: an image folder, not a store; convert it first: "
+                f"`fastdata convert {path} {store}`, then use {store}"
+            )
+        raise StoreNotFoundError(
+            f"{path}: no LMDB store here; create one with `fastdata convert IMAGE_FOLDER {path}`"
+        )
+    data_file = _data_file(path)
+    for _ in range(5):
+        key, size = _file_key(data_file)
+        with _envs_lock:
+            _forget_inherited()
+            entry = _envs.get(key)
+            if entry is not None:
+                return _lease(entry)
+            lmdb_file.check_file(data_file)
+            # The data file itself is opened (py-lmdb refuses a folder it has open already, even
+            # when the file in it was replaced). lock=False: readers of a finished store need no
+            # lock file (and may lack write access); read-ahead off (see "read-ahead" above).
+            env = _open_for_reading(path, data_file)
+            if _file_key(data_file)[0] != key:  # replaced between the check and the open
+                env.close()
+                continue
+            entry = _Env(key, path, env, False, _span(key, size), size, _open_fd(data_file, key))
+            entry.epoch_path = os.path.join(os.path.dirname(data_file), EPOCH_FILE)
+            entry.epoch_map, entry.epoch_view = _map_epoch(entry.epoch_path)
+            return _lease(entry)
+    raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
+
+
+READER_SETTINGS: dict[str, Any] = {
+    "subdir": False,
+    "readonly": True,
+    "lock": False,
+    "readahead": False,
+    "meminit": False,
+    "max_readers": 1024,
+}
+WRITER_SETTINGS: dict[str, Any] = {
+    "subdir": True,
+    "meminit": False,
+    "sync": False,
+    "metasync": False,
+    "max_dbs": 0,
+}
+
+
+READER_MAP_SIZE = 1 << 40
+"""Readers map this much address space (not memory): a store that grows by an append while they
+read stays inside their map, so they never have to remap it under other threads' reads."""
+
+
+def _open_for_reading(store: str, data_file: str) -> Any:
+    try:
+        return lmdb.open(data_file, map_size=READER_MAP_SIZE, **READER_SETTINGS)
+    except lmdb.Error:  # no room for the map (a limit on address space): the file's own size
+        return _lmdb_open(store, data_file, READER_SETTINGS)
+
+
+def _lmdb_open(store: str, path: str, settings: dict[str, Any]) -> Any:
+    try:
+        return lmdb.open(path, **settings)
+    except lmdb.Error as exc:
+        writing = "" if settings.get("readonly") else " for writing"
+        raise StoreError(f"{store}: cannot open the LMDB store{writing}: {exc}") from None
+
+
+def open_writable(folder: str, map_size: int, *, durable: bool = False) -> Lease:
+    """This process's writable environment for the store folder ``folder``; ``durable``: every
+    commit flushed to the disk before the next begins (for writes into a complete store).
+
+    Raises:
+        StoreError: the store is open for reading in this process, or cannot be opened.
+    """
+    data_file = os.path.join(folder, DATA_FILE)
+    with _envs_lock:
+        _forget_inherited()
+        if os.path.exists(data_file):
+            entry = _envs.get(_file_key(data_file)[0])
+            if entry is not None:
+                raise StoreError(
+                    f"{folder}: the store is open in this process ({entry.refs} user(s)); close "
+                    "the datasets over it (dataset.close()) before writing to it"
+                )
+            lmdb_file.check_file(data_file)
+        # Batches are committed without fsync and the store is flushed once, before its metadata
+        # is written: an fsync per batch costs a journal commit each and, measured, as much again
+        # as the whole conversion. A killed process loses nothing committed (the page cache holds
+        # it); a machine that restarts mid-conversion may, which is why a resume after a restart
+        # is refused (see LMDBWriter._check_resumable).
+        settings = {**WRITER_SETTINGS, "map_size": map_size}
+        if durable:
+            settings.update(sync=True, metasync=True)
+        env = _lmdb_open(folder, folder, settings)
+        key, size = _file_key(data_file)
+        return _lease(_Env(key, folder, env, True, None, size))
+
+
+@contextmanager
+def _reading(where: str) -> Iterator[None]:
+    """LMDB's own errors on a damaged file, as a StoreError naming the store."""
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise StoreError(
+            f"{where}: reading failed: {exc}; the store is damaged, run `fastdata verify` on it"
+        ) from None

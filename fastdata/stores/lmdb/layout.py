@@ -1,0 +1,96 @@
+"""The keys and files of an LMDB store (``docs/format.md``): where each thing lives."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...errors import (
+    StoreError,
+)
+from ...records import SkippedFile, skipped_file
+
+if TYPE_CHECKING:
+    from .env import Lease
+
+
+def record_key(index: int) -> bytes:
+    """The key of record ``index``: zero-padded decimal, so keys sort in index order."""
+    return b"%010d" % index
+
+
+META_KEY = b"__fastdata__"
+LABELS_KEY = b"__labels__"
+NAMES_KEY = b"__names__"
+PROGRESS_KEY = b"#progress"
+SKIPPED_PREFIX = b"#skipped/"
+LEN_KEY = b"__len__"
+KEYS_KEY = b"__keys__"
+DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+WRITER_LOCK = "writer.lock"
+ASIDE_DIR = ".replacement"
+OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR, "readers.epoch"})
+EPOCH_FILE = "readers.epoch"
+"""Beside ``data.mdb``: the append epoch, which readers check around every read (see "appends")."""
+EPOCH_BYTES = 4096
+INITIAL_MAP_SIZE = 1 << 30
+LABEL_DTYPE = np.dtype("<i4")
+
+
+def header_key(index: int) -> bytes:
+    """The key of record ``index``'s header: ``#`` + its record key.
+
+    Headers and progress sort before the records (``#`` < ``0``) and the metadata after them
+    (``_`` > ``9``), so every record can be appended at the end of the B-tree (``MDB_APPEND``),
+    which writes at the speed of a plain file append.
+    """
+    return b"#" + record_key(index)
+
+
+def skipped_key(n: int) -> bytes:
+    """The key of the ``n``-th skipped file's entry."""
+    return SKIPPED_PREFIX + record_key(n)
+
+
+def _skipped_items(skipped: Sequence[SkippedFile], start: int) -> list[tuple[bytes, bytes]]:
+    """The ``(key, JSON)`` items of ``skipped[start:]``."""
+    return [
+        (skipped_key(n), json.dumps(f.to_dict()).encode("ascii"))
+        for n, f in enumerate(skipped[start:], start)
+    ]
+
+
+def _read_skipped(lease: Lease, txn: Any, count: int, where: str) -> list[SkippedFile]:
+    """The first ``count`` skipped-file entries (read in the caller's transaction)."""
+    out = []
+    for n in range(count):
+        raw = lease.value(txn.get(skipped_key(n)), f"{where}: skipped-file entry {n}")
+        try:
+            item = json.loads(raw) if raw is not None else None
+        except ValueError:
+            item = None
+        out.append(skipped_file(item, where))
+    return out
+
+
+def _record_keys(count: int) -> bytes:
+    """``record_key(0) + b"\\n" + ... + record_key(count - 1)``, digit by digit in one array
+    (11 bytes a record; no object per key)."""
+    if count <= 0:
+        return b""
+    if count > 10**10:
+        raise StoreError(f"{count} records: more than 10-digit keys can number")
+    out = np.empty((count, 11), dtype=np.uint8)
+    out[:, 10] = ord("\n")
+    rest = np.arange(count, dtype=np.int64)
+    digit = np.empty(count, dtype=np.int64)
+    for column in range(9, -1, -1):
+        np.remainder(rest, 10, out=digit)
+        out[:, column] = digit
+        rest //= 10
+    out[:, :10] += ord("0")
+    return out.reshape(-1)[:-1].tobytes()

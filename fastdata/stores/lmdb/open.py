@@ -1,0 +1,66 @@
+"""Open any LMDB store for reading: a fastdata store, or a pickle recipe's when allowed."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from ...errors import (
+    IncompleteStoreError,
+    PickleNotAllowedError,
+    StoreError,
+)
+from ...records import Progress
+from ..foreign import PickleLMDBStore
+from ..reader import StoreReader
+from .env import _reading, open_reader
+from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY
+from .reader import LMDBStore
+
+
+def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> StoreReader:
+    """Open an LMDB store for reading: a fastdata store, or (with ``allow_pickle``) a pickle one.
+
+    Raises:
+        StoreNotFoundError: nothing at ``path``.
+        IncompleteStoreError: a conversion into it did not finish; the message says how to resume.
+        PickleNotAllowedError: it holds pickled values and ``allow_pickle`` is false.
+        StoreError: it is not a store fastdata can read.
+    """
+    path = os.fspath(path)
+    lease = open_reader(path)
+    try:
+        if lease.env.stat()["entries"] == 0:
+            raise IncompleteStoreError(
+                f"{path}: an empty store: a conversion into it stopped before it began; run "
+                f"`fastdata convert IMAGE_FOLDER {path}` again"
+            )
+        with _reading(path), lease.env.begin(buffers=True) as txn:
+            has_meta = txn.get(META_KEY) is not None
+            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
+            has_keys = txn.get(KEYS_KEY) is not None
+        if has_meta:
+            return LMDBStore(path, lease)
+        if has_keys and allow_pickle:
+            return PickleLMDBStore(path, lease)
+    except BaseException:
+        lease.release()
+        raise
+    lease.release()
+    if raw_progress is not None:
+        progress = Progress.from_json(raw_progress, path)
+        raise IncompleteStoreError(
+            f"{path}: incomplete store: its conversion stopped after {progress.next_sample} of "
+            f"{progress.total} images; finish it with "
+            f"`{progress.resume_command(shlex.quote(path))}`"
+        )
+    if has_keys:
+        raise PickleNotAllowedError(
+            f"{path}: this LMDB store was written by another tool and its values are Python "
+            "pickles, which can run arbitrary code when loaded; pass allow_pickle=True "
+            "(CLI: --allow-pickle) only if you trust where it came from"
+        )
+    raise StoreError(
+        f"{path}: an LMDB store without fastdata metadata (written by another tool); "
+        "fastdata reads its own stores and the pickle-based recipes' (allow_pickle=True)"
+    )

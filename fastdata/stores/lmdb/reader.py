@@ -1,0 +1,246 @@
+"""Readers of a complete fastdata LMDB store, one lease of this process's environment each."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ...errors import (
+    IncompleteStoreError,
+    RecordError,
+    StoreReplacedError,
+)
+from ...packed import PackedStrings
+from ...records import (
+    Record,
+    RecordHeader,
+    SkippedFile,
+    StoreMeta,
+    check_labels,
+    skipped_file,
+)
+from ..reader import StoreReader
+from . import file as lmdb_file
+from .env import Lease, _data_file, open_reader
+from .layout import (
+    LABELS_KEY,
+    META_KEY,
+    NAMES_KEY,
+    _read_skipped,
+    header_key,
+    record_key,
+    skipped_key,
+)
+
+# --------------------------------------------------------------------------- readers
+
+
+class _Leased(StoreReader):
+    """A reader that holds a share of this process's environment, taken on first use in each
+    process, dropped when pickled, given back when closed or garbage-collected."""
+
+    path: str
+    _lease: Lease | None
+
+    @contextmanager
+    def sequential(self) -> Iterator[None]:
+        with self._env().sequential():
+            yield
+
+    def _env(self) -> Lease:
+        lease = self._lease
+        if lease is None or not lease.usable:
+            lease = open_reader(self.path)
+            try:
+                self._check_identity(lease)
+            except BaseException:
+                lease.release()
+                raise
+            self._lease = lease
+        return lease
+
+    def _check_identity(self, lease: Lease) -> None:
+        """Raise StoreReplacedError when ``lease`` is not the store this reader opened."""
+
+    def close(self) -> None:
+        """Release this process's share of the environment; the next read takes it again."""
+        lease, self._lease = self._lease, None
+        if lease is not None and lease.usable:
+            lease.release()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_lease"] = None
+        return state
+
+
+class LMDBStore(_Leased):
+    """Reads a complete fastdata LMDB store. Use :func:`open_lmdb` to open any LMDB store.
+
+    The metadata and the labels are read when the store opens, and again in each process that
+    receives the reader pickled (a worker): a pickle holds the path and the store's id, not one
+    label per record.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], lease: Lease | None = None) -> None:
+        self.path = os.fspath(path)
+        self.location = self.path
+        self._lease = lease or open_reader(self.path)
+        self._meta, self._labels = self._load(self._lease)
+        self._opened(self._meta)
+
+    def _load(self, lease: Lease) -> tuple[StoreMeta, np.ndarray]:
+        def get(txn: Any) -> tuple[bytes | None, bytes | None]:
+            raw_meta = lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
+            return raw_meta, lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
+
+        raw_meta, raw_labels = lease.read(get, self.path)
+        if raw_meta is None:
+            raise IncompleteStoreError(f"{self.path}: store metadata missing")
+        meta = StoreMeta.from_json(raw_meta, self.path)
+        return meta, check_labels(raw_labels, meta, self.path)
+
+    def skipped_files(self) -> list[SkippedFile]:
+        lease = self._env()
+        where = self.path
+        count = self.meta.skipped_count
+
+        def get(txn: Any) -> list[SkippedFile] | bytes | None:
+            if txn.get(skipped_key(0)) is not None or not count:
+                return _read_skipped(lease, txn, count, where)
+            return lease.value(txn.get(META_KEY), f"{where}: the metadata")
+
+        found = lease.read(get, where)
+        if isinstance(found, list):
+            return found
+        legacy = json.loads(found or b"{}").get("skipped", [])  # earlier versions kept it there
+        return [skipped_file(item, where) for item in legacy]
+
+    def _check_identity(self, lease: Lease) -> None:
+        try:
+            meta, labels = self._load(lease)
+        except IncompleteStoreError:
+            raise self._replaced("(none: an unfinished store)") from None
+        seen = self._as_opened(meta, labels)
+        if seen is None:
+            raise self._replaced(meta.id)
+        if self.__dict__.get("_meta") is None:  # unpickled: what the pickle left out
+            self._meta, self._labels = seen
+
+    def _replaced(self, now: str) -> StoreReplacedError:
+        return StoreReplacedError(
+            f"{self.path}: the store was replaced since this dataset opened it (store id "
+            f"{self._id or '(none)'}, now {now}); its records no longer match the labels held "
+            "here: create the dataset (and its DataLoader) again"
+        )
+
+    def _loaded(self) -> None:
+        if self.__dict__.get("_meta") is None:
+            self._env()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_meta"] = state["_labels"] = None  # read again where it is unpickled
+        return state
+
+    def iter_headers(
+        self, stop: int | None = None, batch_size: int = 1024
+    ) -> Iterator[RecordHeader]:
+        """The headers alone, walked with a cursor (they sort apart from the image bytes)."""
+        n = len(self) if stop is None else stop
+        lease = self._env()
+
+        def batch(txn: Any, start: int) -> list[RecordHeader]:
+            out = []
+            cursor = txn.cursor()
+            found = cursor.set_key(header_key(start))
+            for i in range(start, min(n, start + batch_size)):
+                where = f"{self.path}: record {i}"
+                if not found or bytes(cursor.key()) != header_key(i):
+                    raise RecordError(
+                        f"{where}: its header is missing; the store is damaged, run "
+                        "`fastdata verify` on it"
+                    )
+                raw = lease.value(cursor.value(), where) or b""
+                out.append(RecordHeader.from_json(raw, where))
+                found = cursor.next()
+            return out
+
+        for start in range(0, n, batch_size):
+            yield from lease.read(functools.partial(batch, start=start), self.path)
+
+    def _record(self, lease: Lease, txn: Any, key: bytes) -> bytes:
+        where = f"{self.path}: record {key.decode()}"
+        value = lease.value(txn.get(key), where)
+        if value is None:
+            raise RecordError(
+                f"{where} is missing; the store is damaged, run `fastdata verify` on it and "
+                "convert it again"
+            )
+        return value
+
+    def record_names(self) -> PackedStrings:
+        lease = self._env()
+        raw = lease.read(
+            lambda txn: lease.value(txn.get(NAMES_KEY), f"{self.path}: the names"), self.path
+        )
+        names = PackedStrings.from_joined(raw or b"")
+        if len(names) != len(self) or len(self) == 0:
+            return super().record_names()  # written before the index existed, or damaged
+        return names
+
+    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+        idx = self.check_indices(indices)
+        lease = self._env()
+        labels = self._labels[idx].tolist()
+
+        # Read in key order (file order), so pages that come from disk come in ascending runs.
+        def get(txn: Any) -> dict[int, bytes]:
+            return {i: self._record(lease, txn, record_key(i)) for i in sorted(set(idx))}
+
+        data = lease.read(get, self.path)
+        return list(zip([data[i] for i in idx], labels, strict=True))
+
+    def read_records(self, indices: Sequence[int]) -> list[Record]:
+        idx = self.check_indices(indices)
+        lease = self._env()
+
+        def get(txn: Any) -> list[Record]:
+            out = []
+            for i in idx:
+                key = record_key(i)
+                data = self._record(lease, txn, key)
+                head = self._record(lease, txn, header_key(i))
+                header = RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
+                out.append(Record(i, header, data))
+            return out
+
+        return lease.read(get, self.path)
+
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        idx = self.check_indices(indices)  # in an unpickled reader, this loads the labels
+        labels = self._labels[idx].tolist()
+        return [
+            (r.header.name, r.data, label)
+            for r, label in zip(self.read_records(indices), labels, strict=True)
+        ]
+
+    _damage: tuple[lmdb_file.Damage, ...] = ()
+
+    def structure_damage(self) -> list[str]:
+        """The damaged pages of the data file (see :func:`~fastdata.stores.lmdb.file.walk`)."""
+        self._damage = tuple(lmdb_file.walk(_data_file(self.path)))
+        return [str(d) for d in self._damage]
+
+    def damaged_record(self, index: int) -> str | None:
+        keys = (record_key(index), header_key(index))
+        for damage in self._damage:
+            if any(damage.covers(k) for k in keys):
+                return f"lies under damaged page {damage.page}; not read"
+        return None

@@ -1,0 +1,466 @@
+"""The LMDB writer: a fastdata store written in place, aside for a replacement, or grown in
+place by an append."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from ...errors import (
+    StoreError,
+    StoreExistsError,
+    StoreLockedError,
+)
+from ...records import Progress, Record, StoreMeta
+from ..locks import boot_id, describe_holder, holder
+from ..policy import Completion, Existing, StoreWriter
+from ..reader import StoreReader
+from . import file as lmdb_file
+from .env import Lease, _reading, bump_epoch, ensure_epoch, open_reader, open_writable
+from .layout import (
+    ASIDE_DIR,
+    DATA_FILE,
+    INITIAL_MAP_SIZE,
+    KEYS_KEY,
+    LABEL_DTYPE,
+    LABELS_KEY,
+    LEN_KEY,
+    META_KEY,
+    NAMES_KEY,
+    OWN_FILES,
+    PROGRESS_KEY,
+    SKIPPED_PREFIX,
+    WRITER_LOCK,
+    _read_skipped,
+    _record_keys,
+    _skipped_items,
+    header_key,
+    record_key,
+    skipped_key,
+)
+from .reader import LMDBStore
+
+log = logging.getLogger(__name__)
+
+
+def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
+    """The metadata, the progress of an unfinished run (a conversion, or an append to the store
+    the metadata describes) and whether there is a pickle-recipe key list, of ``path``; None for
+    the last when the environment holds nothing at all (a writer stopped right after creating
+    it)."""
+    lease = open_reader(path)
+    try:
+        if lease.env.stat()["entries"] == 0:
+            return None, None, None
+        with _reading(path), lease.env.begin(buffers=True) as txn:
+            raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
+            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
+            has_keys = txn.get(KEYS_KEY) is not None
+            meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
+            progress = None
+            if raw_progress is not None:
+                # a complete store keeps the progress of its last run: it matters only when it
+                # is an append to this very store that did not finish
+                progress = Progress.from_json(raw_progress, path)
+                if meta is None or _appends_to(progress, meta):
+                    progress = Progress.from_json(
+                        raw_progress, path, lambda n: _read_skipped(lease, txn, n, path)
+                    )
+                else:
+                    progress = None
+    finally:
+        lease.release()
+    return meta, progress, has_keys
+
+
+def _appends_to(progress: Progress, meta: StoreMeta) -> bool:
+    """Whether a progress found beside a complete store is an unfinished append to it (and not
+    what its own conversion, or an earlier append, left)."""
+    return progress.base_id == meta.id and 0 < progress.first_index == meta.count
+
+
+# --------------------------------------------------------------------------- writer
+
+
+class LMDBWriter(StoreWriter):
+    """Writes a fastdata store into an LMDB folder.
+
+    The writer lock is ``writer.lock`` in the store folder (``flock``: the kernel releases it if
+    the process dies). A fresh store is written in place; a store that replaces another is built
+    in ``.replacement/`` inside the folder and its ``data.mdb`` renamed over the old one when
+    complete, so readers see either store whole, never a mix. Each batch and its progress are
+    committed in one transaction. The map grows (doubling) when LMDB reports it full, so no size
+    needs guessing.
+
+    Args:
+        path: the store folder (created if missing; must be empty or hold an LMDB store).
+        map_size: the initial map size in bytes.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, map_size: int = INITIAL_MAP_SIZE) -> None:
+        self.path = os.fspath(path)
+        self.location = self.path
+        self._map_size = map_size
+        self._lease: Lease | None = None
+        self._lock_fd: int | None = None
+
+    @property
+    def _aside_path(self) -> str:
+        return os.path.join(self.path, ASIDE_DIR)
+
+    def _target(self) -> str:
+        return self._aside_path if self._aside else self.path
+
+    # -- the policy's steps (see StoreWriter.start)
+
+    def _lock(self) -> None:
+        folder = Path(self.path)
+        if folder.exists() and not folder.is_dir():
+            raise StoreExistsError(
+                f"{folder}: a file is in the way; give a new or empty folder for the store"
+            )
+        if folder.is_dir() and not (folder / DATA_FILE).exists():
+            foreign = sorted(p.name for p in folder.iterdir() if p.name not in OWN_FILES)
+            if foreign:
+                raise StoreExistsError(
+                    f"{folder}: the folder is not empty ({foreign[0]}, ...) and holds no LMDB "
+                    "store; give a new or empty folder for the store"
+                )
+        # the folders this writer creates: removed again if it ends without writing a store (a
+        # refused command leaves nothing behind)
+        self._created = tuple(p for p in [folder, *folder.parents] if not p.exists())
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot create the store: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                info = json.loads(os.pread(fd, 4096, 0) or b"null")
+            except ValueError:
+                info = None
+            os.close(fd)
+            raise StoreLockedError(
+                f"{self.path}: another conversion is writing this store "
+                f"({describe_holder(info)}); wait for it to finish, or stop it and run the same "
+                "command with --resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder()).encode("ascii"), 0)
+        self._lock_fd = fd
+
+    def _inspect(self) -> Existing:
+        meta = progress = aside = None
+        aside_complete = False
+        other = ""
+        if os.path.exists(os.path.join(self.path, DATA_FILE)):
+            try:
+                meta, progress, has_keys = _peek(self.path)
+            except StoreError as exc:
+                other = f"holds a damaged LMDB store ({exc})"
+            else:
+                if meta is None and progress is None and has_keys is not None:
+                    other = (
+                        "holds an LMDB store written by another tool"
+                        if has_keys
+                        else "holds an LMDB store without fastdata metadata"
+                    )
+        appending = None
+        if meta is not None and progress is not None:
+            appending, progress = progress, None
+        if os.path.exists(os.path.join(self._aside_path, DATA_FILE)):
+            try:
+                aside_meta, aside, _ = _peek(self._aside_path)
+                aside_complete = aside_meta is not None
+            except StoreError as exc:
+                log.warning("%s: discarding a damaged replacement: %s", self.path, exc)
+                self._discard_aside()
+        return Existing(meta, progress, aside, aside_complete, other, appending)
+
+    def _check_resumable(self, saved: Progress) -> None:
+        if saved.boot_id and saved.boot_id != boot_id():
+            raise StoreError(
+                f"{self.path}: the machine restarted while this conversion was running, and "
+                "its last batches may not have reached the disk intact; convert again with "
+                "--overwrite"
+            )
+
+    def _open(self, progress: Progress, *, new: bool) -> None:
+        target = self._target()
+        if new and self._aside:
+            self._discard_aside()
+        os.makedirs(target, exist_ok=True)
+        if self._lease is None:  # (a discarded append left it open, and pinned)
+            self._lease = open_writable(target, self._map_size, durable=self._appending)
+        if self._appending and self._pin is None:
+            self._pin_readers()
+        if new:
+            progress.boot_id = boot_id()
+            state = progress.to_json()
+            self._commit(lambda txn: txn.put(PROGRESS_KEY, state))
+
+    def _discard_aside(self) -> None:
+        shutil.rmtree(self._aside_path, ignore_errors=True)
+
+    # -- appends in place
+    #
+    # NOTE [ Appends against readers ]
+    #
+    # Readers map the store without LMDB's lock table (they may not be able to write its lock
+    # file), so LMDB cannot see them, and a commit may reuse pages that a reader is still
+    # reading. Two rules keep every reader's bytes right, without a time margin:
+    #
+    # 1. An append holds a read transaction of the store as it found it (version V) for as long
+    #    as it writes. LMDB reuses no page freed after its oldest reader began, so every version
+    #    from V on stays intact while the append runs: a reader that began at V or later reads
+    #    what it would have read.
+    # 2. Pages freed before V (by an earlier append) may be reused. A reader that began before V
+    #    may be on them, however long ago it began (a stopped process, a debugger). So, after
+    #    taking its read transaction and before its first write, an append advances the append
+    #    epoch (``readers.epoch`` beside ``data.mdb``, mapped by every reader). A reader reads
+    #    the epoch, begins its transaction, copies what it reads, and reads the epoch again
+    #    (``Lease.read``): if it moved, an append may have begun writing while it read, and the
+    #    read is done again in a new transaction (it sees V or later: rule 1). If it did not
+    #    move, no append began: any append writing then began before the reader's transaction,
+    #    so the reader is at its V or later.
+    #
+    # The first append to a store never reuses a page a reader needs (pages freed before the
+    # store was complete belong to versions without metadata, which readers never read), so a
+    # store without an epoch file (an older one) gets one from its first append; its readers
+    # look for it until it appears. Pages freed by a conversion or a replacement belong to such
+    # versions too. The epoch is a live signal between processes of one machine (one page
+    # cache), as LMDB itself is.
+    #
+    # Power loss: an append writes into the complete store, so its commits are durable (LMDB's
+    # sync: the pages, then the meta page that points at them, each flushed): a crash at any
+    # point leaves the store as it was, or with some of the append's batches (unseen by readers
+    # until the metadata is written), never damaged. Conversions and replacements write stores
+    # that readers do not read until they are complete, and are flushed once, before their
+    # metadata (see ``open_writable``).
+
+    _pin: Any = None
+
+    def _pin_readers(self) -> None:
+        assert self._lease is not None, "_open() opens the store"
+        self._pin = self._lease.env.begin()
+        bump_epoch(self.path)  # after the pin, before any write (see the note above)
+
+    def _kept_skipped(self, base: StoreMeta) -> int:
+        """The store's skipped entries are kept as keys, except in stores of the first format,
+        which kept the list in their metadata: an append writes it out as keys."""
+        if not base.skipped_count:
+            return 0
+        lease = open_reader(self.path)
+        try:
+            with _reading(self.path), lease.env.begin() as txn:
+                return base.skipped_count if txn.get(skipped_key(0)) is not None else 0
+        finally:
+            lease.release()
+
+    def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
+        self._lease = open_writable(self.path, self._map_size, durable=True)
+        self._pin_readers()
+        keys = [
+            key
+            for i in range(base.count, pending.next_index)
+            for key in (record_key(i), header_key(i))
+        ]
+        keys += [skipped_key(n) for n in range(base.skipped_count, len(pending.skipped))]
+
+        def fill(txn: Any) -> None:
+            for key in keys:
+                txn.delete(key)
+            txn.delete(PROGRESS_KEY)
+
+        # the pin stays for the append that follows: the pages freed here stay untouched too
+        self._commit(fill)
+
+    def open_reader(self) -> StoreReader:
+        return LMDBStore(self.path)
+
+    def _promote(self) -> None:
+        self._close_env()
+        source = os.path.join(self._aside_path, DATA_FILE)
+        try:
+            _fsync(source)
+            # One rename: a reader opening the store gets the old file or the new one, whole;
+            # readers that have the old one mapped keep reading it.
+            os.replace(source, os.path.join(self.path, DATA_FILE))
+            _fsync(self.path)
+        except OSError as exc:
+            raise StoreError(
+                f"{self.path}: could not move the new store into place: {exc.strerror or exc}; "
+                "the old store is unchanged: fix the cause and run the same command with --resume"
+            ) from None
+        self._discard_aside()
+        self._aside = False
+
+    def _commit(self, fill: Callable[[Any], None]) -> None:
+        assert self._lease is not None, "start() opens the store"
+        env = self._lease.env
+        while True:
+            try:
+                with env.begin(write=True) as txn:
+                    fill(txn)
+                return
+            except lmdb.MapFullError:
+                size = env.info()["map_size"] * 2
+                log.info("%s: map full, growing it to %d MiB", self.path, size >> 20)
+                env.set_mapsize(size)
+            except lmdb.Error as exc:
+                raise _write_failed(self._target(), exc) from None
+
+    def write(self, records: Sequence[Record], progress: Progress) -> None:
+        data = [(record_key(r.index), r.data) for r in records]
+        headers = [(header_key(r.index), r.header.to_json()) for r in records]
+        skipped = _skipped_items(progress.skipped, self._take_skipped(progress.skipped))
+        progress.boot_id = boot_id()
+        state = progress.to_json()
+
+        def fill(txn: Any) -> None:
+            # One call per batch: a put per record would hand the GIL back and forth with the
+            # reader threads for every image, and wait out the switch interval each time.
+            cursor = txn.cursor()
+            # at the end of the B-tree (MDB_APPEND) in a new store; an append goes before the
+            # metadata keys, which sort after the records
+            _, added = cursor.putmulti(data, overwrite=False, append=not self._appending)
+            if added != len(data):
+                raise StoreError(
+                    f"{self.path}: records from {records[0].index} on exist already; the store "
+                    "is not the one this conversion started, convert again with --overwrite"
+                )
+            cursor.putmulti(headers + skipped)
+            txn.put(PROGRESS_KEY, state)
+
+        self._commit(fill)
+
+    def _count_records(self, count: int) -> str | None:
+        """Records and headers are exactly the keys of ``0 .. count-1``: the last ones are
+        there, nothing lies past them, and the entries add up (every other key counted)."""
+        assert self._lease is not None, "start() opens the store"
+        lease = self._lease
+        with _reading(self.path), lease.env.begin() as txn:
+            if count and (
+                txn.get(record_key(count - 1)) is None or txn.get(header_key(count - 1)) is None
+            ):
+                return f"record {count - 1} (the last) is missing"
+            cursor = txn.cursor()
+            for first in (record_key(count), header_key(count)):
+                if cursor.set_range(first):
+                    key = bytes(cursor.key())
+                    if key[:1].isdigit() or (key[:1] == b"#" and key[1:2].isdigit()):
+                        return f"a record past the last ({key.decode('ascii', 'replace')})"
+            skipped = 0
+            if cursor.set_range(SKIPPED_PREFIX):
+                for key in cursor.iternext(keys=True, values=False):
+                    if not bytes(key).startswith(SKIPPED_PREFIX):
+                        break
+                    skipped += 1
+            fixed = sum(
+                txn.get(k) is not None
+                for k in (PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY)
+            )
+        entries = int(lease.env.stat()["entries"])
+        if entries - skipped - fixed != 2 * count:
+            return (
+                f"{(entries - skipped - fixed) / 2:g} records and headers for {count} records "
+                "(a record stored twice or keys of another kind)"
+            )
+        return None
+
+    def _write_meta(self, done: Completion) -> None:
+        meta, labels, skipped, names = done.meta, done.labels, done.skipped, done.names
+        assert self._lease is not None, "start() opens the store"
+        skipped_items = _skipped_items(skipped, self._take_skipped(skipped))
+        try:
+            self._lease.env.sync(True)  # every record on disk before the metadata says it's whole
+        except lmdb.Error as exc:
+            raise _write_failed(self._target(), exc) from None
+        count = meta.count
+        keys = _record_keys(count)
+        label_bytes = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
+
+        whole = names is not None and (names.count(b"\0") + 1 if names else 0) == count
+        names_value = names if whole else None
+
+        stale = [skipped_key(n) for n in range(len(skipped), self._skipped_stale)]
+
+        def fill(txn: Any) -> None:
+            txn.cursor().putmulti(skipped_items)
+            for key in stale:
+                txn.delete(key)
+            if names_value is not None:
+                txn.put(NAMES_KEY, names_value)
+            else:
+                txn.delete(NAMES_KEY)  # an index of other records would mislead
+            txn.put(LABELS_KEY, label_bytes)
+            txn.put(LEN_KEY, str(count).encode("ascii"))
+            txn.put(KEYS_KEY, keys)
+            txn.put(META_KEY, meta.to_json())
+
+        self._commit(fill)
+        try:
+            ensure_epoch(self.path)  # readers map it when they open the store
+        except OSError as exc:
+            raise _write_failed(self.path, exc) from None
+
+    def _close_env(self) -> None:
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.abort()
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            lease.env.sync(True)
+        except lmdb.Error as exc:
+            raise _write_failed(self._target(), exc) from None
+        finally:
+            lease.release()
+        with suppress(OSError, StoreError):
+            lmdb_file.pad(os.path.join(self._target(), DATA_FILE))
+
+    _created: tuple[Path, ...] = ()
+
+    def close(self) -> None:
+        """Flush and close the store, then release the writer lock (even if flushing fails);
+        a folder this writer created and wrote no store into is removed."""
+        try:
+            self._close_env()
+        finally:
+            fd, self._lock_fd = self._lock_fd, None
+            if fd is not None:
+                if self._created and not os.path.exists(os.path.join(self.path, DATA_FILE)):
+                    with suppress(OSError):
+                        os.unlink(os.path.join(self.path, WRITER_LOCK))
+                    for folder in self._created:  # deepest first; only while empty
+                        with suppress(OSError):
+                            os.rmdir(folder)
+                os.close(fd)  # releases the flock
+
+
+def _write_failed(where: str, exc: BaseException) -> StoreError:
+    return StoreError(
+        f"{where}: writing the store failed: {exc}; free space (or fix the disk) and run the same "
+        "command with --resume: what was committed is kept"
+    )
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
