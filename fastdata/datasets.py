@@ -290,7 +290,7 @@ class MongoImageDataset(ImageStoreDataset):
         index_file: the JSON index of a collection in the common layout.
         classes: read only the records of these classes (labels follow this list).
         indices: read only these records, in this order.
-        **options: any field of :class:`~fastdata.stores.mongo_store.MongoOptions`
+        **options: any field of :class:`~fastdata.stores.mongo.connection.MongoOptions`
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``);
             the ones not given keep its defaults.
     """

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 CHILD = """
 import json, sys, time
 from fastdata import convert, copy_store
-import fastdata.ops.append, fastdata.ops.copy, fastdata.stores.lmdb.layout, fastdata.stores.mongo_store
+import fastdata.ops.append, fastdata.ops.copy, fastdata.stores.lmdb.layout, fastdata.stores.mongo.connection
 what, src, dst, coll = sys.argv[1:5]  # modules imported first: the clock times the work
 coll = coll or None
 t = time.perf_counter()

@@ -12,7 +12,7 @@ import pytest
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert, export_store, open_store
 from fastdata.errors import StoreNotFoundError, StoreReplacedError, UsageError
-from fastdata.stores.mongo_store import META_COLLECTION
+from fastdata.stores.mongo.layout import META_COLLECTION
 
 from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database

@@ -10,7 +10,7 @@ import pytest
 
 from fastdata import convert, copy_store, export_store, open_store, verify_store
 from fastdata.errors import IncompleteStoreError, RecordError, StoreExistsError, UsageError
-from fastdata.stores.mongo_store import META_COLLECTION
+from fastdata.stores.mongo.layout import META_COLLECTION
 
 from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database

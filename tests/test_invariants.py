@@ -15,7 +15,7 @@ from fastdata import convert, copy_store, open_store, verify_store
 from fastdata.errors import IncompleteStoreError, StoreError, StoreExistsError, UsageError
 from fastdata.records import StoreMeta
 from fastdata.stores.invariants import invariant_failures
-from fastdata.stores.mongo_store import META_COLLECTION
+from fastdata.stores.mongo.layout import META_COLLECTION
 
 from .conftest import jpeg_bytes, write
 from .mongo_server import database

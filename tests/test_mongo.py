@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from fastdata import MongoImageDataset, convert, export_store, open_store, verify_store
 from fastdata.cli import cli
 from fastdata.errors import IncompleteStoreError, StoreError, StoreExistsError
-from fastdata.stores.mongo_store import MongoWriter
+from fastdata.stores.mongo.writer import MongoWriter
 
 from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import URI_ENV, SecantusServer, free_port

@@ -22,7 +22,9 @@ from fastdata.errors import (
     StoreLockedError,
     StoreReplacedError,
 )
-from fastdata.stores.mongo_store import META_COLLECTION, MongoOptions, MongoWriter
+from fastdata.stores.mongo.layout import META_COLLECTION
+from fastdata.stores.mongo.connection import MongoOptions
+from fastdata.stores.mongo.writer import MongoWriter
 
 from .conftest import snapshot
 from .mongo_server import database

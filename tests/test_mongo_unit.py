@@ -9,8 +9,16 @@ import pytest
 
 from fastdata import convert, open_store
 from fastdata.errors import StoreError, UsageError
-from fastdata.stores import mongo_store
-from fastdata.stores.mongo_store import _legacy_classes, is_mongo_uri, mask_uri
+from fastdata.stores.foreign import _legacy_classes
+from fastdata.stores.mongo.connection import MongoOptions, is_mongo_uri, mask_uri
+from fastdata.stores.mongo.layout import INSERT_BYTES, META_COLLECTION, _insert_groups
+from fastdata.stores.mongo.reader import MongoStore
+from fastdata.stores.mongo.writer import MongoWriter
+
+
+def _on(client: mongomock.MongoClient) -> MongoOptions:
+    """Options whose client is ``client`` (shared: not closed with a store)."""
+    return MongoOptions(client_factory=lambda uri, options: client, close_client=False)
 
 
 @pytest.mark.parametrize(
@@ -50,24 +58,23 @@ def test_collection_and_database_are_required() -> None:
         open_store("mongodb://h:1", collection="c")
 
 
-def test_convert_and_read_on_mongomock(good_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_convert_and_read_on_mongomock(good_folder: Path) -> None:
     client = mongomock.MongoClient()
-    monkeypatch.setattr(mongo_store, "_make_client", lambda uri, options: client)
-    monkeypatch.setattr(mongo_store._Connection, "close", lambda self: None)
-    report = convert(good_folder, "mongodb://mock/db", collection="g", workers=1)
+    writer = MongoWriter("mongodb://mock/db", "g", options=_on(client))
+    report = convert(good_folder, writer, workers=1)
     assert report.count == 12
-    store = open_store("mongodb://mock/db", collection="g")
+    store = MongoStore("mongodb://mock/db", "g", options=_on(client))
     assert store.read_samples([3])[0] == ((good_folder / "cat" / "003.jpg").read_bytes(), 0)
     assert [r.header.name for r in store.read_records([11, 0])] == ["eel/002.jpg", "cat/000.jpg"]
 
 
 def test_insert_groups_respect_count_and_bytes() -> None:
     docs = [{"_id": i, "data": b"x" * 6} for i in range(300)]
-    groups = list(mongo_store._insert_groups(docs))
+    groups = list(_insert_groups(docs))
     assert [len(g) for g in groups] == [128, 128, 44]
     assert [d["_id"] for g in groups for d in g] == list(range(300))
-    big = [{"_id": i, "data": b"x" * (mongo_store.INSERT_BYTES // 2 + 1)} for i in range(3)]
-    assert [len(g) for g in mongo_store._insert_groups(big)] == [1, 1, 1]
+    big = [{"_id": i, "data": b"x" * (INSERT_BYTES // 2 + 1)} for i in range(3)]
+    assert [len(g) for g in _insert_groups(big)] == [1, 1, 1]
 
 
 def test_a_failed_insert_in_the_background_stops_the_conversion(
@@ -76,17 +83,16 @@ def test_a_failed_insert_in_the_background_stops_the_conversion(
     from pymongo.errors import BulkWriteError
 
     client = mongomock.MongoClient()
-    monkeypatch.setattr(mongo_store, "_make_client", lambda uri, options: client)
-    monkeypatch.setattr(mongo_store._Connection, "close", lambda self: None)
 
     def refuse(self, docs, ordered=True):  # type: ignore[no-untyped-def]
         raise BulkWriteError({"writeErrors": [{"code": 121, "errmsg": "validation failed"}]})
 
     monkeypatch.setattr(mongomock.collection.Collection, "insert_many", refuse)
     with pytest.raises(StoreError, match="writing records failed: validation failed"):
-        convert(good_folder, "mongodb://mock/db", collection="g", workers=1, commit_records=4)
+        writer = MongoWriter("mongodb://mock/db", "g", options=_on(client))
+        convert(good_folder, writer, workers=1, commit_records=4)
     # the store is not marked complete; its progress, saved before the first record, stays at 0
-    meta = client["db"][mongo_store.META_COLLECTION]
+    meta = client["db"][META_COLLECTION]
     assert meta.find_one({"_id": "g"}) is None
     assert meta.find_one({"_id": "g:progress"})["next_sample"] == 0
 
@@ -94,7 +100,6 @@ def test_a_failed_insert_in_the_background_stops_the_conversion(
 def test_the_dataset_takes_every_mongo_option(monkeypatch: pytest.MonkeyPatch) -> None:
     from fastdata import MongoImageDataset
     from fastdata.errors import UsageError
-    from fastdata.stores import mongo_store
 
     seen = []
 
@@ -102,10 +107,11 @@ def test_the_dataset_takes_every_mongo_option(monkeypatch: pytest.MonkeyPatch) -
         seen.append(options)
         raise pymongo.errors.ServerSelectionTimeoutError("no server")
 
-    monkeypatch.setattr(mongo_store, "_make_client", fake)
     with pytest.raises(StoreError):
-        MongoImageDataset("mongodb://h:1/db", "c", socket_timeout_s=7.0, timeout_s=0.5)
+        MongoImageDataset(
+            "mongodb://h:1/db", "c", socket_timeout_s=7.0, timeout_s=0.5, client_factory=fake
+        )
     assert seen[0].socket_timeout_s == 7.0 and seen[0].timeout_s == 0.5
-    assert seen[0].retry_budget_s == mongo_store.MongoOptions().retry_budget_s  # the default
+    assert seen[0].retry_budget_s == MongoOptions().retry_budget_s  # the default
     with pytest.raises(UsageError, match="unknown MongoDB option.*sockettimeout"):
         MongoImageDataset("mongodb://h:1/db", "c", sockettimeout=3)

@@ -543,7 +543,7 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
         raise
     except StoreError as exc:
         # too damaged to open: say which pages are, when it is an LMDB file
-        from ..stores.mongo_store import is_mongo_uri
+        from ..stores.mongo.connection import is_mongo_uri
 
         pages = [] if is_mongo_uri(store) else check_file(store)
         click.echo(f"Error: {exc}", err=True)

@@ -106,7 +106,7 @@ def _source_words(reader: StoreReader) -> str:
         return os.path.realpath(path)
     uri, name = getattr(reader, "uri", None), getattr(reader, "collection", None)
     if isinstance(uri, str) and isinstance(name, str):
-        from ..stores.mongo_store import mask_uri
+        from ..stores.mongo.connection import mask_uri
 
         return f"{mask_uri(uri)} --source-collection {name}"
     return reader.location
@@ -156,7 +156,7 @@ def copy_store(
         StoreExistsError, StoreLockedError, StoreError: as for :func:`fastdata.ops.convert`.
     """
     started = time.perf_counter()
-    from ..stores.mongo_store import is_mongo_uri, mask_uri
+    from ..stores.mongo.connection import is_mongo_uri, mask_uri
 
     if is_mongo_uri(source) and not is_mongo_uri(destination):
         # one side is MongoDB: ``collection`` names that side, whichever it is

@@ -16,7 +16,7 @@ def _check_target(target: object, **mongo_only: object) -> bool:
     """Whether ``target`` is a MongoDB URI; a URI of another scheme, or options meant for
     MongoDB given with an LMDB path, are usage errors."""
     from ..errors import UsageError
-    from .mongo_store import is_mongo_uri
+    from .mongo.connection import is_mongo_uri
 
     if is_mongo_uri(target):
         return True
@@ -42,7 +42,7 @@ def _mongo_options(options: dict[str, Any]) -> Any:
     from dataclasses import fields
 
     from ..errors import UsageError
-    from .mongo_store import MongoOptions
+    from .mongo.connection import MongoOptions
 
     known = {f.name for f in fields(MongoOptions)}
     unknown = sorted(set(options) - known)
@@ -72,12 +72,14 @@ def open_store(
         index_file: for a Mongo collection in the common ``img_name``/``bson_img`` layout, its
             JSON index (``{"path_list": [...], "label_list": [...]}``).
         allow_pickle: read an LMDB store written by the pickle-based recipes.
-        **mongo_options: fields of :class:`~fastdata.stores.mongo_store.MongoOptions`
+        **mongo_options: fields of :class:`~fastdata.stores.mongo.connection.MongoOptions`
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``).
     """
     if _check_target(target, collection=collection, index_file=index_file, **mongo_options):
         from ..errors import UsageError
-        from .mongo_store import LegacyMongoStore, MongoStore, mask_uri
+        from .foreign import LegacyMongoStore
+        from .mongo.connection import mask_uri
+        from .mongo.reader import MongoStore
 
         uri = str(target)
         if allow_pickle:
@@ -109,7 +111,8 @@ def open_writer(
         return target
     if _check_target(target, collection=collection, **mongo_options):
         from ..errors import UsageError
-        from .mongo_store import MongoWriter, mask_uri
+        from .mongo.connection import mask_uri
+        from .mongo.writer import MongoWriter
 
         name = collection or default_collection
         if not name:

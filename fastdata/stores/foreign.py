@@ -3,9 +3,11 @@ label))``, read only with ``allow_pickle=True``) and the ``img_name``/``bson_img
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,8 @@ from ..records import Record, RecordHeader, StoreMeta, class_count
 from .lmdb.env import Lease, _reading, open_reader
 from .lmdb.layout import KEYS_KEY
 from .lmdb.reader import _Leased
+from .mongo.connection import MongoOptions, _MongoTarget
+from .reader import StoreReader
 
 
 def _unpickled_sample(raw: bytes, where: str) -> tuple[bytes, int]:
@@ -124,3 +128,134 @@ class PickleLMDBStore(_Leased):
                 version=0,
             )
         return self._lazy_meta
+
+
+class LegacyMongoStore(_MongoTarget, StoreReader):
+    """Reads collections in the common layout written by other tools, without converting them.
+
+    Documents hold ``img_name`` (the image's path) and ``bson_img`` (its bytes); a JSON index file
+    ``{"path_list": [...], "label_list": [...]}`` gives the order and the labels. JPEGs whose
+    end-of-image marker is missing are repaired as they are read. Class names are the first
+    path component of each image when that is consistent with the labels, else the label numbers.
+
+    Args:
+        uri, collection, database, options: as for :class:`MongoStore`.
+        index_file: the JSON index.
+    """
+
+    has_checksums = False
+
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        index_file: str | os.PathLike[str],
+        *,
+        database: str | None = None,
+        options: MongoOptions | None = None,
+    ) -> None:
+        super().__init__(uri, collection, database=database, options=options)
+        path = Path(index_file)
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+            paths, labels = index["path_list"], index["label_list"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StoreError(
+                f"{path}: not a usable index file ({exc}); expected JSON with "
+                '"path_list" and "label_list"'
+            ) from exc
+        if len(paths) != len(labels):
+            raise StoreError(
+                f"{path}: {len(paths)} paths but {len(labels)} labels; the index is damaged"
+            )
+        # One packed buffer and one int array, not two lists of Python objects.
+        try:
+            self._names = PackedStrings([p.encode("utf-8", "surrogateescape") for p in paths])
+            self._labels = np.asarray(labels, dtype=np.int64)
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+            raise StoreError(
+                f'{path}: not a usable index file ({exc}); "path_list" must hold strings and '
+                '"label_list" integers'
+            ) from None
+        self._labels.setflags(write=False)
+        self._meta = StoreMeta(
+            count=len(paths),
+            classes=_legacy_classes(paths, self._labels, str(path)),
+            source=str(path),
+            format="img_name/bson_img",
+            version=0,
+        )
+
+    def _fetch(self, idx: list[int]) -> list[tuple[str, bytes, bool]]:
+        from ..images.codec import repair_if_cut
+
+        names = [self._names[i].decode("utf-8", "surrogateescape") for i in idx]
+
+        def query() -> dict[str, bytes]:
+            coll = self._conn.db()[self.collection]
+            docs = coll.find(
+                {"img_name": {"$in": sorted(set(names))}}, {"img_name": 1, "bson_img": 1}
+            )
+            out = {}
+            for d in docs:
+                if not isinstance(d.get("bson_img"), bytes):
+                    raise RecordError(
+                        f"{self.location}: the document of {d.get('img_name')!r} holds no "
+                        "binary 'bson_img'; the collection is damaged"
+                    )
+                out[d["img_name"]] = d["bson_img"]
+            return out
+
+        span = f"{min(idx)}-{max(idx)}" if idx else "none"
+        found = self._run(f"reading images {span}", query)
+        out = []
+        for name in names:
+            if name not in found:
+                raise RecordError(f"{self.location}: no document with img_name {name!r}")
+            data, repaired = repair_if_cut(found[name])
+            out.append((name, data, repaired))
+        return out
+
+    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+        idx = self.check_indices(indices)
+        return [
+            (data, int(self._labels[i]))
+            for (_, data, _), i in zip(self._fetch(idx), idx, strict=True)
+        ]
+
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        idx = self.check_indices(indices)
+        return [
+            (name, data, int(self._labels[i]))
+            for (name, data, _), i in zip(self._fetch(idx), idx, strict=True)
+        ]
+
+    def read_records(self, indices: Sequence[int]) -> list[Record]:
+        from ..images.codec import sniff
+        from ..records import checksum
+
+        idx = self.check_indices(indices)
+        out = []
+        for (name, data, repaired), i in zip(self._fetch(idx), idx, strict=True):
+            header = RecordHeader(
+                name,
+                int(self._labels[i]),
+                len(data),
+                checksum(data),
+                sniff(data) or "unknown",
+                repaired,
+            )
+            out.append(Record(i, header, data))
+        return out
+
+
+def _legacy_classes(paths: Sequence[str], labels: np.ndarray, where: str) -> list[str]:
+    n = class_count(labels, where)
+    names: dict[int, str] = {}
+    for p, label in zip(paths, labels.tolist(), strict=True):
+        first = p.split("/", 1)[0] if "/" in p else None
+        if first is None or names.setdefault(label, first) != first:
+            return [str(i) for i in range(n)]
+    if len(set(names.values())) != len(names):
+        return [str(i) for i in range(n)]
+    return [names.get(i, str(i)) for i in range(n)]

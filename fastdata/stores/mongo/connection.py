@@ -1,0 +1,227 @@
+"""Talking to the server: options, the per-process client (made on first use, dropped across
+fork and pickle), retries within a budget, and the collection a writer or reader addresses."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ...errors import (
+    StoreError,
+)
+from .layout import CLAIM_TTL_S, PASSWORD_ENV, USER_ENV
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def is_mongo_uri(target: object) -> bool:
+    """Whether ``target`` is a MongoDB connection string."""
+    return isinstance(target, str) and target.startswith(("mongodb://", "mongodb+srv://"))
+
+
+def mask_uri(uri: str) -> str:
+    """The URI with its password replaced by ``***`` (safe for logs and errors)."""
+    return re.sub(r"^(mongodb(?:\+srv)?://)([^:@/]+):([^@/]*)@", r"\1\2:***@", uri)
+
+
+@dataclass(frozen=True)
+class MongoOptions:
+    """How to talk to the server.
+
+    Attributes:
+        read_preference: e.g. ``"secondaryPreferred"`` on a replica set; None keeps the URI's.
+        timeout_s: server selection and connection timeout of one attempt.
+        socket_timeout_s: how long one operation may wait for the server's answer.
+        retry_budget_s: how long transient network errors are retried (backoff from 0.2 s,
+            doubling, at most 5 s between attempts) before an error is raised.
+        claim_ttl_s: how long a writer's claim on a collection lasts without renewal (a writer
+            renews it every quarter of that; a killed one blocks others this long at most).
+        client_factory: makes the client, called as ``client_factory(uri, options)`` once per
+            process (by default a ``pymongo.MongoClient`` with the timeouts above); a client it
+            gives is closed with the store unless ``close_client`` is false.
+        close_client: close the client when the store is closed (false for a client the caller
+            shares, e.g. one ``mongomock`` client across stores in tests).
+    """
+
+    read_preference: str | None = None
+    timeout_s: float = 10.0
+    socket_timeout_s: float = 120.0
+    retry_budget_s: float = 60.0
+    claim_ttl_s: float = CLAIM_TTL_S
+    client_factory: Callable[[str, MongoOptions], Any] | None = None
+    close_client: bool = True
+
+
+def _make_client(uri: str, options: MongoOptions) -> Any:
+    """A new client: the options' factory's, or a MongoClient with their timeouts."""
+    if options.client_factory is not None:
+        return options.client_factory(uri, options)
+    import pymongo
+
+    kwargs: dict[str, Any] = {
+        "serverSelectionTimeoutMS": int(options.timeout_s * 1000),
+        "connectTimeoutMS": int(options.timeout_s * 1000),
+        "socketTimeoutMS": int(options.socket_timeout_s * 1000),
+        "appname": "fastdata",
+    }
+    if options.read_preference:
+        kwargs["readPreference"] = options.read_preference
+    if "@" not in uri.split("//", 1)[-1].split("/", 1)[0] and os.environ.get(USER_ENV):
+        kwargs["username"] = os.environ[USER_ENV]
+        kwargs["password"] = os.environ.get(PASSWORD_ENV, "")
+    return pymongo.MongoClient(uri, **kwargs)
+
+
+def _database_name(uri: str, database: str | None) -> str:
+    if database:
+        return database
+    from pymongo.uri_parser import parse_uri
+
+    name = parse_uri(uri).get("database")
+    if not name:
+        raise StoreError(
+            f"{mask_uri(uri)}: no database named; put it in the URI: mongodb://host:port/DB"
+        )
+    return str(name)
+
+
+def _close_client(client: Any, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child leaves its parent's client alone
+        client.close()
+
+
+class _Connection:
+    """A per-process client for one URI, made on first use, dropped when pickled or forked, and
+    closed when closed or garbage-collected (its sockets and monitor threads go with it)."""
+
+    def __init__(self, uri: str, database: str | None, options: MongoOptions) -> None:
+        self.uri = uri
+        self.database = _database_name(uri, database)
+        self.options = options
+        self._client: Any = None
+        self._pid = -1
+        self._closer: weakref.finalize | None = None
+
+    def db(self) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            # A client inherited across fork is left alone (never used, never closed here).
+            self._client = _make_client(self.uri, self.options)
+            self._pid = os.getpid()
+            if self.options.close_client:
+                self._closer = weakref.finalize(self, _close_client, self._client, self._pid)
+        return self._client[self.database]
+
+    def close(self) -> None:
+        if self._closer is not None and self._pid == os.getpid():
+            self._closer()
+        self._client = None
+        self._closer = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_closer"] = None
+        state["_pid"] = -1
+        return state
+
+    def retry(self, what: str, location: str, fn: Callable[[], T], *, first: bool = False) -> T:
+        """Run ``fn``, retrying transient network errors within the retry budget.
+
+        With ``first`` (the first contact with the server), there is one attempt: a server that
+        cannot be reached at all is reported after ``timeout_s``, not after the retry budget.
+        """
+        from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+
+        budget = 0.0 if first else self.options.retry_budget_s
+        started = time.monotonic()
+        deadline = started + budget
+        delay = 0.2
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except OperationFailure as exc:
+                hint = (
+                    "check the user and password (in the URI, or FASTDATA_MONGO_USER and "
+                    "FASTDATA_MONGO_PASSWORD)"
+                    if exc.code in (13, 18)  # Unauthorized, AuthenticationFailed
+                    else "the server refused the operation"
+                )
+                raise StoreError(f"{location}: {what} failed: {_short(exc)}; {hint}") from None
+            except ConnectionFailure as exc:
+                if time.monotonic() + delay > deadline:
+                    raise StoreError(
+                        f"{location}: {what} failed after {attempt} attempt(s) in "
+                        f"{time.monotonic() - started:.1f} s: {type(exc).__name__}: "
+                        f"{_short(exc)}; check that the server is running and reachable"
+                    ) from None
+                log.warning("%s: %s failed (%s); retrying in %.1f s", location, what, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except PyMongoError as exc:
+                raise StoreError(f"{location}: {what} failed: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).split(", full error:")[0].split(" (configured timeouts:")[0]
+    text = text.split(", Timeout:")[0]
+    return text if len(text) < 300 else text[:300] + "..."
+
+
+def _location(uri: str, collection: str) -> str:
+    return f"{mask_uri(uri)} collection {collection}"
+
+
+def _gridfs(db: Any, bucket: str) -> Any:
+    from gridfs import GridFSBucket
+
+    return GridFSBucket(db, bucket_name=bucket)
+
+
+def _bucket(collection: str, store_id: str) -> str:
+    """The GridFS bucket of one store: named by its id, so a replacement never needs to move it
+    (stores written before ids existed used ``<collection>.gridfs``)."""
+    return f"{collection}.gridfs.{store_id}" if store_id else f"{collection}.gridfs"
+
+
+def _is_bucket_of(name: str, collection: str) -> bool:
+    return (
+        re.fullmatch(re.escape(collection) + r"\.gridfs(\.[0-9a-f]{32})?\.(files|chunks)", name)
+        is not None
+    )
+
+
+class _MongoTarget:
+    """A collection on a server, as the writer and the readers address it."""
+
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        *,
+        database: str | None = None,
+        options: MongoOptions | None = None,
+    ) -> None:
+        self.uri = uri
+        self.collection = collection
+        self.options = options or MongoOptions()
+        self._conn = _Connection(uri, database, self.options)
+        self.location = _location(uri, collection)
+        self._opening()
+
+    def _opening(self) -> None:
+        """What a target does when it is created (a reader reads the store's metadata)."""
+
+    def _run(self, what: str, fn: Callable[[], T], *, first: bool = False) -> T:
+        return self._conn.retry(what, self.location, fn, first=first)
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,143 @@
+"""Where a Mongo store's things live, and how they are encoded: collection and document names,
+the skipped-list documents, BSON-safe names."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import (
+    StoreError,
+)
+from ...records import (
+    SkippedFile,
+    skipped_file,
+)
+
+META_COLLECTION = "__fastdata__"
+ASIDE_SUFFIX = ".__replacement__"
+"""A replacement is built in ``<collection>.__replacement__`` and renamed into place."""
+CLAIM_TTL_S = 60.0
+"""A writer claim lasts this long without renewal (renewed every quarter of it)."""
+GRIDFS_THRESHOLD = 15 << 20
+"""Images larger than this go to GridFS (a BSON document holds at most 16 MiB)."""
+INSERT_DOCS = 128
+INSERT_BYTES = 16 << 20
+"""One insert request carries at most this many documents and bytes of images: measured, one
+request per 32 MiB batch took 1.3x as long as requests of 128 documents."""
+LABELS_INLINE_MAX = 8 << 20
+"""Label arrays larger than this are stored in GridFS instead of the metadata document."""
+LABEL_DTYPE = np.dtype("<i4")
+USER_ENV = "FASTDATA_MONGO_USER"
+PASSWORD_ENV = "FASTDATA_MONGO_PASSWORD"
+
+
+def _insert_groups(docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """``docs`` cut into runs of at most INSERT_DOCS documents and INSERT_BYTES of images."""
+    group: list[dict[str, Any]] = []
+    size = 0
+    for doc in docs:
+        n = len(doc.get("data", b""))
+        if group and (len(group) >= INSERT_DOCS or size + n > INSERT_BYTES):
+            yield group
+            group, size = [], 0
+        group.append(doc)
+        size += n
+    if group:
+        yield group
+
+
+SKIPPED_PER_DOC = 1000
+"""Skipped files per document of a skipped list (names are at most 4 kB: under 5 MB a document)."""
+
+
+def _skipped_ids(store_id: str) -> dict[str, Any]:
+    """The filter of the skipped-list documents of one store (``skipped:<id>:<n>``)."""
+    return {"_id": {"$gte": f"skipped:{store_id}:", "$lt": f"skipped:{store_id};"}}
+
+
+def _skipped_chunks(
+    store_id: str, items: Sequence[SkippedFile], saved: int
+) -> list[dict[str, Any]]:
+    """The skipped-list documents that hold items from ``saved`` on (the last one saved may be
+    partly filled: it is written again, whole)."""
+    first = saved // SKIPPED_PER_DOC
+    return [
+        {
+            "_id": f"skipped:{store_id}:{k:09d}",
+            "items": _to_bson(
+                [f.to_dict() for f in items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]]
+            ),
+        }
+        for k in range(first, -(-len(items) // SKIPPED_PER_DOC))
+    ]
+
+
+def _load_skipped(db: Any, store_id: str, count: int, where: str) -> list[SkippedFile]:
+    """The first ``count`` entries of a store's skipped list."""
+    items: list[Any] = []
+    for doc in db[META_COLLECTION].find(_skipped_ids(store_id)).sort("_id", 1):
+        found = doc.get("items")
+        if isinstance(found, list):
+            items.extend(found)
+        if len(items) >= count:
+            break
+    if len(items) < count:
+        raise StoreError(
+            f"{where}: damaged metadata (the skipped list holds {len(items)} of its {count} "
+            "entries); run `fastdata verify` on the store and convert it again"
+        )
+    return [
+        skipped_file(_names_from_bson(i) if isinstance(i, dict) else i, where)
+        for i in items[:count]
+    ]
+
+
+def _doc_id(doc: dict[str, Any]) -> Any:
+    return doc["_id"]
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _to_bson(value: Any) -> Any:
+    """``value`` with every string that is not valid UTF-8 (a file name with other bytes) as BSON
+    binary of its bytes: BSON strings must be UTF-8. Mapping keys that are not (``class_to_idx``,
+    which readers derive from ``classes``) are left out."""
+    from bson import Binary
+
+    if isinstance(value, str):
+        return value if _utf8(value) else Binary(os.fsencode(value))
+    if isinstance(value, list):
+        return [_to_bson(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_bson(v) for k, v in value.items() if not isinstance(k, str) or _utf8(k)}
+    return value
+
+
+def _names_from_bson(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document's names (``name``, ``source``, ``classes``, skipped names) back as strings."""
+
+    def text(value: Any) -> Any:
+        return os.fsdecode(value) if isinstance(value, bytes) else value
+
+    out = dict(doc)
+    for key in ("name", "source"):
+        if key in out:
+            out[key] = text(out[key])
+    if isinstance(out.get("classes"), list):
+        out["classes"] = [text(c) for c in out["classes"]]
+    if isinstance(out.get("skipped"), list):
+        out["skipped"] = [
+            {**item, "name": text(item.get("name"))} if isinstance(item, dict) else item
+            for item in out["skipped"]
+        ]
+    return out

@@ -1,0 +1,276 @@
+"""The reader of a complete fastdata store in a Mongo collection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import (
+    IncompleteStoreError,
+    RecordError,
+    StoreError,
+    StoreNotFoundError,
+    StoreReplacedError,
+)
+from ...packed import PackedStrings
+from ...records import (
+    Progress,
+    Record,
+    RecordHeader,
+    SkippedFile,
+    StoreMeta,
+    check_labels,
+    name_bytes,
+    skipped_file,
+)
+from ..reader import StoreReader
+from .connection import _bucket, _gridfs, _MongoTarget, mask_uri
+from .layout import META_COLLECTION, _doc_id, _load_skipped, _names_from_bson, _skipped_ids
+
+
+class MongoStore(_MongoTarget, StoreReader):
+    """Reads a complete fastdata store from a MongoDB collection.
+
+    Args:
+        uri: ``mongodb://[user:password@]host:port/DB``.
+        collection: the store's collection.
+        database: the database, when the URI names none.
+        options: read preference, timeouts and retries.
+
+    Raises:
+        StoreNotFoundError: no such store.
+        IncompleteStoreError: a conversion into it did not finish; the message says how to resume.
+        StoreError: the server stayed unreachable within the retry budget.
+    """
+
+    def _opening(self) -> None:
+        self._bucket = _bucket(self.collection, "")
+        try:
+            self._meta, self._labels = self._run(
+                "reading the metadata", self._load_meta, first=True
+            )
+        finally:
+            self._conn.close()  # nothing that cannot cross a fork stays open after __init__
+        self._opened(self._meta)
+
+    # The metadata and labels are read again in each process that receives the reader pickled
+    # (a worker): a pickle holds the address and the store's id, not one label per record.
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_meta"] = state["_labels"] = None
+        return state
+
+    def _loaded(self) -> None:
+        if self.__dict__.get("_meta") is None:
+            meta, labels = self._run("reading the metadata", self._load_meta)
+            seen = self._as_opened(meta, labels)
+            if seen is None:
+                raise StoreReplacedError(
+                    f"{self.location}: the collection was replaced since this dataset opened it "
+                    f"(store id {self._id or '(none)'}, now {meta.id or '(none)'}); create the "
+                    "dataset (and its DataLoader) again"
+                )
+            self._meta, self._labels = seen
+
+    def skipped_files(self) -> list[SkippedFile]:
+        meta = self.meta
+
+        def load() -> list[SkippedFile]:
+            db = self._conn.db()
+            if meta.id and db[META_COLLECTION].find_one(_skipped_ids(meta.id), {"_id": 1}):
+                return _load_skipped(db, meta.id, meta.skipped_count, self.location)
+            # the first layout kept the list in the metadata document
+            doc = db[META_COLLECTION].find_one({"_id": self.collection}, {"skipped": 1}) or {}
+            items = _names_from_bson(doc).get("skipped") or []
+            if not meta.skipped_count:
+                return []
+            if not isinstance(items, list) or len(items) < meta.skipped_count:
+                return _load_skipped(db, meta.id, meta.skipped_count, self.location)
+            return [skipped_file(i, self.location) for i in items[: meta.skipped_count]]
+
+        return self._run("reading the skipped list", load)
+
+    def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
+        db = self._conn.db()
+        doc = db[META_COLLECTION].find_one({"_id": self.collection})
+        if doc is None:
+            saved = db[META_COLLECTION].find_one({"_id": f"{self.collection}:progress"})
+            if saved is not None:
+                command = Progress(
+                    source=str(saved.get("source")),
+                    fingerprint=str(saved.get("fingerprint", "")),
+                    total=0,
+                    verify_decode=bool(saved.get("verify_decode")),
+                    base_id=str(saved.get("base_id", "")),
+                ).resume_command(f"{mask_uri(self.uri)} --collection {self.collection}")
+                raise IncompleteStoreError(
+                    f"{self.location}: incomplete store: its conversion stopped after "
+                    f"{saved.get('next_sample')} of {saved.get('total')} images; finish it with "
+                    f"`{command}`"
+                )
+            if db[self.collection].find_one({}, {"_id": 1}) is not None:
+                raise StoreError(
+                    f"{self.location}: the collection holds documents but no fastdata metadata; "
+                    "it was not written by `fastdata convert` (for the img_name/bson_img layout, "
+                    "give --index-file)"
+                )
+            raise StoreNotFoundError(
+                f"{self.location}: no fastdata store here; create one with "
+                f"`fastdata convert SRC {mask_uri(self.uri)} --collection {self.collection}`"
+            )
+        doc = _names_from_bson(doc)
+        meta = StoreMeta.from_dict(doc, self.location)
+        bucket = doc.get("gridfs_bucket", _bucket(self.collection, ""))
+        if not isinstance(bucket, str):
+            raise StoreError(f"{self.location}: damaged metadata ('gridfs_bucket')")
+        self._bucket = bucket
+        if "labels_gridfs_id" in doc:
+            raw = self._download(db, doc["labels_gridfs_id"], 4 * meta.count, "the labels")
+        else:
+            raw = doc.get("labels", b"")
+            if not isinstance(raw, bytes):
+                raise StoreError(
+                    f"{self.location}: damaged metadata ('labels' is not binary); run "
+                    "`fastdata verify` on the store and convert it again"
+                )
+        return meta, check_labels(raw, meta, self.location)
+
+    def _download(self, db: Any, file_id: Any, size: int, what: str) -> bytes:
+        """A GridFS file of ``size`` bytes; any other length is damage, and is not read."""
+        from gridfs.errors import NoFile
+
+        try:
+            stream = _gridfs(db, self._bucket).open_download_stream(file_id)
+        except NoFile:
+            raise RecordError(
+                f"{self.location}: {what}: GridFS file {file_id!r} is missing; the store is "
+                "damaged or was replaced, run `fastdata verify` on it"
+            ) from None
+        if stream.length != size:
+            raise RecordError(
+                f"{self.location}: {what}: GridFS file {file_id!r} holds {stream.length} bytes, "
+                f"the record says {size}; the store is damaged, run `fastdata verify` on it"
+            )
+        return bytes(stream.read())
+
+    def _fetch(self, indices: list[int], fields: dict[str, int] | None) -> list[dict[str, Any]]:
+        def query() -> list[dict[str, Any]]:
+            db = self._conn.db()
+            wanted = sorted(set(indices))
+            found = {
+                d["_id"]: d for d in db[self.collection].find({"_id": {"$in": wanted}}, fields)
+            }
+            missing = [i for i in wanted if i not in found]
+            if missing:
+                raise RecordError(
+                    f"{self.location}: record {missing[0]} is missing; the store is damaged, "
+                    "run `fastdata verify` on it and convert it again"
+                )
+            for i, doc in found.items():
+                self._check_document(db, i, doc)
+            return [found[i] for i in indices]
+
+        span = f"{min(indices)}-{max(indices)}" if indices else "none"
+        return self._run(f"reading records {span}", query)
+
+    def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
+        """Check a document's store id and the type of its image before using it; fetch an image
+        kept in GridFS."""
+        # documents of the first layout carry no store id: they are the id-less store's
+        if self._ids and doc.get("store", "") not in self._ids:
+            raise StoreReplacedError(
+                f"{self.location}: record {index} belongs to another store (id "
+                f"{doc.get('store')!r}, not {self._id}): the collection was replaced since "
+                "this dataset opened it; create the dataset (and its DataLoader) again"
+            )
+        data = doc.get("data")
+        if isinstance(data, bytes):
+            return
+        if data is None and isinstance(doc.get("gridfs_id"), str):
+            size = doc.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise RecordError(f"{self.location}: record {index}: damaged ('size')")
+            doc["data"] = self._download(db, doc["gridfs_id"], size, f"record {index}")
+            return
+        found = (
+            "missing"
+            if data is None
+            else "a number"
+            if isinstance(data, (int, float))
+            else "text"
+            if isinstance(data, str)
+            else f"a {type(data).__name__}"
+        )
+        raise RecordError(
+            f"{self.location}: record {index}: its image ('data') is {found}, not binary; the "
+            "store is damaged, run `fastdata verify` on it and convert it again"
+        )
+
+    def iter_headers(
+        self, stop: int | None = None, batch_size: int = 1024
+    ) -> Iterator[RecordHeader]:
+        """The headers alone: documents read without their image bytes."""
+        n = len(self) if stop is None else stop
+        fields = {"data": 0, "gridfs_id": 0}
+        for start in range(0, n, batch_size):
+            end = min(n, start + batch_size)
+
+            def query(start: int = start, end: int = end) -> list[dict[str, Any]]:
+                found = self._conn.db()[self.collection].find(
+                    {"_id": {"$gte": start, "$lt": end}}, fields
+                )
+                return sorted(found, key=_doc_id)
+
+            docs = self._run(f"reading headers {start}-{end - 1}", query)
+            if [d["_id"] for d in docs] != list(range(start, end)):
+                raise RecordError(
+                    f"{self.location}: records {start}-{end - 1} are not all there; the store "
+                    "is damaged, run `fastdata verify` on it"
+                )
+            for doc in docs:
+                where = f"{self.location}: record {doc['_id']}"
+                yield RecordHeader.from_dict(_names_from_bson(doc), where)
+
+    def record_names(self) -> PackedStrings:
+        """The names alone, in one query that returns no image bytes."""
+        n = len(self)
+
+        def query() -> dict[int, Any]:
+            docs = self._conn.db()[self.collection].find({"_id": {"$lt": n}}, {"name": 1})
+            return {d["_id"]: d.get("name") for d in docs}
+
+        found = self._run("reading the record names", query)
+        names = []
+        for i in range(n):
+            name = _names_from_bson({"name": found.get(i)})["name"]
+            if not isinstance(name, str):
+                raise RecordError(
+                    f"{self.location}: record {i} has no name; the store is damaged, run "
+                    "`fastdata verify` on it"
+                )
+            names.append(name_bytes(name))
+        return PackedStrings(names)
+
+    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+        idx = self.check_indices(indices)
+        docs = self._fetch(idx, {"data": 1, "gridfs_id": 1, "size": 1, "store": 1})
+        return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx, strict=True)]
+
+    def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
+        idx = self.check_indices(indices)
+        fields = {"data": 1, "gridfs_id": 1, "size": 1, "store": 1, "name": 1}
+        return [
+            (str(_names_from_bson(d).get("name")), bytes(d["data"]), int(self._labels[i]))
+            for d, i in zip(self._fetch(idx, fields), idx, strict=True)
+        ]
+
+    def read_records(self, indices: Sequence[int]) -> list[Record]:
+        idx = self.check_indices(indices)
+        out = []
+        for doc, i in zip(self._fetch(idx, None), idx, strict=True):
+            header = RecordHeader.from_dict(_names_from_bson(doc), f"{self.location}: record {i}")
+            out.append(Record(i, header, bytes(doc["data"])))
+        return out
