@@ -271,18 +271,18 @@ def test_reader_threads_are_chosen_by_measurement(monkeypatch: pytest.MonkeyPatc
 
     import importlib
 
-    convert_module = importlib.import_module("fastdata.ops.convert")
+    threads = importlib.import_module("fastdata.ops.threads")
 
-    monkeypatch.setattr(convert_module, "PROBE_CHUNKS", 12)
-    monkeypatch.setattr(convert_module, "RETUNE_CHUNKS", 40)
+    monkeypatch.setattr(threads, "PROBE_CHUNKS", 12)
+    monkeypatch.setattr(threads, "RETUNE_CHUNKS", 40)
 
     def waits(x: int) -> int:
         time.sleep(0.004)
         return x * 2
 
     chosen: list[int] = []
-    out = list(convert_module._tuned_map(waits, range(300), 8, chosen))
+    out = list(threads.tuned_map(waits, range(300), 8, chosen))
     assert out == [x * 2 for x in range(300)]
     assert chosen and all(k >= 4 for k in chosen)  # waiting reads overlap in threads
     busy: list[int] = []
-    assert list(convert_module._tuned_map(lambda x: x, range(5), 8, busy)) == list(range(5))
+    assert list(threads.tuned_map(lambda x: x, range(5), 8, busy)) == list(range(5))

@@ -15,7 +15,6 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,9 +24,7 @@ from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
 from ..sources.folder import FolderScan, _SampleBuilder, read_file
 from ..stores.policy import StoreWriter
-
-if TYPE_CHECKING:
-    from .convert import ConvertReport
+from .reports import ConvertReport
 
 __all__ = ["AppendPlan", "plan_append"]
 

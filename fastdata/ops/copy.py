@@ -29,7 +29,7 @@ from ..records import (
     name_bytes,
 )
 from ..stores import open_store, open_writer
-from ..stores.policy import StoreWriter
+from ..stores.policy import Batch, StoreWriter
 from ..stores.reader import StoreReader
 
 __all__ = ["CopyReport", "copy_store"]
@@ -196,27 +196,23 @@ def copy_store(
             meta = writer.completed
             return CopyReport(reader.location, writer.location, meta.count, meta.total_bytes, 0.0)
         resumed_from = state.next_sample
-        batch: list[Record] = []
-        batch_bytes = 0
+        batch = Batch(writer, state, 4 * batch_size, COPY_COMMIT_BYTES)
         names = bytearray(reader.record_names().joined(0, resumed_from))
         for records in _batches(reader, state.next_sample, batch_size):
             for rec in records:
                 if rec.index:
                     names += b"\0"  # names joined by NULs, as they come
                 names += name_bytes(rec.header.name)
-                batch.append(rec)
-                batch_bytes += len(rec.data)
+                batch.add(rec)
                 state.count += 1
                 state.next_sample += 1
                 state.total_bytes += len(rec.data)
                 state.repairs += rec.header.repaired
-            if batch_bytes >= COPY_COMMIT_BYTES or len(batch) >= 4 * batch_size:
-                writer.write(batch, state)
-                batch, batch_bytes = [], 0
+            batch.commit_if_full()
             if progress is not None:
                 progress(state.next_sample, total)
         if batch or state.next_sample == resumed_from:
-            writer.write(batch, state)
+            batch.commit()
         meta = _copied_meta(src_meta, state)
         writer.finish(meta, reader.labels, state.skipped, bytes(names))
     if progress is not None:

@@ -1,0 +1,72 @@
+"""What the verbs report: one typed report per run, built by the verb, rendered by the CLI.
+
+The conversion's report lives here, apart from the conversion, so that the append plan (which
+adds its part to it) and the conversion import it from below, not from each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..records import SkippedFile
+
+__all__ = ["ConvertReport"]
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion did.
+
+    Attributes:
+        destination: the store written.
+        count: records in the store.
+        repaired: records whose JPEG end-of-image marker was appended.
+        skipped: files left out (unreadable or not decodable), with the reason.
+        non_image_files: files below the class folders ignored for their extension.
+        total_bytes: image bytes stored.
+        seconds: wall time of this run.
+        resumed_from: samples already handled by an earlier run (0 for a fresh one).
+        converted: samples handled by this run.
+        classes: the class names, in label order.
+        reader_threads: the reader-thread counts used: the one given, or each one the
+            conversion chose by measurement (1: reading in the writing thread).
+        appended: the run added to a store (``append``); then ``count`` is the store's new
+            size, ``converted`` what this run handled, and:
+        already_stored: samples of the source the store held already (not stored again).
+        new_classes: classes the store did not have, added at the end of its class list.
+        class_order: ``"sorted"`` (ImageFolder's) or ``"appended"`` (new classes at the end).
+        changed: files the store holds that changed since they were stored (reported, not
+            stored again).
+        gone: the first few images of the store that the source no longer has (the store keeps
+            them); ``gone_count`` counts them all.
+        moved: ``(stored name, new name)`` of images that look moved (another folder, same file
+            name): stored again as new records, the old ones kept.
+        skipped_unchanged: files the store lists as skipped, unchanged since: not read again.
+        resumed_options: the options a resumed run continued with, as command-line flags.
+    """
+
+    destination: str
+    count: int
+    repaired: int
+    skipped: list[SkippedFile]
+    non_image_files: int
+    total_bytes: int
+    seconds: float
+    resumed_from: int = 0
+    converted: int = 0
+    classes: list[str] = field(default_factory=list)
+    reader_threads: list[int] = field(default_factory=list)
+    appended: bool = False
+    already_stored: int = 0
+    new_classes: list[str] = field(default_factory=list)
+    class_order: str = "sorted"
+    changed: list[SkippedFile] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    gone_count: int = 0
+    moved: list[tuple[str, str]] = field(default_factory=list)
+    skipped_unchanged: int = 0
+    resumed_options: list[str] = field(default_factory=list)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.converted / self.seconds if self.seconds > 0 else 0.0
