@@ -109,7 +109,11 @@ def test_bad_rows_duplicates_and_missing_files_are_listed_by_line(
     reasons = {s.reason for s in report.skipped}
     assert "line 3: 1 column(s), the header names 2" in reasons
     assert "line 4: no such file" in reasons
-    assert "line 5: img_00.jpg: the same file as line 2 (img_00.jpg): stored once" in reasons
+    assert (
+        "line 5: img_00.jpg: the same file as line 2 (img_00.jpg), labelled 'dog' here and 'cat' "
+        "there: stored once, as line 2 says" in reasons
+    )
+    assert [int(s.reason.split(":")[0][5:]) for s in report.skipped] == [3, 4, 5, 6, 8]
     assert "line 6: empty path" in reasons
     assert "line 8: not a regular file (a folder)" in reasons
     result = cli("convert", str(manifest), str(tmp_path / "strict.lmdb"), "--strict", "-q")

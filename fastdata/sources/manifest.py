@@ -19,16 +19,19 @@ import csv
 import json
 import os
 import posixpath
+import re
 import stat
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import SourceError
-from ..records import SkippedFile
+from ..packed import PackedStrings
+from ..records import MAX_CLASSES, SkippedFile, name_bytes
 from .folder import FolderScan, Samples, _SampleBuilder, file_kind, os_reason
 
 __all__ = [
@@ -57,7 +60,7 @@ def is_manifest(source: str | os.PathLike[str]) -> bool:
 def read_class_list(path: str | os.PathLike[str]) -> list[str]:
     """A class list from a file: a JSON list, or one name a line (blank lines ignored)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise SourceError(f"{path}: cannot read the class list ({exc})") from None
     if text.lstrip().startswith("["):
@@ -79,18 +82,21 @@ class _Rows:
         self.classes: list[str] | None = None
 
     def _lines(self, f: Any) -> Iterator[tuple[int, str | None]]:
-        """``(line number, text)``; the text is None for a line over ``MAX_ROW_BYTES``."""
-        for number, line in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), ""), 1):
-            if len(line) > MAX_ROW_BYTES:
+        """``(line number, text)``; the text is None for a line over ``MAX_ROW_BYTES`` bytes
+        (read in binary, so the limit counts bytes; a UTF-8 byte-order mark is dropped)."""
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), b""), 1):
+            if len(raw) > MAX_ROW_BYTES:
                 yield number, None  # too long: reported, and the rest of it skipped
-                while len(line) > MAX_ROW_BYTES and not line.endswith("\n"):
-                    line = f.readline(MAX_ROW_BYTES + 1)
+                while len(raw) > MAX_ROW_BYTES and not raw.endswith(b"\n"):
+                    raw = f.readline(MAX_ROW_BYTES + 1)
                 continue
-            yield number, line
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            yield number, raw.decode("utf-8", "surrogateescape")
 
     def _open(self) -> Any:
         try:
-            return open(self.path, encoding="utf-8-sig", newline="", errors="surrogateescape")
+            return open(self.path, "rb")
         except OSError as exc:
             why = os_reason(exc, "cannot read the manifest")
             raise SourceError(f"{self.path}: {why}") from None
@@ -157,8 +163,8 @@ class _Rows:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as exc:
-                yield number, None, f"not valid JSON ({exc})"
+            except (ValueError, RecursionError) as exc:
+                yield number, None, f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
                 continue
             if number == 1 and isinstance(obj, dict) and set(obj) == {"classes"}:
                 order = obj["classes"]
@@ -184,13 +190,37 @@ def _name(raw: str) -> str | None:
     return None if norm in (".", "/") else norm
 
 
-def _is_integer(label: Any) -> bool:
-    """Whether a label is a whole number: a JSON integer, or text of digits (CSV)."""
+_WHOLE = re.compile(r"[+-]?[0-9]+(?:\.0*)?")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+MAX_LABEL = MAX_CLASSES - 1
+"""The largest whole-number label (it sizes the class list when no list is given)."""
+
+
+def _as_number(label: Any) -> int | str | None:
+    """A label's whole number; why it is a number that is not a usable one (text); or None when
+    it is a name. One rule for CSV text and JSON values: ``2``, ``"2"``, ``2.0`` and ``"2.0"`` are
+    the number 2; ``2.5``, ``"1e3"`` are not whole; only ASCII digits count."""
     if isinstance(label, bool):
-        return False
-    if isinstance(label, int):
-        return True
-    return isinstance(label, str) and label.strip().isdigit()
+        return None
+    if isinstance(label, float):
+        if not label.is_integer():
+            return f"label {label!r} is not a whole number"
+        value = int(label)
+    elif isinstance(label, int):
+        value = label
+    elif isinstance(label, str):
+        text = label.strip()
+        if not _WHOLE.fullmatch(text):
+            return f"label {text!r} is not a whole number" if _DECIMAL.fullmatch(text) else None
+        digits = text.lstrip("+-").split(".")[0]
+        if len(digits) > len(str(MAX_LABEL)):
+            return f"label {text[:24]} is too large (at most {MAX_LABEL})"
+        value = int(text.split(".")[0])
+    else:
+        return None
+    if abs(value) > MAX_LABEL:
+        return f"label {str(value)[:24]} is too large (at most {MAX_LABEL})"
+    return value
 
 
 def scan_manifest(
@@ -232,12 +262,13 @@ def scan_manifest(
     for _, raw, label in rows:
         if raw is None:
             continue
-        if _is_integer(label):
+        number = _as_number(label)
+        if isinstance(number, int):
             integers = True
-            largest = max(largest, int(label))
-        elif isinstance(label, str) and label:
+            largest = max(largest, number)
+        elif number is None and isinstance(label, str) and label.strip():
             names = True
-            names_of_classes.add(label)
+            names_of_classes.add(label.strip())
     order = list(classes) if classes is not None else rows.classes
     if order is not None and len(set(order)) != len(order):
         raise SourceError(f"{path}: the class list names a class twice")
@@ -285,9 +316,10 @@ def scan_manifest(
         inodes.append(found[1])
         lines.append(number)
     samples = builder.build()
-    keep = _first_of_each(samples, devs, inodes, lines, unusable, row_name)
+    keep = _first_of_each(samples, devs, inodes, lines, unusable, row_name, order)
     if keep is not None:
         samples = samples.select(keep)
+    unusable = _named_apart(sorted(unusable, key=_line_of), samples)
     if not len(samples):
         reasons = "; ".join(f"{s.reason}" for s in unusable[:3]) or "no rows"
         raise SourceError(f"{path}: no usable image in the manifest ({reasons})")
@@ -309,6 +341,7 @@ def _first_of_each(
     lines: array[int],
     unusable: list[SkippedFile],
     row_name: Any,
+    classes: Sequence[str],
 ) -> np.ndarray | None:
     """Which samples to keep when one file is named by several rows: the first (the others
     are added to ``unusable``, named by their line); None when every file is named once. One
@@ -328,31 +361,60 @@ def _first_of_each(
     for at in (np.flatnonzero(same) + 1).tolist():
         later, first = int(order[at]), int(order[run_start[at]])
         keep[later] = False
+        a, b = samples[later], samples[first]
+        labels = (
+            f", labelled {classes[a.label]!r} here and {classes[b.label]!r} there"
+            if a.label != b.label
+            else ""
+        )
         unusable.append(
             SkippedFile(
                 row_name(lines[later]),
-                f"line {lines[later]}: {samples[later].name}: the same file as line "
-                f"{lines[first]} ({samples[first].name}): stored once",
+                f"line {lines[later]}: {a.name}: the same file as line {lines[first]} "
+                f"({b.name}){labels}: stored once, as line {lines[first]} says",
             )
         )
     return keep
 
 
+def _line_of(item: SkippedFile) -> int:
+    """The manifest line an entry's reason starts with (``line N: ...``)."""
+    head = item.reason.split(":", 1)[0]
+    return int(head[5:]) if head.startswith("line ") and head[5:].isdigit() else 0
+
+
+def _named_apart(unusable: list[SkippedFile], samples: Samples) -> list[SkippedFile]:
+    """``unusable``, with an entry named by its row (``labels.csv:7``) renamed where a stored
+    file has that very name (a skipped entry is never also a record)."""
+    listed = PackedStrings([name_bytes(s.name) for s in unusable])
+    clash = np.flatnonzero(samples.packed_names.find(listed) >= 0)
+    if not len(clash):
+        return unusable
+    taken = {n for n in samples.name_bytes()}
+    out = list(unusable)
+    for i in clash.tolist():
+        name = out[i].name
+        while name_bytes(name) in taken:
+            name += " (row)"
+        out[i] = replace(out[i], name=name)
+    return out
+
+
 def _label(label: Any, index: dict[str, int], n: int) -> int | str:
     """The class index of a row's label, or why it has none (the rule: see scan_manifest)."""
-    if isinstance(label, bool) or not isinstance(label, (int, str)):
+    if isinstance(label, bool) or not isinstance(label, (int, float, str)):
         return f"label {label!r} is neither a class name nor a whole number"
-    text = str(label).strip() if isinstance(label, str) else str(label)
-    if text in index:
-        return index[text]
-    if not _is_integer(label):
-        if isinstance(label, int):  # a negative JSON integer
-            return f"label {label} is outside the {n} classes"
-        return f"unknown class {label!r}" if text else "empty label"
-    k = int(text)
-    if not 0 <= k < n:
-        return f"label {k} is outside the {n} classes"
-    return k
+    if isinstance(label, str) and label.strip() in index:
+        return index[label.strip()]
+    number = _as_number(label)
+    if isinstance(number, str):
+        return number
+    if number is None:
+        text = str(label).strip()
+        return f"unknown class {text!r}" if text else "empty label"
+    if not 0 <= number < n:
+        return f"label {number} is outside the {n} classes"
+    return number
 
 
 def _file_identity(root: Path, name: str) -> tuple[int, int] | str:
