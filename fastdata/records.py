@@ -276,10 +276,10 @@ class Progress:
         command, although ``other`` differs from it: ``other`` names another source (the
         recorded one may be as it was), or differs only in an option, or it is a copy (of a
         store named by its id). Not when the same source changed since."""
-        return (
-            self.is_copy
-            or self.fingerprint == other.fingerprint
-            or os.path.realpath(self.source) != os.path.realpath(other.source)
+        if self.is_copy:  # a copy: of a store named elsewhere; not when that store changed
+            return self.source != other.source
+        return self.fingerprint == other.fingerprint or (
+            os.path.realpath(self.source) != os.path.realpath(other.source)
         )
 
     def same_conversion(self, other: Progress) -> str | None:
@@ -290,6 +290,11 @@ class Progress:
         """
         if self.is_copy or other.is_copy:  # a copy: the source store's id, wherever it is now
             if self.fingerprint != other.fingerprint:
+                if self.source == other.source:
+                    return (
+                        f"the store it copies ({self.source}) changed since (an append, or a "
+                        "replacement)"
+                    )
                 return f"it copies another store ({self.source}), not {other.source}"
             return None
         if os.path.realpath(self.source) != os.path.realpath(other.source):
@@ -345,6 +350,20 @@ class StoreMeta:
     layout: str = "folder"
     copied_from: str = ""
     updated: str = ""
+    written: list[list[Any]] = field(default_factory=list)
+    """When the records were written: ``[first index, ISO time]`` for the conversion and for
+    each append that added records, in order (an append compares a file's modification time
+    with its own record's). Empty in stores written before it existed."""
+
+    def written_at(self) -> tuple[Any, Any]:
+        """``(first indices, timestamps)`` of the runs that wrote the records, as two numpy
+        arrays (a store that does not say was written at ``created``)."""
+        import numpy as np
+
+        runs = self.written or [[0, self.created or self.updated]]
+        starts = np.array([int(r[0]) for r in runs], dtype=np.int64)
+        times = np.array([_timestamp(str(r[1])) for r in runs], dtype=np.float64)
+        return starts, times
 
     @property
     def ids(self) -> frozenset[str]:
@@ -411,6 +430,16 @@ class StoreMeta:
             raise _damaged(where, "class_order")
         if d.get("layout", "folder") not in ("folder", "manifest"):
             raise _damaged(where, "layout")
+        written = d.get("written", [])
+        if not isinstance(written, list) or not all(
+            isinstance(r, list)
+            and len(r) == 2
+            and type(r[0]) is int
+            and r[0] >= 0
+            and isinstance(r[1], str)
+            for r in written
+        ):
+            raise _damaged(where, "written")
         return cls(
             count=count,
             classes=list(classes),
@@ -427,6 +456,7 @@ class StoreMeta:
             layout=d.get("layout", "folder"),
             copied_from=d.get("copied_from", ""),
             updated=d.get("updated", ""),
+            written=[list(r) for r in written],
         )
 
     @classmethod
@@ -436,6 +466,17 @@ class StoreMeta:
         except ValueError as exc:
             raise StoreError(f"{where}: metadata is not valid JSON ({exc})") from exc
         return cls.from_dict(d, where)
+
+
+def _timestamp(text: str) -> float:
+    """An ISO time as seconds since the epoch (0 when it is not one: compared as "long ago",
+    which makes an append read the file rather than trust it)."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def skipped_file(item: Any, where: str) -> SkippedFile:

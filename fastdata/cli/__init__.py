@@ -78,9 +78,10 @@ def _writing(
         with _progress(label, quiet) as progress:
             yield progress
     except KeyboardInterrupt:
+        how = "with --resume in place of --overwrite" if overwrite else "with --resume"
         click.echo(
-            f"\ninterrupted; what was committed is kept: run the same command with --resume "
-            f"to finish ({dst})",
+            f"\ninterrupted; what was committed is kept: run the same command {how} to finish "
+            f"({dst})",
             err=True,
         )
         sys.exit(130)
@@ -302,7 +303,8 @@ def convert(
     from ..ops.convert import convert as run_convert
     from ..sources.manifest import read_class_list
 
-    with _writing(dst, "converting", quiet, resume, overwrite) as progress:
+    where = f"{dst} --collection {collection}" if collection else dst
+    with _writing(where, "converting", quiet, resume, overwrite) as progress:
         report = run_convert(
             src,
             dst,
@@ -367,20 +369,32 @@ def convert(
                 "again; convert with --overwrite to take the new versions):",
                 (f"{c.name}: {c.reason}" for c in report.changed),
             )
-    if report.resumed_from or report.resumed_options:
+    if report.discarded:
+        click.echo(f"discarded {report.discarded}")
+    if report.resumed_options or (report.resumed_from and report.converted):
         flags = " ".join(report.resumed_options)
         click.echo(
             f"resumed after {report.resumed_from} images already converted"
             + (f", with the options it began with: {flags}" if flags else "")
         )
+    elif not report.appended and not report.converted:
+        click.echo("the conversion is complete already; nothing to do")
     click.echo(
         f"{report.converted} files read in {report.seconds:.1f} s "
         f"({report.images_per_second:.0f} files/s)"
     )
+    if report.compared:
+        click.echo(
+            f"{report.compared} stored file(s) read again to compare with their records "
+            "(modified since they were stored)"
+        )
     if report.reader_threads:
         counts = sorted(set(report.reader_threads))
         click.echo(f"reader threads: {'/'.join(map(str, counts))}")
-    click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
+    if report.appended:
+        click.echo(f"repaired in this append (end-of-image marker appended): {report.repaired_now}")
+    else:
+        click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
     if report.non_image_files:
         click.echo(f"non-image files ignored: {report.non_image_files}")
     if report.skipped:
@@ -508,8 +522,11 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
         click.echo(f"  {n:>8}  {name}")
     if len(shown) > 20:
         click.echo(f"  ... and {len(shown) - 20} more")
+    for note in facts.get("interrupted", []):
+        click.echo(f"note:       {note}")
     if list_skipped:
-        _listing("skipped files:", (f"{i['name']}: {i['reason']}" for i in facts["skipped_files"]))
+        items = [f"{i['name']}: {i['reason']}" for i in facts["skipped_files"]]
+        _listing("skipped files:", items or ["(none)"])
     elif facts["skipped"]:
         click.echo("(list the skipped files with --skipped)")
 

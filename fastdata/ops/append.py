@@ -10,9 +10,11 @@ changed since (another size, or newer and other bytes) it is reported.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+import stat
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -22,7 +24,7 @@ from ..errors import CorruptImageError, SourceError
 from ..images.validate import validate_image
 from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
-from ..sources.folder import FolderScan, _SampleBuilder, read_file
+from ..sources.folder import FolderScan, _SampleBuilder, file_kind, read_file
 from ..stores.policy import StoreWriter
 from .reports import ConvertReport
 
@@ -62,6 +64,7 @@ class AppendPlan:
     gone_count: int = 0
     moved: list[tuple[str, str]] = field(default_factory=list)
     skipped_unchanged: int = 0
+    compared: int = 0
 
     def completed(self, report: ConvertReport) -> ConvertReport:
         """``report`` with what the append adds to it."""
@@ -73,6 +76,7 @@ class AppendPlan:
         report.gone, report.gone_count = list(self.gone), self.gone_count
         report.moved = list(self.moved)
         report.skipped_unchanged = self.skipped_unchanged
+        report.compared = self.compared
         return report
 
     def final_skipped(self, skipped: list[SkippedFile], added: PackedStrings) -> list[SkippedFile]:
@@ -89,6 +93,10 @@ class AppendPlan:
 
     def meta(self, base: StoreMeta, state: Progress) -> StoreMeta:
         """The store's metadata once the append ``state`` is complete."""
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        written = base.written or [[0, base.created or base.updated]]
+        if state.count:
+            written = [*written, [base.count, now]]
         return replace(
             base,
             count=state.next_index,
@@ -99,18 +107,50 @@ class AppendPlan:
             id=state.store_id,
             appended_from=[*base.appended_from, base.id],
             class_order=self.class_order,
-            updated=datetime.now(UTC).isoformat(timespec="seconds"),
+            updated=now,
+            written=written,
         )
 
 
-def _stored_at(meta: StoreMeta) -> float:
-    """When the store last changed, as a timestamp (0 when it does not say)."""
-    for text in (meta.updated, meta.created):
+def _unchanged_skip(before: SkippedFile | None, path: bytes, limit: int) -> bool:
+    """Whether a file the store lists as skipped is as it was then (same size and time), and
+    the reason still holds (one skipped as too large is read again under a larger limit)."""
+    if before is None or before.size < 0:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if (st.st_size, st.st_mtime_ns) != (before.size, before.mtime_ns):
+        return False
+    return not (before.reason.startswith("too large") and st.st_size <= limit)
+
+
+class _StoredFiles:
+    """The files a manifest store's records name, by device and inode (looked at once, when a
+    new row needs it), so that a new name for a file the store holds is not stored again."""
+
+    def __init__(self, names: PackedStrings, root: str) -> None:
+        self._names, self._root = names, root
+        self._by_file: dict[tuple[int, int], str] | None = None
+
+    def holder(self, path: bytes) -> str | None:
+        """The stored name of the file at ``path``, when the store holds it under another."""
         try:
-            return datetime.fromisoformat(text).timestamp()
-        except ValueError:
-            continue
-    return 0.0
+            st = os.stat(path)
+        except OSError:
+            return None
+        if self._by_file is None:
+            self._by_file = {}
+            prefix = os.fsencode(os.path.join(self._root, ""))
+            for lo in range(0, len(self._names), 1 << 16):
+                for raw in self._names.slice_list(lo, min(len(self._names), lo + (1 << 16))):
+                    with contextlib.suppress(OSError):
+                        known = os.stat(raw if raw[:1] == b"/" else prefix + raw)
+                        self._by_file.setdefault(
+                            (known.st_dev, known.st_ino), raw.decode("utf-8", "surrogateescape")
+                        )
+        return self._by_file.get((st.st_dev, st.st_ino))
 
 
 def _change(path: str, crc: int, limit: int) -> str | None:
@@ -166,11 +206,11 @@ def plan_append(
     classes = [*base.classes, *new_classes]
     index = {c: i for i, c in enumerate(classes)}
     remap = np.array([index[c] for c in scan.classes], dtype=np.int64)
-    since = _stored_at(base)
     root = os.fspath(scan.root)
     todo = _SampleBuilder()
     already = unchanged_skips = 0
     changed: list[SkippedFile] = []
+    duplicates: list[SkippedFile] = []
     suspects: list[int] = []
     reader = writer.open_reader()
     try:
@@ -181,7 +221,9 @@ def plan_append(
         source = scan.samples.packed_names
         held = stored.find(source)
         sizes = reader.record_sizes() if check_changed and (held >= 0).any() else None
+        starts, times = base.written_at()
         earlier = {name_bytes(s.name): s for s in skipped_before}
+        files = _StoredFiles(stored, root) if scan.layout == "manifest" else None
         labels = scan.samples.labels
         prefix = os.fsencode(os.path.join(root, ""))
         step = 1 << 16  # a slice of names at a time: no object per name held for long
@@ -196,36 +238,44 @@ def plan_append(
         )
         for raw, at, label in itertools.chain.from_iterable(rows):
             path = raw if raw[:1] == b"/" else prefix + raw
+            name = raw.decode("utf-8", "surrogateescape")
             if at < 0:
-                before = earlier.get(raw)
-                if before is not None and before.size >= 0:
-                    try:
-                        st = os.stat(path)
-                    except OSError:
-                        st = None
-                    if st is not None and (st.st_size, st.st_mtime_ns) == (
-                        before.size,
-                        before.mtime_ns,
-                    ):
-                        unchanged_skips += 1  # skipped before, unchanged: not read again
-                        continue
-                todo.add(raw.decode("utf-8", "surrogateescape"), label)
+                same = files.holder(path) if files is not None else None
+                if same is not None:  # another name for a file the store holds
+                    duplicates.append(
+                        SkippedFile(name, f"the same file as the stored {same}: stored once")
+                    )
+                elif _unchanged_skip(earlier.get(raw), path, max_file_bytes):
+                    unchanged_skips += 1  # skipped before, unchanged: not read again
+                else:
+                    todo.add(name, label)
                 continue
             already += 1
+            if label != base_labels[at]:
+                changed.append(
+                    SkippedFile(
+                        name,
+                        f"labelled {classes[label]!r} now, {classes[int(base_labels[at])]!r} in "
+                        "the store (the store keeps its label)",
+                    )
+                )
             if sizes is None:
                 continue
-            name = raw.decode("utf-8", "surrogateescape")
             try:
                 st = os.stat(path)
             except OSError as exc:
                 changed.append(SkippedFile(name, f"unreadable now: {exc.strerror or exc}"))
                 continue
-            if st.st_size != sizes[at]:
+            if not stat.S_ISREG(st.st_mode):
+                changed.append(
+                    SkippedFile(name, f"not a regular file now ({file_kind(st.st_mode)})")
+                )
+            elif st.st_size != sizes[at]:
                 changed.append(
                     SkippedFile(name, f"{st.st_size} bytes now, {sizes[at]} when it was stored")
                 )
-            elif check_content or st.st_mtime > since:
-                suspects.append(at)
+            elif check_content or st.st_mtime > times[np.searchsorted(starts, at, "right") - 1]:
+                suspects.append(at)  # modified since its record was written: compare the bytes
         for start in range(0, len(suspects), 256):
             for rec in reader.read_records(suspects[start : start + 256]):
                 h = rec.header
@@ -238,8 +288,19 @@ def plan_append(
     gone = [n.decode("utf-8", "surrogateescape") for n in stored.take(gone_at[:SHOWN])]
     new_samples = todo.build()
     moved = _moves(stored, gone_at, new_samples.packed_names)
+    # what the scan could not use: not listed again when it is listed already, and a file the
+    # store holds (it became a FIFO, a broken link...) is reported as changed, never skipped
     listed = {(s.name, s.reason) for s in skipped_before}
-    unusable = [s for s in scan.unusable if (s.name, s.reason) not in listed]
+    fresh = [
+        item for item in [*scan.unusable, *duplicates] if (item.name, item.reason) not in listed
+    ]
+    is_stored = stored.find(PackedStrings([name_bytes(item.name) for item in fresh])) >= 0
+    unusable = []
+    for item, held_now in zip(fresh, is_stored.tolist(), strict=True):
+        if held_now:
+            changed.append(SkippedFile(item.name, f"{item.reason} now"))
+        else:
+            unusable.append(item)
     plan_scan = FolderScan(
         scan.root,
         classes,
@@ -282,6 +343,7 @@ def plan_append(
         len(gone_at),
         moved,
         unchanged_skips,
+        len(suspects),
     )
 
 

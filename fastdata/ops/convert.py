@@ -412,6 +412,7 @@ class _Run:
             fingerprint=state.fingerprint,
             layout=self.scan.layout,
             updated=now,
+            written=[[0, now]],
         )
 
     def report(self) -> ConvertReport:
@@ -421,6 +422,8 @@ class _Run:
         workers = self.options.workers
         report.reader_threads = self.chosen if workers is None else [workers]
         report.resumed_options = self.state.options() if self.resumed else []
+        report.discarded = self.writer.discarded
+        report.repaired_now = self.state.repairs
         return plan.completed(report) if plan is not None else report
 
     def _report(

@@ -106,9 +106,9 @@ def _source_words(reader: StoreReader) -> str:
         return os.path.realpath(path)
     uri, name = getattr(reader, "uri", None), getattr(reader, "collection", None)
     if isinstance(uri, str) and isinstance(name, str):
-        from ..stores.mongo.connection import mask_uri
+        from ..stores.mongo.connection import command_words
 
-        return f"{mask_uri(uri)} --source-collection {name}"
+        return command_words(uri, name, "--source-collection")
     return reader.location
 
 

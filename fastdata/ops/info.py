@@ -42,6 +42,7 @@ def store_info(reader: StoreReader, *, list_skipped: bool = False) -> dict[str, 
         "decoder": decoder_name(),
         "checksum_implementation": CHECKSUM_IMPLEMENTATION,
     }
+    facts["interrupted"] = reader.interrupted()
     if list_skipped:
         facts["skipped_files"] = [
             {"name": s.name, "reason": s.reason} for s in reader.skipped_files()

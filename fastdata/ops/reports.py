@@ -43,6 +43,10 @@ class ConvertReport:
             name): stored again as new records, the old ones kept.
         skipped_unchanged: files the store lists as skipped, unchanged since: not read again.
         resumed_options: the options a resumed run continued with, as command-line flags.
+        discarded: what an append discarded before it began (an interrupted append of another
+            source), or "".
+        repaired_now: records this run repaired (``repaired`` is the store's total).
+        compared: files of the store an append read to compare with their records.
     """
 
     destination: str
@@ -66,6 +70,9 @@ class ConvertReport:
     moved: list[tuple[str, str]] = field(default_factory=list)
     skipped_unchanged: int = 0
     resumed_options: list[str] = field(default_factory=list)
+    discarded: str = ""
+    repaired_now: int = 0
+    compared: int = 0
 
     @property
     def images_per_second(self) -> float:

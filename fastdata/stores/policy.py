@@ -90,7 +90,7 @@ class StoreWriter(abc.ABC):
         """The destination as command-line words (``DST`` or ``URI --collection C``)."""
         import shlex
 
-        return shlex.quote(self.location)
+        return shlex.quote(os.path.abspath(self.location))  # never read as an option
 
     _aside = False
     _skipped_stale = 0
@@ -99,6 +99,8 @@ class StoreWriter(abc.ABC):
     """How many of the conversion's skipped files are saved already (see ``_take_skipped``)."""
     completed: StoreMeta | None = None
     """After ``start`` returned None: the metadata of the complete store it found."""
+    discarded = ""
+    """What an append discarded before it began (an interrupted append of another source)."""
 
     def start(self, progress: Progress, *, overwrite: bool, resume: bool) -> Progress | None:
         """Take the writer lock and prepare the store for writing.
@@ -134,6 +136,13 @@ class StoreWriter(abc.ABC):
                     )
                 self._aside = found.aside is not None
                 return self._resume(saved, "")
+            if found.appending is not None:
+                pending = found.appending
+                raise StoreExistsError(
+                    f"{self.location}: an append to this store was interrupted (after "
+                    f"{pending.next_sample} of {pending.total} samples); finish it with "
+                    f"`{pending.resume_command(self.command_target)}`"
+                )
             if found.meta is not None:
                 if self._same_store(found.meta, progress):
                     self.completed = found.meta
@@ -193,7 +202,7 @@ class StoreWriter(abc.ABC):
         found = self._lock_and_look()
         if found.meta is None:
             if found.progress is not None:
-                raise StoreError(
+                raise StoreExistsError(
                     f"{self.location}: holds an interrupted conversion, not a complete store; "
                     f"finish it first with `{found.progress.resume_command(self.command_target)}`"
                 )
@@ -215,8 +224,8 @@ class StoreWriter(abc.ABC):
         fresh = plan(found.meta)
         pending = found.appending
         if pending is not None:
-            why = pending.same_conversion(fresh) if resume else "--resume was not given"
-            if why is None:
+            why = pending.same_conversion(fresh)
+            if why is None:  # the same append, with or without --resume: it goes on
                 return self._resume(pending, " the append")
             if resume:
                 finish = (
@@ -229,14 +238,11 @@ class StoreWriter(abc.ABC):
                     f"{finish}run without --resume to discard it (its records were never part "
                     "of the store)"
                 )
-            log.warning(
-                "%s: discarding an interrupted append (%d of %d samples; %s): its records were "
-                "never part of the store",
-                self.location,
-                pending.next_sample,
-                pending.total,
-                why,
+            self.discarded = (
+                f"an interrupted append ({pending.next_sample} of {pending.total} samples; "
+                f"{why}): its records were never part of the store"
             )
+            log.warning("%s: discarding %s", self.location, self.discarded)
             self._discard_append(found.meta, pending)
         if fresh.total == 0:
             return None

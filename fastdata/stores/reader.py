@@ -87,6 +87,11 @@ class StoreReader(abc.ABC):
         self._loaded()
         return self._labels
 
+    def interrupted(self) -> list[str]:
+        """What was left unfinished at the store (an append, a replacement built aside), each
+        with the command that finishes it; none by default."""
+        return []
+
     def skipped_files(self) -> list[SkippedFile]:
         """The source files the conversion left out, with the reason (``meta.skipped_count`` of
         them). Kept apart from the metadata: opening a store never reads this list."""

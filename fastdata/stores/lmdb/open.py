@@ -52,7 +52,7 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         raise IncompleteStoreError(
             f"{path}: incomplete store: its conversion stopped after {progress.next_sample} of "
             f"{progress.total} images; finish it with "
-            f"`{progress.resume_command(shlex.quote(path))}`"
+            f"`{progress.resume_command(shlex.quote(os.path.abspath(path)))}`"
         )
     if has_keys:
         raise PickleNotAllowedError(

@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import (
     IncompleteStoreError,
     RecordError,
+    StoreError,
     StoreReplacedError,
 )
 from ...packed import PackedStrings
@@ -64,6 +65,39 @@ class _Leased(StoreReader):
                 raise
             self._lease = lease
         return lease
+
+    def interrupted(self) -> list[str]:
+        """An unfinished append in the store, or a replacement left in ``.replacement/``."""
+        import shlex
+
+        from .layout import ASIDE_DIR, DATA_FILE
+        from .writer import _peek
+
+        target = shlex.quote(os.path.abspath(self.path))
+        notes = []
+        _, pending, _ = _peek(self.path)
+        if pending is not None:
+            notes.append(
+                f"an append was interrupted after {pending.next_sample} of {pending.total} "
+                f"samples; finish it with `{pending.resume_command(target)}`"
+            )
+        aside = os.path.join(self.path, ASIDE_DIR)
+        if os.path.exists(os.path.join(aside, DATA_FILE)):
+            try:
+                done, building, _ = _peek(aside)
+            except StoreError:
+                done = building = None
+            if building is not None:
+                notes.append(
+                    f"a replacement (--overwrite) was interrupted after {building.next_sample} "
+                    f"of {building.total} samples; finish it with "
+                    f"`{building.resume_command(target)}`"
+                )
+            elif done is not None:
+                notes.append(
+                    "a finished replacement waits to be moved into place; the next writer moves it"
+                )
+        return notes
 
     def _check_identity(self, lease: Lease) -> None:
         """Raise StoreReplacedError when ``lease`` is not the store this reader opened."""

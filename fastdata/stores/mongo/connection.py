@@ -176,6 +176,14 @@ def _short(exc: BaseException) -> str:
     return text if len(text) < 300 else text[:300] + "..."
 
 
+def command_words(uri: str, collection: str, flag: str = "--collection") -> str:
+    """A URI and its collection as command-line words, each quoted for the shell (a URI holds
+    ``&``, a collection may hold a space): what printed commands name a Mongo store with."""
+    import shlex
+
+    return f"{shlex.quote(mask_uri(uri))} {flag} {shlex.quote(collection)}"
+
+
 def _location(uri: str, collection: str) -> str:
     return f"{mask_uri(uri)} collection {collection}"
 

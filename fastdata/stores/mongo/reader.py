@@ -26,8 +26,15 @@ from ...records import (
     skipped_file,
 )
 from ..reader import StoreReader
-from .connection import _bucket, _gridfs, _MongoTarget, mask_uri
-from .layout import META_COLLECTION, _doc_id, _load_skipped, _names_from_bson, _skipped_ids
+from .connection import _bucket, _gridfs, _MongoTarget, command_words, mask_uri
+from .layout import (
+    ASIDE_SUFFIX,
+    META_COLLECTION,
+    _doc_id,
+    _load_skipped,
+    _names_from_bson,
+    _skipped_ids,
+)
 
 
 class MongoStore(_MongoTarget, StoreReader):
@@ -75,6 +82,45 @@ class MongoStore(_MongoTarget, StoreReader):
                 )
             self._meta, self._labels = seen
 
+    def interrupted(self) -> list[str]:
+        """An unfinished append to the collection, or a replacement left aside."""
+        meta = self.meta
+        coll, aside = self.collection, f"{self.collection}{ASIDE_SUFFIX}"
+
+        def look() -> dict[str, Any]:
+            found = self._conn.db()[META_COLLECTION].find(
+                {"_id": {"$in": [f"{coll}:progress", f"{aside}:progress"]}}
+            )
+            return {d["_id"]: _names_from_bson(d) for d in found}
+
+        docs = self._run("looking for unfinished writes", look)
+        target = command_words(self.uri, coll)
+        notes = []
+        for key, what in (
+            (f"{coll}:progress", "an append"),
+            (f"{aside}:progress", "a replacement (--overwrite)"),
+        ):
+            doc = docs.get(key)
+            if doc is None:
+                continue
+            if key.startswith(coll + ":") and not (
+                doc.get("base_id", "") == self._id and doc.get("first_index", 0) == meta.count
+            ):
+                continue
+            saved = Progress(
+                source=str(doc.get("source")),
+                fingerprint=str(doc.get("fingerprint", "")),
+                total=int(doc.get("total") or 0),
+                next_sample=int(doc.get("next_sample") or 0),
+                verify_decode=bool(doc.get("verify_decode")),
+                base_id=str(doc.get("base_id", "")),
+            )
+            notes.append(
+                f"{what} was interrupted after {saved.next_sample} of {saved.total} samples; "
+                f"finish it with `{saved.resume_command(target)}`"
+            )
+        return notes
+
     def skipped_files(self) -> list[SkippedFile]:
         meta = self.meta
 
@@ -105,7 +151,7 @@ class MongoStore(_MongoTarget, StoreReader):
                     total=0,
                     verify_decode=bool(saved.get("verify_decode")),
                     base_id=str(saved.get("base_id", "")),
-                ).resume_command(f"{mask_uri(self.uri)} --collection {self.collection}")
+                ).resume_command(command_words(self.uri, self.collection))
                 raise IncompleteStoreError(
                     f"{self.location}: incomplete store: its conversion stopped after "
                     f"{saved.get('next_sample')} of {saved.get('total')} images; finish it with "

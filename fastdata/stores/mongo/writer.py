@@ -27,7 +27,7 @@ from ...records import (
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from .claim import Claimed
-from .connection import _bucket, _gridfs, _is_bucket_of, _MongoTarget, mask_uri
+from .connection import _bucket, _gridfs, _is_bucket_of, _MongoTarget, command_words
 from .layout import (
     ASIDE_SUFFIX,
     GRIDFS_THRESHOLD,
@@ -92,7 +92,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
 
     @property
     def command_target(self) -> str:
-        return f"{mask_uri(self.uri)} --collection {self.collection}"
+        return command_words(self.uri, self.collection)
 
     def _meta_coll(self) -> Any:
         return self._conn.db()[META_COLLECTION]
