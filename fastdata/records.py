@@ -187,6 +187,8 @@ class Progress:
         first_index: the index of the first record this run writes (0, or for an append the
             count of the store it grows).
         base_id: for an append, the id of the complete store it grows ("" for a conversion).
+        max_file_bytes: the file size limit the run skips above (0: the default, or not
+            recorded); a resume keeps it.
     """
 
     source: str
@@ -202,6 +204,7 @@ class Progress:
     verify_decode: bool = False
     first_index: int = 0
     base_id: str = ""
+    max_file_bytes: int = 0
 
     @property
     def next_index(self) -> int:
@@ -262,6 +265,7 @@ class Progress:
         return [
             *(["--append"] if self.base_id else []),
             *(["--verify-decode"] if self.verify_decode else []),
+            *([f"--max-file-size {self.max_file_bytes}"] if self.max_file_bytes else []),
         ]
 
     def resume_command(self, destination: str) -> str:
@@ -301,6 +305,9 @@ class Progress:
             return f"it was started from {self.source}, not {other.source}"
         if self.fingerprint != other.fingerprint:
             return f"the source {other.source} changed since it started"
+        given = other.max_file_bytes
+        if given and given != (self.max_file_bytes or given):
+            return f"it was started with --max-file-size {self.max_file_bytes}"
         if other.verify_decode is not None and self.verify_decode != other.verify_decode:
             flag = "with" if self.verify_decode else "without"
             return f"it was started {flag} --verify-decode"

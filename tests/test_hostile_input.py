@@ -259,10 +259,10 @@ def test_a_pixel_bomb_is_refused_on_every_path(tmp_path: Path) -> None:
 def test_the_pixel_limit_is_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
     image = jpeg_bytes(64, 48)
     assert decode_module.decode_numpy(image).shape == (48, 64, 3)
-    monkeypatch.setattr(decode_module, "MAX_IMAGE_PIXELS", 1000)
+    before = decode_module.set_pixel_limit(1000)
     with pytest.raises(CorruptImageError, match="64 x 48 pixels, over the limit of 1000"):
         decode_module.decode_numpy(image)
-    monkeypatch.setattr(decode_module, "MAX_IMAGE_PIXELS", None)
+    decode_module.set_pixel_limit(before)
     from PIL import Image
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # None follows Pillow's setting

@@ -258,9 +258,8 @@ def cli(verbose: bool) -> None:
 @click.option(
     "--max-file-size",
     type=ByteSize(),
-    default="1G",
-    show_default=True,
-    help="Skip files larger than this (bytes, or with K, M, G).",
+    help="Skip files larger than this (bytes, or with K, M, G; default 1G; a resume keeps the "
+    "size it began with).",
 )
 @_timeout
 @_quiet
@@ -276,7 +275,7 @@ def convert(
     append: bool,
     check_content: bool,
     classes_file: str | None,
-    max_file_size: int,
+    max_file_size: int | None,
     timeout: float | None,
     quiet: bool,
 ) -> None:

@@ -5,7 +5,7 @@ them), so this module keeps the path short: ``simplejpeg`` (libjpeg-turbo) for J
 installed (``pip install 'fastdata-images[turbo]'``), Pillow for everything else.
 
 Every path reads the image's size from its header first and refuses an image that declares more
-pixels than :data:`MAX_IMAGE_PIXELS` before any decoder allocates for it: a 2 kB file can declare
+pixels than :func:`pixel_limit` before any decoder allocates for it: a 2 kB file can declare
 60000 x 60000 pixels (10.8 GB decoded).
 
 Decoding is lenient by default, as training wants (a JPEG whose scan data ends early still gives
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from PIL import Image
 
 __all__ = [
-    "MAX_IMAGE_PIXELS",
     "decode_array",
     "decode_check",
     "decode_numpy",
@@ -38,6 +37,7 @@ __all__ = [
     "has_turbo",
     "image_size",
     "pixel_limit",
+    "set_pixel_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,17 @@ def decoder_name() -> str:
     return "Pillow (simplejpeg missing: slower, and no strict JPEG checks)"
 
 
-MAX_IMAGE_PIXELS: int | None = None
-"""The most pixels an image may declare. None follows Pillow's ``PIL.Image.MAX_IMAGE_PIXELS``
-(about 89 million unless changed there; None there too means no limit)."""
+_limit: list[int | None] = [None]
+"""The pixel limit set by :func:`set_pixel_limit` (one owner: this module; a forked worker
+inherits it, a spawned one has the default)."""
+
+
+def set_pixel_limit(limit: int | None) -> int | None:
+    """Set the most pixels an image may declare, for this process; None follows Pillow's
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (about 89 million unless changed there; None there too means
+    no limit). Returns the limit set before, so a caller can put it back."""
+    before, _limit[0] = _limit[0], limit
+    return before
 
 
 def has_turbo() -> bool:
@@ -71,9 +79,9 @@ def has_turbo() -> bool:
 
 
 def pixel_limit() -> int | None:
-    """The pixel limit in force (see :data:`MAX_IMAGE_PIXELS`)."""
-    if MAX_IMAGE_PIXELS is not None:
-        return MAX_IMAGE_PIXELS
+    """The pixel limit in force (see :func:`set_pixel_limit`)."""
+    if _limit[0] is not None:
+        return _limit[0]
     from PIL import Image
 
     return Image.MAX_IMAGE_PIXELS
@@ -85,7 +93,7 @@ def _check_pixels(height: int, width: int, name: str) -> None:
         raise CorruptImageError(
             name,
             f"declares {width} x {height} pixels, over the limit of {limit} "
-            "(fastdata.images.decode.MAX_IMAGE_PIXELS); refused before decoding",
+            "(fastdata.images.decode.set_pixel_limit); refused before decoding",
         )
 
 
@@ -102,7 +110,7 @@ def _open(data: bytes | memoryview, name: str) -> Image.Image:
         raise CorruptImageError(
             name,
             f"declares more pixels than the limit of {pixel_limit()} "
-            f"(fastdata.images.decode.MAX_IMAGE_PIXELS); refused before decoding ({exc})",
+            f"(fastdata.images.decode.set_pixel_limit); refused before decoding ({exc})",
         ) from None
     except Exception as exc:
         raise CorruptImageError(name, f"cannot decode image: {exc}") from exc

@@ -139,7 +139,7 @@ class _Options:
     workers: int | None
     strict: bool
     verify_decode: bool | None
-    max_file_bytes: int
+    max_file_bytes: int | None
     commit_records: int
     progress: ProgressCallback | None
     check_content: bool
@@ -157,7 +157,7 @@ def convert(
     progress: ProgressCallback | None = None,
     commit_records: int = COMMIT_RECORDS,
     collection: str | None = None,
-    max_file_bytes: int = MAX_FILE_BYTES,
+    max_file_bytes: int | None = None,
     timeout_s: float | None = None,
     tune_allocator: bool = False,
     append: bool = False,
@@ -186,7 +186,8 @@ def convert(
         progress: called as ``progress(done, total)`` as samples are handled.
         commit_records: records per committed batch.
         collection: the Mongo collection (default: the source folder's name).
-        max_file_bytes: files larger than this are skipped.
+        max_file_bytes: files larger than this are skipped (default :data:`MAX_FILE_BYTES`;
+            a resume keeps the limit it began with).
         timeout_s: for a MongoDB destination, the server selection and connection timeout.
         tune_allocator: retune glibc's allocator for image-sized buffers
             (:func:`fastdata.ops.malloc.tune_malloc`), for the rest of the process: what the
@@ -281,6 +282,7 @@ class _Run:
             total=len(self.scan.samples),
             verify_decode=self.options.verify_decode,  # type: ignore[arg-type]
             skipped=list(self.scan.unusable),
+            max_file_bytes=self.options.max_file_bytes or 0,
         )
         state = self.writer.start(fresh, overwrite=overwrite, resume=resume)
         if state is None:
@@ -301,10 +303,11 @@ class _Run:
                 writer,
                 base,
                 verify_decode=bool(options.verify_decode),
-                max_file_bytes=options.max_file_bytes,
+                max_file_bytes=options.max_file_bytes or MAX_FILE_BYTES,
                 check_content=options.check_content,
             )
             self.plan.progress.verify_decode = options.verify_decode  # type: ignore[assignment]
+            self.plan.progress.max_file_bytes = options.max_file_bytes or 0
             return self.plan.progress
 
         state = writer.start_append(make_plan, resume=resume)
@@ -323,6 +326,8 @@ class _Run:
         self.resumed_from = state.next_sample
         self.resumed = state is not fresh
         state.verify_decode = bool(state.verify_decode)
+        if not state.max_file_bytes and self.options.max_file_bytes:  # (not recorded before)
+            state.max_file_bytes = self.options.max_file_bytes
         if self.resumed:
             flags = " ".join(state.options()) or "no options"
             log.info("%s: resuming with %s", self.writer.location, flags)
@@ -333,7 +338,7 @@ class _Run:
         total = len(scan.samples)
         batch = Batch(self.writer, state, options.commit_records, COMMIT_BYTES)
         todo = scan.samples[state.next_sample :]
-        load = _loader(scan, state.verify_decode, options.max_file_bytes)
+        load = _loader(scan, state.verify_decode, state.max_file_bytes or MAX_FILE_BYTES)
         if options.workers is None:  # chunks of a few samples keep the per-task overhead small
             loaded = tuned_map(load, chunks(todo, CHUNK), default_workers(), self.chosen)
         else:

@@ -119,6 +119,9 @@ def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:
         report.broken.append(f"the names and the skipped list can be read: {exc}")
         return
     report.broken.extend(invariant_failures(reader.meta, reader.labels, names, skipped))
+    held = reader.record_check()
+    if held is not None:
+        report.broken.append(f"the records are 0 .. count-1, each once: {held}")
 
 
 def check_file(path: str) -> list[str]:

@@ -119,6 +119,11 @@ class StoreWriter(abc.ABC):
             StoreExistsError: something is there and neither ``overwrite`` nor ``resume`` fits.
             StoreError: ``resume`` of a conversion that differs from this one.
         """
+        if resume and self._nothing_here():  # refused before anything is created or claimed
+            raise UsageError(
+                f"{self.location}: nothing to resume (no interrupted conversion here); run the "
+                "same command without --resume"
+            )
         found = self._lock_and_look()
         if resume:
             saved = found.aside or found.progress
@@ -199,6 +204,10 @@ class StoreWriter(abc.ABC):
                 not a fastdata store.
             StoreLockedError: another writer holds the store.
         """
+        if self._nothing_here():  # refused before anything is created or claimed
+            raise StoreNotFoundError(
+                f"{self.location}: no store to append to; convert the folder without --append"
+            )
         found = self._lock_and_look()
         if found.meta is None:
             if found.progress is not None:
@@ -361,6 +370,12 @@ class StoreWriter(abc.ABC):
         )
 
     # -- what each backend provides
+
+    def _nothing_here(self) -> bool:
+        """Whether, at a look without the lock, the destination holds nothing at all (no store,
+        no interrupted run): then a resume or an append is refused before anything is created
+        or claimed. False when the backend cannot tell cheaply."""
+        return False
 
     def _count_records(self, count: int) -> str | None:
         """What is wrong with the records the store holds, when they are not exactly the

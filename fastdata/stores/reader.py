@@ -87,6 +87,11 @@ class StoreReader(abc.ABC):
         self._loaded()
         return self._labels
 
+    def record_check(self) -> str | None:
+        """What is wrong with the set of records the store holds (one missing, one past the
+        end), found without reading them, or None; backends that cannot tell return None."""
+        return None
+
     def interrupted(self) -> list[str]:
         """What was left unfinished at the store (an append, a replacement built aside), each
         with the command that finishes it; none by default."""

@@ -32,6 +32,11 @@ def _as_indices(indices: Any, n: int, where: str) -> np.ndarray:
     if hasattr(indices, "numpy") and hasattr(indices, "dtype"):  # a torch tensor
         indices = indices.detach().cpu().numpy()
     given = np.asarray(indices)
+    if given.ndim != 1:
+        raise TypeError(
+            f"{where}: indices must be one sequence of integers or a boolean mask, not an "
+            f"array of shape {given.shape}"
+        )
     if given.dtype == bool:
         if given.ndim != 1 or len(given) != n:
             raise TypeError(
@@ -46,7 +51,9 @@ def _as_indices(indices: Any, n: int, where: str) -> np.ndarray:
             f"{where}: indices must be integers or a boolean mask, not {given.dtype} "
             f"(e.g. {given.reshape(-1)[0]!r}); nothing is rounded"
         )
-    return given.astype(np.int64).reshape(-1)
+    if given.dtype.kind == "u" and given.max() > np.iinfo(np.int64).max:
+        raise IndexError(f"{where}: index {int(given.max())} out of range for {n} records")
+    return given.astype(np.int64)
 
 
 class StoreView(StoreReader):

@@ -94,3 +94,37 @@ def _record_keys(count: int) -> bytes:
         rest //= 10
     out[:, :10] += ord("0")
     return out.reshape(-1)[:-1].tobytes()
+
+
+def records_problem(txn: Any, entries: int, count: int, *, exact: bool) -> str | None:
+    """What is wrong with the records of a store of ``count`` records, seen in ``txn`` (the
+    environment holding ``entries`` keys), or None: the last record and header are there,
+    nothing lies past them (``exact``: a writer finishing; an interrupted append may have left
+    records past the end of a complete store), and records and headers add up to ``2 * count``
+    once every other key is counted. O(1) but for the skipped entries."""
+    if count and (txn.get(record_key(count - 1)) is None or txn.get(header_key(count - 1)) is None):
+        return f"record {count - 1} (the last) is missing"
+    cursor = txn.cursor()
+    if exact:
+        for first in (record_key(count), header_key(count)):
+            if cursor.set_range(first):
+                key = bytes(cursor.key())
+                if key[:1].isdigit() or (key[:1] == b"#" and key[1:2].isdigit()):
+                    return f"a record past the last ({key.decode('ascii', 'replace')})"
+    skipped = 0
+    if cursor.set_range(SKIPPED_PREFIX):
+        for key in cursor.iternext(keys=True, values=False):
+            if not bytes(key).startswith(SKIPPED_PREFIX):
+                break
+            skipped += 1
+    fixed = sum(
+        txn.get(k) is not None
+        for k in (PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY)
+    )
+    held = entries - skipped - fixed
+    if held < 2 * count or (exact and held != 2 * count):
+        return (
+            f"{held / 2:g} records and headers for {count} records (a record missing, stored "
+            "twice, or keys of another kind)"
+        )
+    return None

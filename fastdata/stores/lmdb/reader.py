@@ -36,6 +36,7 @@ from .layout import (
     _read_skipped,
     header_key,
     record_key,
+    records_problem,
     skipped_key,
 )
 
@@ -65,6 +66,12 @@ class _Leased(StoreReader):
                 raise
             self._lease = lease
         return lease
+
+    def record_check(self) -> str | None:
+        lease = self._env()
+        entries = int(lease.env.stat()["entries"])
+        count = self.meta.count
+        return lease.read(lambda txn: records_problem(txn, entries, count, exact=False), self.path)
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""

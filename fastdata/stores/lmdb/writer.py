@@ -39,13 +39,13 @@ from .layout import (
     NAMES_KEY,
     OWN_FILES,
     PROGRESS_KEY,
-    SKIPPED_PREFIX,
     WRITER_LOCK,
     _read_skipped,
     _record_keys,
     _skipped_items,
     header_key,
     record_key,
+    records_problem,
     skipped_key,
 )
 from .reader import LMDBStore
@@ -139,6 +139,7 @@ class LMDBWriter(StoreWriter):
         # the folders this writer creates: removed again if it ends without writing a store (a
         # refused command leaves nothing behind)
         self._created = tuple(p for p in [folder, *folder.parents] if not p.exists())
+        self._lock_created = not (folder / WRITER_LOCK).exists()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(folder / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -352,33 +353,7 @@ class LMDBWriter(StoreWriter):
         assert self._lease is not None, "start() opens the store"
         lease = self._lease
         with _reading(self.path), lease.env.begin() as txn:
-            if count and (
-                txn.get(record_key(count - 1)) is None or txn.get(header_key(count - 1)) is None
-            ):
-                return f"record {count - 1} (the last) is missing"
-            cursor = txn.cursor()
-            for first in (record_key(count), header_key(count)):
-                if cursor.set_range(first):
-                    key = bytes(cursor.key())
-                    if key[:1].isdigit() or (key[:1] == b"#" and key[1:2].isdigit()):
-                        return f"a record past the last ({key.decode('ascii', 'replace')})"
-            skipped = 0
-            if cursor.set_range(SKIPPED_PREFIX):
-                for key in cursor.iternext(keys=True, values=False):
-                    if not bytes(key).startswith(SKIPPED_PREFIX):
-                        break
-                    skipped += 1
-            fixed = sum(
-                txn.get(k) is not None
-                for k in (PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY)
-            )
-        entries = int(lease.env.stat()["entries"])
-        if entries - skipped - fixed != 2 * count:
-            return (
-                f"{(entries - skipped - fixed) / 2:g} records and headers for {count} records "
-                "(a record stored twice or keys of another kind)"
-            )
-        return None
+            return records_problem(txn, int(lease.env.stat()["entries"]), count, exact=True)
 
     def _write_meta(self, done: Completion) -> None:
         meta, labels, skipped, names = done.meta, done.labels, done.skipped, done.names
@@ -433,6 +408,13 @@ class LMDBWriter(StoreWriter):
             lmdb_file.pad(os.path.join(self._target(), DATA_FILE))
 
     _created: tuple[Path, ...] = ()
+    _lock_created = False
+
+    def _nothing_here(self) -> bool:
+        return not any(
+            os.path.exists(os.path.join(folder, DATA_FILE))
+            for folder in (self.path, self._aside_path)
+        )
 
     def close(self) -> None:
         """Flush and close the store, then release the writer lock (even if flushing fails);
@@ -442,7 +424,9 @@ class LMDBWriter(StoreWriter):
         finally:
             fd, self._lock_fd = self._lock_fd, None
             if fd is not None:
-                if self._created and not os.path.exists(os.path.join(self.path, DATA_FILE)):
+                if (self._created or self._lock_created) and not os.path.exists(
+                    os.path.join(self.path, DATA_FILE)
+                ):
                     with suppress(OSError):
                         os.unlink(os.path.join(self.path, WRITER_LOCK))
                     for folder in self._created:  # deepest first; only while empty

@@ -12,9 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...errors import (
-    StoreError,
-)
+from ...errors import StoreError, UsageError
 from .layout import CLAIM_TTL_S, PASSWORD_ENV, USER_ENV
 
 log = logging.getLogger(__name__)
@@ -27,8 +25,16 @@ def is_mongo_uri(target: object) -> bool:
 
 
 def mask_uri(uri: str) -> str:
-    """The URI with its password replaced by ``***`` (safe for logs and errors)."""
-    return re.sub(r"^(mongodb(?:\+srv)?://)([^:@/]+):([^@/]*)@", r"\1\2:***@", uri)
+    """The URI with its password replaced by ``***`` (safe for logs and errors), however many
+    ``@`` the password holds."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    authority, slash, tail = rest.partition("/")
+    userinfo, at, hosts = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return uri
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hosts}{slash}{tail}"
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,13 @@ def _make_client(uri: str, options: MongoOptions) -> Any:
 def _database_name(uri: str, database: str | None) -> str:
     if database:
         return database
+    from pymongo.errors import PyMongoError
     from pymongo.uri_parser import parse_uri
 
-    name = parse_uri(uri).get("database")
+    try:
+        name = parse_uri(uri).get("database")
+    except (ValueError, PyMongoError) as exc:  # InvalidURI, ConfigurationError: malformed
+        raise UsageError(f"{mask_uri(uri)}: not a usable MongoDB URI ({_short(exc)})") from None
     if not name:
         raise StoreError(
             f"{mask_uri(uri)}: no database named; put it in the URI: mongodb://host:port/DB"
@@ -112,7 +122,14 @@ class _Connection:
     def db(self) -> Any:
         if self._client is None or self._pid != os.getpid():
             # A client inherited across fork is left alone (never used, never closed here).
-            self._client = _make_client(self.uri, self.options)
+            from pymongo.errors import ConfigurationError, InvalidURI
+
+            try:
+                self._client = _make_client(self.uri, self.options)
+            except (ValueError, TypeError, InvalidURI, ConfigurationError) as exc:
+                raise UsageError(
+                    f"{mask_uri(self.uri)}: not a usable MongoDB URI ({_short(exc)})"
+                ) from None
             self._pid = os.getpid()
             if self.options.close_client:
                 self._closer = weakref.finalize(self, _close_client, self._client, self._pid)

@@ -82,6 +82,20 @@ class MongoStore(_MongoTarget, StoreReader):
                 )
             self._meta, self._labels = seen
 
+    def record_check(self) -> str | None:
+        count, ids = self.meta.count, sorted(self._ids)
+
+        def look() -> tuple[int, Any]:
+            coll = self._conn.db()[self.collection]
+            mine = {"$in": [*ids, None]} if "" in ids else {"$in": ids}
+            n = coll.count_documents({"_id": {"$lt": count}, "store": mine})
+            return n, coll.find_one({"_id": count - 1}, {"_id": 1}) if count else True
+
+        n, last = self._run("counting the records", look)
+        if n != count or last is None:
+            return f"{n} of the records 0 .. {count - 1} are in the collection"
+        return None
+
     def interrupted(self) -> list[str]:
         """An unfinished append to the collection, or a replacement left aside."""
         meta = self.meta

@@ -94,6 +94,10 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     def command_target(self) -> str:
         return command_words(self.uri, self.collection)
 
+    def _nothing_here(self) -> bool:
+        found = self._inspect()  # reads only
+        return found.empty and found.appending is None
+
     def _meta_coll(self) -> Any:
         return self._conn.db()[META_COLLECTION]
 
