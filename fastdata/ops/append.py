@@ -26,6 +26,7 @@ from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
 from ..sources.folder import FolderScan, _SampleBuilder, file_kind, read_file
 from ..stores.policy import StoreWriter
+from ..stores.reader import StoreReader
 from .reports import ConvertReport
 
 __all__ = ["AppendPlan", "plan_append"]
@@ -201,29 +202,50 @@ def plan_append(
             f"{scan.root}: a {scan.layout} source cannot be appended to a store converted from a "
             f"{base.layout}; append a {base.layout}"
         )
-    known = base.class_to_idx
-    new_classes = [c for c in scan.classes if c not in known]
-    classes = [*base.classes, *new_classes]
-    index = {c: i for i, c in enumerate(classes)}
-    remap = np.array([index[c] for c in scan.classes], dtype=np.int64)
-    root = os.fspath(scan.root)
-    todo = _SampleBuilder()
-    already = unchanged_skips = 0
-    changed: list[SkippedFile] = []
-    duplicates: list[SkippedFile] = []
-    suspects: list[int] = []
     reader = writer.open_reader()
     try:
-        base_labels = np.array(reader.labels, dtype=np.int64)
-        stored = reader.record_names()
-        base_names = stored.joined()
-        skipped_before = reader.skipped_files()
+        look = _Look(scan, base, reader, max_file_bytes)
+        look.walk(check_changed=check_changed, check_content=check_content)
+        look.compare(reader)
+    finally:
+        reader.close()
+    return look.plan(verify_decode)
+
+
+class _Look:
+    """One look at a source against the store it is appended to: which samples are new, which
+    the store holds (and whether they changed), which it listed as skipped."""
+
+    def __init__(
+        self, scan: FolderScan, base: StoreMeta, reader: StoreReader, max_file_bytes: int
+    ) -> None:
+        self.scan, self.base, self.max_file_bytes = scan, base, max_file_bytes
+        known = base.class_to_idx
+        self.new_classes = [c for c in scan.classes if c not in known]
+        self.classes = [*base.classes, *self.new_classes]
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.remap = np.array([index[c] for c in scan.classes], dtype=np.int64)
+        self.base_labels = np.array(reader.labels, dtype=np.int64)
+        self.stored = reader.record_names()
+        self.skipped_before = reader.skipped_files()
+        self.reader = reader
+        self.todo = _SampleBuilder()
+        self.already = self.unchanged_skips = 0
+        self.changed: list[SkippedFile] = []
+        self.duplicates: list[SkippedFile] = []
+        self.suspects: list[int] = []
+
+    def walk(self, *, check_changed: bool, check_content: bool) -> None:
+        """Sort every sample of the source: new, held (and checked), or skipped before."""
+        scan, stored = self.scan, self.stored
+        root = os.fspath(scan.root)
         source = scan.samples.packed_names
         held = stored.find(source)
-        sizes = reader.record_sizes() if check_changed and (held >= 0).any() else None
-        starts, times = base.written_at()
-        earlier = {name_bytes(s.name): s for s in skipped_before}
-        files = _StoredFiles(stored, root) if scan.layout == "manifest" else None
+        self.sizes = self.reader.record_sizes() if check_changed and (held >= 0).any() else None
+        self.starts, self.times = self.base.written_at()
+        self.check_content = check_content
+        self.earlier = {name_bytes(s.name): s for s in self.skipped_before}
+        self.files = _StoredFiles(stored, root) if scan.layout == "manifest" else None
         labels = scan.samples.labels
         prefix = os.fsencode(os.path.join(root, ""))
         step = 1 << 16  # a slice of names at a time: no object per name held for long
@@ -231,120 +253,143 @@ def plan_append(
             zip(
                 source.slice_list(lo, min(len(source), lo + step)),
                 held[lo : lo + step].tolist(),
-                remap[labels[lo : lo + step]].tolist(),
+                self.remap[labels[lo : lo + step]].tolist(),
                 strict=True,
             )
             for lo in range(0, len(source), step)
         )
         for raw, at, label in itertools.chain.from_iterable(rows):
             path = raw if raw[:1] == b"/" else prefix + raw
-            name = raw.decode("utf-8", "surrogateescape")
             if at < 0:
-                same = files.holder(path) if files is not None else None
-                if same is not None:  # another name for a file the store holds
-                    duplicates.append(
-                        SkippedFile(name, f"the same file as the stored {same}: stored once")
-                    )
-                elif _unchanged_skip(earlier.get(raw), path, max_file_bytes):
-                    unchanged_skips += 1  # skipped before, unchanged: not read again
-                else:
-                    todo.add(name, label)
-                continue
-            already += 1
-            if label != base_labels[at]:
-                changed.append(
-                    SkippedFile(
-                        name,
-                        f"labelled {classes[label]!r} now, {classes[int(base_labels[at])]!r} in "
-                        "the store (the store keeps its label)",
-                    )
-                )
-            if sizes is None:
-                continue
-            try:
-                st = os.stat(path)
-            except OSError as exc:
-                changed.append(SkippedFile(name, f"unreadable now: {exc.strerror or exc}"))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                changed.append(
-                    SkippedFile(name, f"not a regular file now ({file_kind(st.st_mode)})")
-                )
-            elif st.st_size != sizes[at]:
-                changed.append(
-                    SkippedFile(name, f"{st.st_size} bytes now, {sizes[at]} when it was stored")
-                )
-            elif check_content or st.st_mtime > times[np.searchsorted(starts, at, "right") - 1]:
-                suspects.append(at)  # modified since its record was written: compare the bytes
-        for start in range(0, len(suspects), 256):
-            for rec in reader.read_records(suspects[start : start + 256]):
-                h = rec.header
-                why = _change(scan.file_path(h.name), h.crc32, max_file_bytes)
-                if why is not None:
-                    changed.append(SkippedFile(h.name, why))
-    finally:
-        reader.close()
-    gone_at = np.flatnonzero(source.find(stored) < 0)
-    gone = [n.decode("utf-8", "surrogateescape") for n in stored.take(gone_at[:SHOWN])]
-    new_samples = todo.build()
-    moved = _moves(stored, gone_at, new_samples.packed_names)
-    # what the scan could not use: not listed again when it is listed already, and a file the
-    # store holds (it became a FIFO, a broken link...) is reported as changed, never skipped
-    listed = {(s.name, s.reason) for s in skipped_before}
-    fresh = [
-        item for item in [*scan.unusable, *duplicates] if (item.name, item.reason) not in listed
-    ]
-    is_stored = stored.find(PackedStrings([name_bytes(item.name) for item in fresh])) >= 0
-    unusable = []
-    for item, held_now in zip(fresh, is_stored.tolist(), strict=True):
-        if held_now:
-            changed.append(SkippedFile(item.name, f"{item.reason} now"))
+                self._new(raw, path, label)
+            else:
+                self._held(raw, path, label, at)
+
+    def _new(self, raw: bytes, path: bytes, label: int) -> None:
+        name = raw.decode("utf-8", "surrogateescape")
+        same = self.files.holder(path) if self.files is not None else None
+        if same is not None:  # another name for a file the store holds
+            self.duplicates.append(
+                SkippedFile(name, f"the same file as the stored {same}: stored once")
+            )
+        elif _unchanged_skip(self.earlier.get(raw), path, self.max_file_bytes):
+            self.unchanged_skips += 1  # skipped before, unchanged: not read again
         else:
-            unusable.append(item)
-    plan_scan = FolderScan(
-        scan.root,
-        classes,
-        new_samples,
-        scan.skipped_files,
-        unusable,
-        layout=scan.layout,
-        source=scan.source,
-    )
-    order = "sorted" if base.class_order == "sorted" and classes == sorted(classes) else "appended"
-    progress = Progress(
-        source=scan.source,
-        fingerprint=plan_scan.fingerprint(),
-        total=len(plan_scan.samples),
-        verify_decode=verify_decode,
-        skipped=[*skipped_before, *unusable],
-        first_index=base.count,
-        base_id=base.id,
-    )
-    for item in changed:
-        log.warning("%s changed since it was stored (%s): not stored again", item.name, item.reason)
-    if len(gone_at):
-        log.warning(
-            "%d image(s) of the store are not in the source (the store keeps them): %s%s",
-            len(gone_at),
-            ", ".join(gone),
-            ", ..." if len(gone_at) > len(gone) else "",
+            self.todo.add(name, label)
+
+    def _held(self, raw: bytes, path: bytes, label: int, at: int) -> None:
+        self.already += 1
+        name = raw.decode("utf-8", "surrogateescape")
+        was = int(self.base_labels[at])
+        if label != was:
+            self.changed.append(
+                SkippedFile(
+                    name,
+                    f"labelled {self.classes[label]!r} now, {self.classes[was]!r} in the store "
+                    "(the store keeps its label)",
+                )
+            )
+        sizes = self.sizes
+        if sizes is None:
+            return
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            self.changed.append(SkippedFile(name, f"unreadable now: {exc.strerror or exc}"))
+            return
+        if not stat.S_ISREG(st.st_mode):
+            kind = file_kind(st.st_mode)
+            self.changed.append(SkippedFile(name, f"not a regular file now ({kind})"))
+        elif st.st_size != sizes[at]:
+            self.changed.append(
+                SkippedFile(name, f"{st.st_size} bytes now, {sizes[at]} when it was stored")
+            )
+        elif self.check_content or st.st_mtime > self._written(at):
+            self.suspects.append(at)  # modified since its record was written: compare bytes
+
+    def _written(self, at: int) -> float:
+        """When record ``at`` was written (the run that wrote it)."""
+        return float(self.times[np.searchsorted(self.starts, at, "right") - 1])
+
+    def compare(self, reader: StoreReader) -> None:
+        """Read the suspects and compare them with their records, by checksum."""
+        for start in range(0, len(self.suspects), 256):
+            for rec in reader.read_records(self.suspects[start : start + 256]):
+                h = rec.header
+                why = _change(self.scan.file_path(h.name), h.crc32, self.max_file_bytes)
+                if why is not None:
+                    self.changed.append(SkippedFile(h.name, why))
+
+    def _unusable(self) -> list[SkippedFile]:
+        """What the scan could not use, to list: not what the store lists already; a file the
+        store holds (it became a FIFO, a broken link...) is reported as changed instead."""
+        listed = {(s.name, s.reason) for s in self.skipped_before}
+        fresh = [
+            item
+            for item in [*self.scan.unusable, *self.duplicates]
+            if (item.name, item.reason) not in listed
+        ]
+        is_stored = self.stored.find(PackedStrings([name_bytes(i.name) for i in fresh])) >= 0
+        unusable = []
+        for item, held_now in zip(fresh, is_stored.tolist(), strict=True):
+            if held_now:
+                self.changed.append(SkippedFile(item.name, f"{item.reason} now"))
+            else:
+                unusable.append(item)
+        return unusable
+
+    def plan(self, verify_decode: bool) -> AppendPlan:
+        scan, base, stored, classes = self.scan, self.base, self.stored, self.classes
+        gone_at = np.flatnonzero(scan.samples.packed_names.find(stored) < 0)
+        gone = [n.decode("utf-8", "surrogateescape") for n in stored.take(gone_at[:SHOWN])]
+        new_samples = self.todo.build()
+        unusable = self._unusable()
+        plan_scan = FolderScan(
+            scan.root,
+            classes,
+            new_samples,
+            scan.skipped_files,
+            unusable,
+            layout=scan.layout,
+            source=scan.source,
         )
-    return AppendPlan(
-        plan_scan,
-        progress,
-        base_labels,
-        base_names,
-        new_classes,
-        order,
-        already,
-        changed,
-        len(skipped_before),
-        gone,
-        len(gone_at),
-        moved,
-        unchanged_skips,
-        len(suspects),
-    )
+        ordered = base.class_order == "sorted" and classes == sorted(classes)
+        progress = Progress(
+            source=scan.source,
+            fingerprint=plan_scan.fingerprint(),
+            total=len(plan_scan.samples),
+            verify_decode=verify_decode,
+            skipped=[*self.skipped_before, *unusable],
+            first_index=base.count,
+            base_id=base.id,
+        )
+        for item in self.changed:
+            log.warning(
+                "%s changed since it was stored (%s): not stored again", item.name, item.reason
+            )
+        if len(gone_at):
+            log.warning(
+                "%d image(s) of the store are not in the source (the store keeps them): %s%s",
+                len(gone_at),
+                ", ".join(gone),
+                ", ..." if len(gone_at) > len(gone) else "",
+            )
+        return AppendPlan(
+            plan_scan,
+            progress,
+            self.base_labels,
+            stored.joined(),
+            self.new_classes,
+            "sorted" if ordered else "appended",
+            self.already,
+            self.changed,
+            len(self.skipped_before),
+            gone,
+            len(gone_at),
+            _moves(stored, gone_at, new_samples.packed_names),
+            self.unchanged_skips,
+            len(self.suspects),
+        )
 
 
 def _moves(stored: PackedStrings, gone_at: np.ndarray, new: PackedStrings) -> list[tuple[str, str]]:

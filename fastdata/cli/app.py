@@ -1,0 +1,212 @@
+"""The command group, the one error funnel and the options and helpers the commands share."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import click
+
+from .. import __version__
+from ..errors import FastdataError
+
+__all__ = ["cli"]
+
+
+class _Group(click.Group):
+    """Turns library errors into one line on stderr and their exit code, without a traceback.
+
+    Exit codes: 0 success; 1 a failure (a damaged record, a server away, a full disk, another
+    writer); 2 a usage mistake (a bad option, a store that exists or does not, nothing to resume);
+    130 interrupted. A closed pipe (``fastdata info | head``) ends quietly.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(0)
+        except FastdataError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except OSError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress callback drawing a bar on stderr (None when quiet or stderr is not a tty)."""
+    if quiet:
+        yield None
+        return
+    bars: list[Any] = []
+    seen = [0]
+
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bar = click.progressbar(
+                length=total, label=label, file=sys.stderr, show_pos=True, show_eta=True
+            )
+            bar.__enter__()
+            bars.append(bar)
+        bars[0].update(done - seen[0])
+        seen[0] = done
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.__exit__(None, None, None)
+
+
+@contextmanager
+def _writing(
+    dst: str, label: str, quiet: bool, resume: bool, overwrite: bool
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A command that writes the store ``dst``: its progress bar; on Ctrl-C, how to finish it
+    (exit 130)."""
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite exclude each other")
+    try:
+        with _progress(label, quiet) as progress:
+            yield progress
+    except KeyboardInterrupt:
+        how = "with --resume in place of --overwrite" if overwrite else "with --resume"
+        click.echo(
+            f"\ninterrupted; what was committed is kept: run the same command {how} to finish "
+            f"({dst})",
+            err=True,
+        )
+        sys.exit(130)
+
+
+def _listing(title: str, lines: Iterable[str]) -> None:
+    """A title and its items, indented under it."""
+    click.echo(title)
+    for line in lines:
+        click.echo(f"  {line}")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _silence_stdout() -> None:
+    """The reader of our output went away: send the rest nowhere, so that nothing complains."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _mongo(options: dict[str, Any]) -> dict[str, Any]:
+    """The MongoDB options given on the command line (none when not given), as the library
+    takes them; ``options`` is left as it is."""
+    timeout = options.get("timeout")
+    return {"timeout_s": timeout} if timeout is not None else {}
+
+
+def _open(store: str, options: dict[str, Any]) -> Any:
+    from ..stores import open_store
+
+    return open_store(
+        store,
+        allow_pickle=options["allow_pickle"],
+        collection=options["collection"],
+        index_file=options["index_file"],
+        **_mongo(options),
+    )
+
+
+_timeout = click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds to wait for a MongoDB server to answer (default 10).",
+)
+
+
+_allow_pickle = click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Read an LMDB store written by the pickle-based recipes (only stores you trust).",
+)
+
+
+def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every command that reads a store takes."""
+    fn = _allow_pickle(fn)
+    fn = click.option(
+        "--index-file",
+        type=click.Path(dir_okay=False, exists=True),
+        help="JSON index of a Mongo collection in the img_name/bson_img layout.",
+    )(fn)
+    fn = _timeout(fn)
+    return click.option(
+        "--collection", "-c", help="The collection, when STORE is a mongodb:// URI."
+    )(fn)
+
+
+_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+
+
+class WorkerCount(click.ParamType):
+    """``auto`` or a whole number of worker processes."""
+
+    name = "auto|N"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | str:
+        if isinstance(value, int) or value == "auto":
+            return value
+        if str(value).isdigit():
+            return int(value)
+        self.fail(f"{value!r} is neither 'auto' nor a whole number", param, ctx)
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: ``123``, ``64K``, ``512M``, ``2G`` (powers of 1024)."""
+
+    name = "size"
+    _units: ClassVar[dict[str, int]] = {
+        "": 1,
+        "K": 1 << 10,
+        "M": 1 << 20,
+        "G": 1 << 30,
+        "T": 1 << 40,
+    }
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+        number, unit = text.rstrip("KMGT"), text[len(text.rstrip("KMGT")) :]
+        if unit in self._units and number.isdigit():
+            return int(number) * self._units[unit]
+        self.fail(f"{value!r} is not a size (e.g. 500M, 2G)", param, ctx)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fastdata")
+@click.option("--verbose", "-v", is_flag=True, help="Log what the library does.")
+def cli(verbose: bool) -> None:
+    """Pack image folders into LMDB and read them back fast in PyTorch.
+
+    \b
+    Example:
+      fastdata convert ~/data/train train.lmdb
+      fastdata info train.lmdb
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.ERROR,
+        format="%(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,287 @@
+"""The commands that read a store: ``info``, ``verify``, ``export`` and ``bench``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .app import (
+    WorkerCount,
+    _human,
+    _listing,
+    _mongo,
+    _open,
+    _progress,
+    _quiet,
+    _store_options,
+    cli,
+)
+
+
+@cli.command()
+@click.argument("store")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option(
+    "--skipped", "list_skipped", is_flag=True, help="Also list the files the conversion left out."
+)
+@_store_options
+def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
+    """Show a store's count, classes, sizes, repairs and format version.
+
+    STORE is an LMDB path or a mongodb:// URI with --collection.
+
+    \b
+    Example:
+      fastdata info train.lmdb
+      fastdata info mongodb://db1:27017/images --collection train
+    """
+    from ..ops.info import store_info
+
+    facts = store_info(_open(store, options), list_skipped=list_skipped)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    click.echo(f"store:      {facts['location']}")
+    click.echo(f"format:     {facts['format']} v{facts['version']}")
+    click.echo(f"images:     {facts['count']}")
+    if facts["format"] == "fastdata":
+        total, mean = _human(facts["total_bytes"]), _human(facts["mean_bytes"])
+        click.echo(f"size:       {total} (mean {mean})")
+    else:
+        click.echo("size:       not recorded (a store written by another tool)")
+    click.echo(f"repaired:   {facts['repaired']}")
+    click.echo(f"skipped:    {facts['skipped']}")
+    if facts["source"]:
+        kind = " (a manifest)" if facts.get("layout") == "manifest" else ""
+        click.echo(f"source:     {facts['source']}{kind}")
+    if facts.get("copied_from"):
+        click.echo(f"copied from the store {facts['copied_from']}")
+    if facts["created"]:
+        click.echo(f"created:    {facts['created']}")
+    if facts["id"]:
+        click.echo(f"id:         {facts['id']}")
+    click.echo(f"decoder:    {facts['decoder']}; CRC-32: {facts['checksum_implementation']}")
+    counts = facts["images_per_class"]
+    click.echo(f"classes:    {facts['classes']}")
+    if facts.get("class_order") == "appended":
+        click.echo("            (in the order they were added, not sorted: --append added some)")
+    if facts.get("appends"):
+        click.echo(f"appends:    {facts['appends']} (readers of earlier versions read on)")
+    shown = list(counts.items())
+    for name, n in shown[:20]:
+        click.echo(f"  {n:>8}  {name}")
+    if len(shown) > 20:
+        click.echo(f"  ... and {len(shown) - 20} more")
+    for note in facts.get("interrupted", []):
+        click.echo(f"note:       {note}")
+    if list_skipped:
+        items = [f"{i['name']}: {i['reason']}" for i in facts["skipped_files"]]
+        _listing("skipped files:", items or ["(none)"])
+    elif facts["skipped"]:
+        click.echo("(list the skipped files with --skipped)")
+
+
+@cli.command()
+@click.argument("store")
+@click.option("--decode", is_flag=True, help="Also decode every image.")
+@_store_options
+@_quiet
+def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
+    """Check every record's checksum (and with --decode, that it decodes).
+
+    Exits with code 1 and lists the failures when any record fails. STORE is an LMDB path or a
+    mongodb:// URI with --collection.
+
+    \b
+    Example:
+      fastdata verify train.lmdb --decode
+    """
+    from ..errors import (
+        IncompleteStoreError,
+        PickleNotAllowedError,
+        StoreError,
+        StoreNotFoundError,
+    )
+    from ..ops.verify import check_file, verify_store
+
+    try:
+        reader = _open(store, options)
+    except (IncompleteStoreError, PickleNotAllowedError, StoreNotFoundError):
+        raise
+    except StoreError as exc:
+        # too damaged to open: say which pages are, when it is an LMDB file
+        from ..stores.mongo.connection import is_mongo_uri
+
+        pages = [] if is_mongo_uri(store) else check_file(store)
+        click.echo(f"Error: {exc}", err=True)
+        for page in pages:
+            click.echo(f"  damaged {page}", err=True)
+        sys.exit(1)
+    with _progress("verifying", quiet) as progress:
+        report = verify_store(reader, decode=decode, progress=progress)
+    if report.ok:
+        if report.checksums:
+            what = "checksums and decoding" if decode else "checksums"
+        else:
+            what = "read" + (" and decoded" if decode else "") + "; the store has no checksums"
+        click.echo(f"{report.location}: {report.checked} records OK ({what})")
+        return
+    if report.broken:
+        _listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
+    if report.damaged_pages:
+        click.echo(f"{report.location}: {len(report.damaged_pages)} damaged page(s):")
+        for page in report.damaged_pages:
+            click.echo(f"  {page}")
+    if report.failures or report.damaged_pages:
+        click.echo(
+            f"{report.location}: {len(report.failures)} of {len(reader)} records failed "
+            f"({report.checked} read):"
+        )
+        for f in report.failures:
+            click.echo(f"  {f.index} {f.name}: {f.reason}")
+    sys.exit(1)
+
+
+@cli.command()
+@click.argument("store")
+@click.argument("outdir", type=click.Path(file_okay=False, path_type=str))
+@click.option("--repaired", is_flag=True, help="Write the repaired bytes, not the original ones.")
+@click.option("--overwrite", is_flag=True, help="Replace files that exist in OUTDIR.")
+@click.option(
+    "--resume", is_flag=True, help="Keep files in OUTDIR that already hold the right bytes."
+)
+@click.option(
+    "--skip-damaged", is_flag=True, help="Leave out records that fail their checksum (exit 1)."
+)
+@_store_options
+@_quiet
+def export(
+    store: str,
+    outdir: str,
+    repaired: bool,
+    overwrite: bool,
+    resume: bool,
+    skip_damaged: bool,
+    quiet: bool,
+    **options: Any,
+) -> None:
+    """Write the store back out as the folder tree it came from, byte for byte.
+
+    Every record's checksum is checked before it is written; each file is written under a
+    temporary name and renamed, so no file is left partial. Nothing is written outside OUTDIR,
+    whatever names the store holds. STORE is an LMDB path or a mongodb:// URI with --collection.
+
+    \b
+    Example:
+      fastdata export train.lmdb restored/
+    """
+    from ..ops.export import export_store
+
+    reader = _open(store, options)
+    with _progress("exporting", quiet) as progress:
+        report = export_store(
+            reader,
+            outdir,
+            repaired=repaired,
+            overwrite=overwrite,
+            resume=resume,
+            skip_damaged=skip_damaged,
+            progress=progress,
+        )
+    click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
+    if report.manifest:
+        click.echo(f"manifest: {report.manifest} (converts back to the same store)")
+    if report.kept:
+        click.echo(f"kept {report.kept} files that were already complete")
+    if report.damaged:
+        _listing(
+            f"left out {len(report.damaged)} damaged record(s) (checksum mismatch):",
+            report.damaged,
+        )
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("store")
+@click.option("--batch-size", "-b", type=click.IntRange(1), default=64, show_default=True)
+@click.option(
+    "--workers",
+    "-j",
+    type=WorkerCount(),
+    default="auto",
+    show_default=True,
+    help="'auto' to choose among the measured counts, or a count to mark.",
+)
+@click.option("--step-ms", type=click.FloatRange(0, min_open=True), help="Training step time.")
+@click.option("--seconds", type=click.FloatRange(0.1), default=1.0, show_default=True)
+@click.option("--image-size", type=click.IntRange(8), default=224, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw images/s per worker count.")
+@_store_options
+def bench(
+    store: str,
+    batch_size: int,
+    workers: int | str,
+    step_ms: float | None,
+    seconds: float,
+    image_size: int,
+    as_json: bool,
+    plot: str | None,
+    **options: Any,
+) -> None:
+    """Measure whether training on STORE would wait for data on this machine.
+
+    Prints raw record reads/s, decode+pipeline images/s in one process, loader images/s for
+    several worker counts (the chosen one marked) and, given --step-ms, whether a training step
+    of that length would wait for data and for what share of its time.
+
+    \b
+    Example:
+      fastdata bench train.lmdb --batch-size 256 --step-ms 120
+    """
+    from ..ops.bench import bench_store, plot_report
+
+    report = bench_store(
+        store,
+        batch_size=batch_size,
+        workers=workers,
+        step_ms=step_ms,
+        seconds=seconds,
+        image_size=image_size,
+        **_mongo(options),
+        **{k: v for k, v in options.items() if k != "timeout" and v is not None and v is not False},
+    )
+    if plot:
+        plot_report(report, plot)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    click.echo(f"store:          {report.store} ({report.records} records)")
+    click.echo(f"raw reads:      {report.reads_per_s:10.0f} records/s")
+    click.echo(f"decode+crop:    {report.pipeline_per_s:10.0f} images/s in one process")
+    click.echo(f"                ({report.decoder}, {image_size} px train pipeline)")
+    click.echo(f"loader, batch {report.batch_size}:")
+    for w, rate in sorted(report.loader_per_s.items()):
+        low, high = report.loader_spread.get(w, (rate, rate))
+        mark = "  <- chosen" if w == report.chosen_workers else ""
+        click.echo(f"  {w:>3} workers {rate:10.0f} images/s  ({low:.0f}-{high:.0f}){mark}")
+    click.echo(f"                (median of the rounds, slowest-fastest; {report.cpus} CPUs)")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    if report.verdict is not None:
+        v = report.verdict
+        if v["wait_ms"] > 0:
+            click.echo(
+                f"input-bound: a batch takes {v['data_ms']:.1f} ms to load, the step "
+                f"{report.step_ms:g} ms; training would wait {v['wait_fraction']:.0%} of the time"
+            )
+        else:
+            click.echo(
+                f"keeps up: a batch takes {v['data_ms']:.1f} ms to load, the step "
+                f"{report.step_ms:g} ms; training would not wait for data"
+            )
+    if plot:
+        click.echo(f"plot: {plot}")
