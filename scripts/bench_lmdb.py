@@ -25,7 +25,7 @@ from benchkit import add_workdir_options, evict, workdir
 
 from fastdata import convert
 from fastdata.sources.folder import scan_folder
-from fastdata.ops.malloc import tune_malloc
+from fastdata.loaders.malloc import tune_malloc
 from fastdata.stores.lmdb.layout import record_key
 from fastdata.images.synthetic import make_image_folder
 
@@ -116,7 +116,7 @@ def main() -> None:
         return
 
     # Both sides of every comparison run in this process, under the same allocator settings:
-    # those fastdata uses for conversion (see fastdata.ops.malloc).
+    # those fastdata uses for conversion (see fastdata.loaders.malloc).
     tune_malloc()
     with workdir(args, "fastdata-bench-") as work:
         run(work, args.images, args.repeat)

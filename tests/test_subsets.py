@@ -9,7 +9,6 @@ from torch.utils.data import DataLoader
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert
 from fastdata.records import StoreMeta
-from fastdata.stores.reader import StoreReader
 
 
 @pytest.fixture
@@ -74,32 +73,14 @@ def test_bad_subsets_are_clear_errors(lmdb_store: Path) -> None:
         ds[1]
 
 
-class Labels(StoreReader):
-    """Labels only: a store of n records that counts its reads."""
-
-    location = "synthetic"
-
-    def __init__(self, n: int) -> None:
-        self._meta = StoreMeta(count=n, classes=[str(c) for c in range(1000)])
-        self._labels = np.arange(n, dtype=np.int64) % 1000
-        self.reads = 0
-
-    def read_samples(self, indices):  # type: ignore[no-untyped-def]
-        self.reads += 1
-        return [(b"x", int(self._labels[i])) for i in indices]
-
-    def read_records(self, indices):  # type: ignore[no-untyped-def]
-        raise AssertionError("not needed")
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_class_subset_is_cheap_at_size(tmp_path: Path) -> None:
     """A view over a big store costs its index array, not a read of the store."""
+    from fastdata.stores.reader import MemoryReader
     from fastdata.stores.view import StoreView
 
-    base = Labels(2_000_000)
+    n = 2_000_000
+    meta = StoreMeta(count=n, classes=[str(c) for c in range(1000)])
+    base = MemoryReader(meta, np.arange(n, dtype=np.int64) % 1000)
     view = StoreView(base, classes=["7", "3"])
     assert len(view) == 4000 and base.reads == 0
     assert view.records[:2].tolist() == [3, 7] and view.labels[:2].tolist() == [1, 0]

@@ -112,14 +112,16 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
     except (IncompleteStoreError, PickleNotAllowedError, StoreNotFoundError):
         raise
     except StoreError as exc:
-        # too damaged to open: say which pages are, when it is an LMDB file
+        # too damaged to open: say which pages are, when it is an LMDB file (the one error
+        # funnel prints the message and exits with its code)
         from ..stores.mongo.connection import is_mongo_uri
 
         pages = [] if is_mongo_uri(store) else check_file(store)
-        click.echo(f"Error: {exc}", err=True)
-        for page in pages:
-            click.echo(f"  damaged {page}", err=True)
-        sys.exit(1)
+        if pages:
+            raise StoreError(
+                "\n".join([str(exc), *(f"  damaged {page}" for page in pages)])
+            ) from None
+        raise
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress)
     if report.ok:

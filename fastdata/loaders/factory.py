@@ -27,7 +27,7 @@ Workers = Union[int, str]
 
 
 def _worker_init(worker_id: int) -> None:
-    from ..ops.malloc import tune_malloc
+    from .malloc import tune_malloc
 
     # torch seeds each worker from the loader's generator; the other generators follow it, so a
     # user transform that draws from random or numpy is reproducible for a given worker count.
@@ -89,6 +89,14 @@ class Loader:
         self._skip = 0  # batches of self.epoch already consumed
         self._consumed = 0
         self._finalizer = weakref.finalize(self, _shut_down, dataloader)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The PIDs of the worker processes running now (none between epochs without
+        persistent workers, and none with ``num_workers=0``)."""
+        iterator = getattr(self.dataloader, "_iterator", None)
+        workers = getattr(iterator, "_workers", None) or []
+        return [w.pid for w in workers if w.pid is not None]
 
     def close(self) -> None:
         """Stop the worker processes and release their shared-memory batch slots (batches still

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import CorruptImageError, SourceError, UsageError
 from ..images.validate import validate_image
+from ..loaders.malloc import tune_malloc
 from ..packed import PackedStrings
 from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, checksum, name_bytes
 from ..sources.folder import FolderScan, Sample, read_file, scan_folder
@@ -30,7 +31,6 @@ from ..sources.manifest import is_manifest, listed_folders, scan_manifest
 from ..stores import StoreWriter, open_writer
 from ..stores.policy import Batch
 from .append import AppendPlan, plan_append
-from .malloc import tune_malloc
 from .reports import ConvertReport
 from .threads import CHUNK, chunks, default_workers, ordered_map, tuned_map, window
 
@@ -190,7 +190,7 @@ def convert(
             a resume keeps the limit it began with).
         timeout_s: for a MongoDB destination, the server selection and connection timeout.
         tune_allocator: retune glibc's allocator for image-sized buffers
-            (:func:`fastdata.ops.malloc.tune_malloc`), for the rest of the process: what the
+            (:func:`fastdata.loaders.malloc.tune_malloc`), for the rest of the process: what the
             ``fastdata convert`` command does, since the process is the conversion's alone.
         append: add the images of ``source`` that the store at ``destination`` does not hold
             yet (by relative path) as new records, in place (see :mod:`fastdata.ops.append`);
