@@ -327,15 +327,27 @@ class Lease:
         keeps out of the transaction."""
         entry = self.entry
         for _ in range(READ_ATTEMPTS):
-            before = entry.epoch()
+            view = entry.epoch_view  # (read inline: this is on every read's path)
+            before = view[0] if view is not None else entry.epoch()
             try:
-                with _reading(where), self.env.begin(buffers=True) as txn:
+                txn = self.env.begin(buffers=True)
+                try:
                     out = fn(txn)
+                finally:
+                    txn.abort()  # a read transaction: nothing to commit
+            except lmdb.Error as exc:
+                if entry.epoch() != before:
+                    continue
+                raise StoreError(
+                    f"{where}: reading failed: {exc}; the store is damaged, run "
+                    "`fastdata verify` on it"
+                ) from None
             except FastdataError:
                 if entry.epoch() != before:
                     continue
                 raise
-            if entry.epoch() == before:
+            view = entry.epoch_view
+            if (view[0] if view is not None else entry.epoch()) == before:
                 return out
         raise StoreError(
             f"{where}: appends kept beginning while it was read ({READ_ATTEMPTS} times); try again"
