@@ -178,6 +178,9 @@ class Loader:
         )
 
 
+# Longer than the house's ~80 lines, for a reason: it is one flat sequence of option resolutions
+# (device, workers, sampler, collate, prefetch), each a few lines that read the ones before; cut
+# into helpers they would pass a dozen values back and forth and read worse.
 def create_loader(
     dataset: Dataset[Any],
     batch_size: int,

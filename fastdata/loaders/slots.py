@@ -80,6 +80,18 @@ class _Pool:
         return slot
 
 
+# NOTE [ Slot ownership ]
+#
+# Two process-wide registries, each the one owner of what it holds (a registry is the honest
+# design: a worker's batches and the main process's mappings outlive any one loader object):
+#
+# - ``_pool``: a worker process's slots. Made on first use in each process; a process forked
+#   from one that had a pool (a worker of a worker, a child of the main process) sees another
+#   PID and makes its own, never writing into its parent's slots.
+# - ``_mapped``: the main process's mapping of each worker's slot file, made the first time a
+#   slot arrives, dropped when its worker has exited (``drop_exited_workers``) and the batches
+#   mapped from it are gone. Guarded by ``_lock`` (batches arrive on the pin-memory thread).
+
 _pool: _Pool | None = None
 
 
@@ -149,7 +161,7 @@ def finish(images: torch.Tensor, labels: torch.Tensor, owner: Owner | None) -> t
 
 # -- the main process's side
 
-_mapped: dict[tuple[str, int], tuple[int, mmap.mmap]] = {}
+_mapped: dict[tuple[str, int], tuple[int, mmap.mmap]] = {}  # see NOTE [ Slot ownership ]
 _lock = threading.Lock()
 
 

@@ -223,6 +223,9 @@ def _as_number(label: Any) -> int | str | None:
     return value
 
 
+# Longer than the house's ~80 lines, for a reason: its two passes over the manifest share the
+# class order and the row naming, and the second pass packs samples as it goes (no row held as
+# an object); the steps that stand alone (labels, file identities, duplicates, names) are apart.
 def scan_manifest(
     manifest: str | os.PathLike[str], classes: Sequence[str] | None = None
 ) -> FolderScan:
