@@ -33,6 +33,7 @@ except ImportError as _missing:  # pragma: no cover - a platform without an isal
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "LABEL_DTYPE",
     "Progress",
     "CHECKSUM_IMPLEMENTATION",
     "Record",
@@ -49,6 +50,8 @@ __all__ = [
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
+LABEL_DTYPE = "<i4"
+"""How labels are stored, in both backends: one little-endian int32 per record."""
 
 
 def checksum(data: bytes | memoryview) -> int:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError, StoreExistsError, StoreNotFoundError, UsageError
+from ..errors import (
+    IncompleteStoreError,
+    StoreError,
+    StoreExistsError,
+    StoreNotFoundError,
+    UsageError,
+)
 from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
 from .invariants import invariant_failures
 
@@ -21,9 +27,21 @@ if TYPE_CHECKING:
 
     from .reader import StoreReader
 
-__all__ = ["Batch", "Completion", "Existing", "StoreWriter"]
+__all__ = ["Batch", "Completion", "Existing", "StoreWriter", "incomplete_error"]
 
 log = logging.getLogger(__name__)
+
+
+def incomplete_error(location: str, progress: Progress, target: str) -> IncompleteStoreError:
+    """What a reader says of a store whose run stopped before it was complete: how far it got,
+    and the command that finishes it (``target``: the store as command-line words)."""
+    what, unit = ("copy", "records") if progress.is_copy else ("conversion", "images")
+    if progress.base_id:
+        what = "append"
+    return IncompleteStoreError(
+        f"{location}: incomplete store: its {what} stopped after {progress.next_sample} of "
+        f"{progress.total} {unit}; finish it with `{progress.resume_command(target)}`"
+    )
 
 
 @dataclass(frozen=True)

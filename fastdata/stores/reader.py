@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..errors import StoreReplacedError
 from ..packed import PackedStrings
 from ..records import Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 
@@ -64,6 +65,15 @@ class StoreReader(abc.ABC):
             )
             return view, labels[: self._count]
         return None
+
+    def _replaced(self, now: str) -> StoreReplacedError:
+        """The error of a reader whose store was replaced since it opened it (``now``: what is
+        there instead), the same in every backend."""
+        return StoreReplacedError(
+            f"{self.location}: the store was replaced since this dataset opened it (store id "
+            f"{self._id or '(none)'}, now {now or '(none)'}); its records no longer match the "
+            "labels held here: create the dataset (and its DataLoader) again"
+        )
 
     def _loaded(self) -> None:
         """Read again what a pickle left out (readers that pickle without their metadata and

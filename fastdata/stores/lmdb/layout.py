@@ -38,7 +38,6 @@ EPOCH_FILE = "readers.epoch"
 """Beside ``data.mdb``: the append epoch, which readers check around every read (see "appends")."""
 EPOCH_BYTES = 4096
 INITIAL_MAP_SIZE = 1 << 30
-LABEL_DTYPE = np.dtype("<i4")
 
 
 def header_key(index: int) -> bytes:

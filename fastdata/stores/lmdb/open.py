@@ -12,6 +12,7 @@ from ...errors import (
 )
 from ...records import Progress
 from ..foreign import PickleLMDBStore
+from ..policy import incomplete_error
 from ..reader import StoreReader
 from .env import _reading, open_reader
 from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY
@@ -49,11 +50,7 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     lease.release()
     if raw_progress is not None:
         progress = Progress.from_json(raw_progress, path)
-        raise IncompleteStoreError(
-            f"{path}: incomplete store: its conversion stopped after {progress.next_sample} of "
-            f"{progress.total} images; finish it with "
-            f"`{progress.resume_command(shlex.quote(os.path.abspath(path)))}`"
-        )
+        raise incomplete_error(path, progress, shlex.quote(os.path.abspath(path)))
     if has_keys:
         raise PickleNotAllowedError(
             f"{path}: this LMDB store was written by another tool and its values are Python "

@@ -15,7 +15,6 @@ from ...errors import (
     IncompleteStoreError,
     RecordError,
     StoreError,
-    StoreReplacedError,
 )
 from ...packed import PackedStrings
 from ...records import (
@@ -173,13 +172,6 @@ class LMDBStore(_Leased):
             raise self._replaced(meta.id)
         if self.__dict__.get("_meta") is None:  # unpickled: what the pickle left out
             self._meta, self._labels = seen
-
-    def _replaced(self, now: str) -> StoreReplacedError:
-        return StoreReplacedError(
-            f"{self.path}: the store was replaced since this dataset opened it (store id "
-            f"{self._id or '(none)'}, now {now}); its records no longer match the labels held "
-            "here: create the dataset (and its DataLoader) again"
-        )
 
     def _loaded(self) -> None:
         if self.__dict__.get("_meta") is None:

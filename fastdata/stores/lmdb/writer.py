@@ -21,7 +21,7 @@ from ...errors import (
     StoreExistsError,
     StoreLockedError,
 )
-from ...records import Progress, Record, StoreMeta
+from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
 from ..locks import boot_id, describe_holder, holder
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
@@ -32,7 +32,6 @@ from .layout import (
     DATA_FILE,
     INITIAL_MAP_SIZE,
     KEYS_KEY,
-    LABEL_DTYPE,
     LABELS_KEY,
     LEN_KEY,
     META_KEY,

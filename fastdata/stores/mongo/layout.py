@@ -7,8 +7,6 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from ...errors import (
     StoreError,
 )
@@ -30,7 +28,6 @@ INSERT_BYTES = 16 << 20
 request per 32 MiB batch took 1.3x as long as requests of 128 documents."""
 LABELS_INLINE_MAX = 8 << 20
 """Label arrays larger than this are stored in GridFS instead of the metadata document."""
-LABEL_DTYPE = np.dtype("<i4")
 USER_ENV = "FASTDATA_MONGO_USER"
 PASSWORD_ENV = "FASTDATA_MONGO_PASSWORD"
 

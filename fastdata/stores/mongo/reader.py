@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ...errors import (
-    IncompleteStoreError,
     RecordError,
     StoreError,
     StoreNotFoundError,
-    StoreReplacedError,
 )
 from ...packed import PackedStrings
 from ...records import (
@@ -25,6 +24,7 @@ from ...records import (
     name_bytes,
     skipped_file,
 )
+from ..policy import incomplete_error
 from ..reader import StoreReader
 from .connection import _bucket, _gridfs, _MongoTarget, command_words, mask_uri
 from .layout import (
@@ -75,11 +75,7 @@ class MongoStore(_MongoTarget, StoreReader):
             meta, labels = self._run("reading the metadata", self._load_meta)
             seen = self._as_opened(meta, labels)
             if seen is None:
-                raise StoreReplacedError(
-                    f"{self.location}: the collection was replaced since this dataset opened it "
-                    f"(store id {self._id or '(none)'}, now {meta.id or '(none)'}); create the "
-                    "dataset (and its DataLoader) again"
-                )
+                raise self._replaced(meta.id)
             self._meta, self._labels = seen
 
     def record_check(self) -> str | None:
@@ -159,18 +155,10 @@ class MongoStore(_MongoTarget, StoreReader):
         if doc is None:
             saved = db[META_COLLECTION].find_one({"_id": f"{self.collection}:progress"})
             if saved is not None:
-                command = Progress(
-                    source=str(saved.get("source")),
-                    fingerprint=str(saved.get("fingerprint", "")),
-                    total=0,
-                    verify_decode=bool(saved.get("verify_decode")),
-                    base_id=str(saved.get("base_id", "")),
-                ).resume_command(command_words(self.uri, self.collection))
-                raise IncompleteStoreError(
-                    f"{self.location}: incomplete store: its conversion stopped after "
-                    f"{saved.get('next_sample')} of {saved.get('total')} images; finish it with "
-                    f"`{command}`"
-                )
+                state = _names_from_bson({k: v for k, v in saved.items() if k != "_id"})
+                progress = Progress.from_json(json.dumps(state, default=str), self.location)
+                target = command_words(self.uri, self.collection)
+                raise incomplete_error(self.location, progress, target)
             if db[self.collection].find_one({}, {"_id": 1}) is not None:
                 raise StoreError(
                     f"{self.location}: the collection holds documents but no fastdata metadata; "
@@ -241,11 +229,7 @@ class MongoStore(_MongoTarget, StoreReader):
         kept in GridFS."""
         # documents of the first layout carry no store id: they are the id-less store's
         if self._ids and doc.get("store", "") not in self._ids:
-            raise StoreReplacedError(
-                f"{self.location}: record {index} belongs to another store (id "
-                f"{doc.get('store')!r}, not {self._id}): the collection was replaced since "
-                "this dataset opened it; create the dataset (and its DataLoader) again"
-            )
+            raise self._replaced(f"{doc.get('store')!r}, found in record {index}")
         data = doc.get("data")
         if isinstance(data, bytes):
             return

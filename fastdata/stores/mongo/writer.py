@@ -19,6 +19,7 @@ from ...errors import (
     StoreError,
 )
 from ...records import (
+    LABEL_DTYPE,
     Progress,
     Record,
     SkippedFile,
@@ -31,7 +32,6 @@ from .connection import _bucket, _gridfs, _is_bucket_of, _MongoTarget, command_w
 from .layout import (
     ASIDE_SUFFIX,
     GRIDFS_THRESHOLD,
-    LABEL_DTYPE,
     LABELS_INLINE_MAX,
     META_COLLECTION,
     SKIPPED_PER_DOC,
