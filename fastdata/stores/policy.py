@@ -195,6 +195,19 @@ class StoreWriter(abc.ABC):
         return progress
 
     _appending = False
+
+    @property
+    def appending(self) -> bool:
+        """Whether this writer adds to the complete store in place (an append): what a backend
+        asks to choose durable commits and where new records go. Set by the policy only."""
+        return self._appending
+
+    @property
+    def building_aside(self) -> bool:
+        """Whether this writer builds a replacement aside (``--overwrite``) rather than writing
+        in place. Set by the policy only."""
+        return self._aside
+
     base: StoreMeta | None = None
     """During an append: the metadata of the complete store it grows."""
 
@@ -300,6 +313,7 @@ class StoreWriter(abc.ABC):
         if found.aside_complete:
             log.warning("%s: finishing a replacement that was interrupted", self.location)
             self._promote()
+            self._aside = False
             found = self._inspect()
         return found
 
@@ -365,6 +379,7 @@ class StoreWriter(abc.ABC):
         self._write_meta(done)
         if self._aside:
             self._promote()
+            self._aside = False
 
     def _take_skipped(self, skipped: Sequence[SkippedFile]) -> int:
         """Mark all of ``skipped`` as saved; return how many were saved before (the ones to save

@@ -118,7 +118,7 @@ class LMDBWriter(StoreWriter):
         return os.path.join(self.path, ASIDE_DIR)
 
     def _target(self) -> str:
-        return self._aside_path if self._aside else self.path
+        return self._aside_path if self.building_aside else self.path
 
     # -- the policy's steps (see StoreWriter.start)
 
@@ -199,12 +199,12 @@ class LMDBWriter(StoreWriter):
 
     def _open(self, progress: Progress, *, new: bool) -> None:
         target = self._target()
-        if new and self._aside:
+        if new and self.building_aside:
             self._discard_aside()
         os.makedirs(target, exist_ok=True)
         if self._lease is None:  # (a discarded append left it open, and pinned)
-            self._lease = open_writable(target, self._map_size, durable=self._appending)
-        if self._appending and self._pin is None:
+            self._lease = open_writable(target, self._map_size, durable=self.appending)
+        if self.appending and self._pin is None:
             self._pin_readers()
         if new:
             progress.boot_id = boot_id()
@@ -305,7 +305,6 @@ class LMDBWriter(StoreWriter):
                 "the old store is unchanged: fix the cause and run the same command with --resume"
             ) from None
         self._discard_aside()
-        self._aside = False
 
     def _commit(self, fill: Callable[[Any], None]) -> None:
         assert self._lease is not None, "start() opens the store"
@@ -335,7 +334,7 @@ class LMDBWriter(StoreWriter):
             cursor = txn.cursor()
             # at the end of the B-tree (MDB_APPEND) in a new store; an append goes before the
             # metadata keys, which sort after the records
-            _, added = cursor.putmulti(data, overwrite=False, append=not self._appending)
+            _, added = cursor.putmulti(data, overwrite=False, append=not self.appending)
             if added != len(data):
                 raise StoreError(
                     f"{self.path}: records from {records[0].index} on exist already; the store "

@@ -79,14 +79,14 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         return f"{self.collection}{ASIDE_SUFFIX}"
 
     def _name(self) -> str:
-        return self._aside_name if self._aside else self.collection
+        return self._aside_name if self.building_aside else self.collection
 
     _base_bucket = ""
     """The GridFS bucket of the complete store in place (an append writes into it)."""
 
     @property
     def _bucket_name(self) -> str:
-        if self._appending and self._base_bucket:
+        if self.appending and self._base_bucket:
             return self._base_bucket
         return _bucket(self.collection, self._store_id)
 
@@ -170,7 +170,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         self._store_id = progress.store_id
         if new:
             name = self._name()
-            if not self._appending:
+            if not self.appending:
                 self._run("clearing the destination", functools.partial(self._drop, name))
             self._run(
                 "saving progress", functools.partial(self._save, name, *self._state(progress))
@@ -266,7 +266,6 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
 
         # Each step can be repeated: a replacement killed half-way is finished by the next writer.
         self._run("moving the new store into place", promote)
-        self._aside = False
 
     # -- records
 
@@ -400,12 +399,12 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             "writing metadata",
             lambda: db[META_COLLECTION].replace_one({"_id": name}, doc, upsert=True),
         )
-        if not self._aside:
+        if not self.building_aside:
             self._run(
                 "clearing the progress",
                 lambda: db[META_COLLECTION].delete_one({"_id": f"{name}:progress"}),
             )
-        if self._appending and self.base is not None and self.base.id:
+        if self.appending and self.base is not None and self.base.id:
             base_id = self.base.id  # its skipped list is now under the new id, whole
             self._run(
                 "clearing the old skipped list",
