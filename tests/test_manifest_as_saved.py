@@ -151,3 +151,23 @@ def test_export_never_puts_two_images_in_one_file(tmp_path: Path) -> None:
     assert sorted(bytes(d) for d, _ in open_store(again).read_samples(range(4))) == sorted(
         bytes(d) for d, _ in open_store(dst).read_samples(range(4))
     )
+
+
+def test_a_class_list_that_leaves_out_used_classes_is_refused_unless_asked(
+    data: Path, tmp_path: Path
+) -> None:
+    csv = data / "four.csv"
+    rows = ["a", "b", "c", "d", "c", "d", "d"]
+    csv.write_text("path,label\n" + "".join(f"img/{i:02d}.jpg,{k}\n" for i, k in enumerate(rows)))
+    listing = data / "classes.txt"
+    listing.write_text("a\nb\n")
+    result = cli("convert", str(csv), str(tmp_path / "r.lmdb"), "--classes", str(listing), "-q")
+    assert result.returncode == 2
+    assert "leaves out 2 class(es) the manifest uses: 'd' (3 rows), 'c' (2 rows)" in result.stderr
+    assert not (tmp_path / "r.lmdb").exists()
+    dropped = cli(
+        "convert", str(csv), str(tmp_path / "d.lmdb"), "--classes", str(listing),
+        "--drop-unlisted-classes", "-q",
+    )
+    assert dropped.returncode == 0, dropped.stderr
+    assert len(open_store(tmp_path / "d.lmdb")) == 2 and "unknown class 'd'" in dropped.stdout

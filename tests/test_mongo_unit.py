@@ -54,7 +54,7 @@ def test_legacy_classes_from_paths_or_numbers() -> None:
 def test_collection_and_database_are_required() -> None:
     with pytest.raises(UsageError, match="name the collection"):
         open_store("mongodb://h:1/db")
-    with pytest.raises(StoreError, match="no database named"):
+    with pytest.raises(UsageError, match="no database named"):
         open_store("mongodb://h:1", collection="c")
 
 

@@ -41,6 +41,13 @@ if TYPE_CHECKING:
     help="Add the images of SRC that the store DST does not hold yet (by relative path).",
 )
 @click.option(
+    "--drop-unlisted-classes",
+    "drop_unlisted",
+    is_flag=True,
+    help="With --classes (or a manifest's own class list): leave out the rows of classes the "
+    "list lacks, instead of refusing the list.",
+)
+@click.option(
     "--check-content",
     is_flag=True,
     help="With --append: compare every stored file's bytes with its record (checksum), not only "
@@ -74,6 +81,7 @@ def convert(
     overwrite: bool,
     append: bool,
     check_content: bool,
+    drop_unlisted: bool,
     classes_file: str | None,
     max_file_size: int | None,
     timeout: float | None,
@@ -120,6 +128,7 @@ def convert(
             append=append,
             classes=read_class_list(classes_file) if classes_file else None,
             check_content=check_content,
+            drop_unlisted=drop_unlisted,
         )
     _render_convert(report)
 

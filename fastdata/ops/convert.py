@@ -163,6 +163,7 @@ def convert(
     append: bool = False,
     classes: Sequence[str] | None = None,
     check_content: bool = False,
+    drop_unlisted: bool = False,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``), or the images a CSV or JSON Lines
     manifest lists (see :mod:`fastdata.sources.manifest`), into a store.
@@ -196,6 +197,8 @@ def convert(
             yet (by relative path) as new records, in place (see :mod:`fastdata.ops.append`);
             ``resume`` then continues an interrupted append.
         classes: for a manifest, the class order (integer labels index it).
+        drop_unlisted: for a manifest with a class list, leave out the rows of classes the
+            list lacks (by default such a list is refused, naming them).
         check_content: with ``append``, read every source file the store holds and compare
             it with its record by checksum (by default only the size is compared, and the bytes
             of files modified since the store was written).
@@ -213,7 +216,7 @@ def convert(
     started = time.perf_counter()
     if tune_allocator:
         tune_malloc()
-    scan = _scan(source, classes, strict)
+    scan = _scan(source, classes, strict, drop_unlisted)
     mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
     writer = open_writer(
         destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
@@ -238,11 +241,14 @@ def convert(
 
 
 def _scan(
-    source: str | os.PathLike[str], classes: Sequence[str] | None, strict: bool
+    source: str | os.PathLike[str],
+    classes: Sequence[str] | None,
+    strict: bool,
+    drop_unlisted: bool = False,
 ) -> FolderScan:
     """The samples of a folder or a manifest; with ``strict``, none may be unusable."""
     if is_manifest(source):
-        scan = scan_manifest(source, classes)
+        scan = scan_manifest(source, classes, drop_unlisted=drop_unlisted)
     elif classes is not None:
         raise UsageError(f"{source}: a class list applies to manifests, not to image folders")
     else:

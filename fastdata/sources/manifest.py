@@ -227,7 +227,10 @@ def _as_number(label: Any) -> int | str | None:
 # class order and the row naming, and the second pass packs samples as it goes (no row held as
 # an object); the steps that stand alone (labels, file identities, duplicates, names) are apart.
 def scan_manifest(
-    manifest: str | os.PathLike[str], classes: Sequence[str] | None = None
+    manifest: str | os.PathLike[str],
+    classes: Sequence[str] | None = None,
+    *,
+    drop_unlisted: bool = False,
 ) -> FolderScan:
     """Read a CSV or JSON Lines manifest into samples and classes, checking every file.
 
@@ -275,6 +278,8 @@ def scan_manifest(
     order = list(classes) if classes is not None else rows.classes
     if order is not None and len(set(order)) != len(order):
         raise SourceError(f"{path}: the class list names a class twice")
+    if order is not None and not drop_unlisted:
+        _refuse_unlisted(path, rows, order)
     if order is None:
         if integers and names:
             raise SourceError(
@@ -335,6 +340,28 @@ def scan_manifest(
         layout="manifest",
         source=os.path.realpath(path),
     )
+
+
+def _refuse_unlisted(path: Path, rows: _Rows, order: list[str]) -> None:
+    """Refuse a class list that leaves out classes the manifest uses (their rows would be
+    dropped), naming the first few with their row counts."""
+    listed = set(order)
+    missing: dict[str, int] = {}
+    for _, raw, label in rows:
+        if raw is None or not isinstance(label, str):
+            continue
+        name = label.strip()
+        if name and name not in listed and _as_number(label) is None:
+            missing[name] = missing.get(name, 0) + 1
+    if missing:
+        shown = sorted(missing.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        names = ", ".join(f"{name!r} ({n} rows)" for name, n in shown)
+        more = f" and {len(missing) - len(shown)} more" if len(missing) > len(shown) else ""
+        raise SourceError(
+            f"{path}: the class list leaves out {len(missing)} class(es) the manifest uses: "
+            f"{names}{more}; add them to the list, or pass --drop-unlisted-classes "
+            "(drop_unlisted=True) to leave their rows out"
+        )
 
 
 def _first_of_each(

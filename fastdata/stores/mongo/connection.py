@@ -96,7 +96,7 @@ def _database_name(uri: str, database: str | None) -> str:
     except (ValueError, PyMongoError) as exc:  # InvalidURI, ConfigurationError: malformed
         raise UsageError(f"{mask_uri(uri)}: not a usable MongoDB URI ({_short(exc)})") from None
     if not name:
-        raise StoreError(
+        raise UsageError(
             f"{mask_uri(uri)}: no database named; put it in the URI: mongodb://host:port/DB"
         )
     return str(name)
