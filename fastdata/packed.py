@@ -44,14 +44,20 @@ class PackedStrings:
             return data.tobytes()
         return np.insert(data, offsets[1:-1], separator).tobytes()
 
+    _hashes: np.ndarray | None = None
+
     def hashes(self) -> np.ndarray:
-        """Python's ``hash`` of every entry, as one int64 array (built a slice at a time)."""
-        out = np.empty(len(self), dtype=np.int64)
-        step = 1 << 16
-        for start in range(0, len(self), step):
-            part = self.slice_list(start, min(len(self), start + step))
-            out[start : start + len(part)] = [hash(b) for b in part]
-        return out
+        """Python's ``hash`` of every entry, as one int64 array (built a slice at a time, once:
+        a store's names are looked up several times in one append or one check)."""
+        if self._hashes is None:
+            out = np.empty(len(self), dtype=np.int64)
+            step = 1 << 16
+            for start in range(0, len(self), step):
+                part = self.slice_list(start, min(len(self), start + step))
+                out[start : start + len(part)] = [hash(b) for b in part]
+            out.setflags(write=False)
+            self._hashes = out
+        return self._hashes
 
     @classmethod
     def from_buffer(cls, data: bytes, offsets: np.ndarray) -> PackedStrings:

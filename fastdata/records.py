@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import uuid
 import zlib
 from collections.abc import Callable
@@ -173,7 +174,8 @@ class Progress:
     """Where a conversion stands; saved with every committed batch so it can resume.
 
     Attributes:
-        source: the folder being converted.
+        source: the folder or manifest being converted, resolved (for a copy: the source store
+            as command-line words, quoted for the shell).
         fingerprint: digest of the folder's sample list (see ``FolderScan.fingerprint``).
         total: samples in the folder.
         next_sample: samples handled so far (stored or skipped), in scan order.
@@ -276,7 +278,8 @@ class Progress:
         with the options it was started with."""
         verb = "copy" if self.is_copy else "convert"
         flags = "".join(f" {flag}" for flag in self.options())
-        return f"fastdata {verb} {_shell(self.source)} {destination}{flags} --resume"
+        source = self.source if self.is_copy else shlex.quote(self.source)  # a copy's: words
+        return f"fastdata {verb} {source} {destination}{flags} --resume"
 
     def resumable_as_recorded(self, other: Progress) -> bool:
         """Whether the run this progress records may still be finished by its own resume
@@ -315,13 +318,6 @@ class Progress:
             flag = "with" if self.verify_decode else "without"
             return f"it was started {flag} --verify-decode"
         return None
-
-
-def _shell(text: str) -> str:
-    """``text`` as one shell word (quoted only when it needs to be)."""
-    import shlex
-
-    return text if " --source-collection " in text else shlex.quote(text)
 
 
 @dataclass(frozen=True)

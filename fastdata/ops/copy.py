@@ -99,17 +99,20 @@ def _name_of(reader: StoreReader) -> str:
 
 
 def _source_words(reader: StoreReader) -> str:
-    """The source store as command-line words, resolved, so that a resume from any folder, with
-    any spelling of the path, names the same store: ``PATH`` or ``URI --source-collection C``."""
+    """The source store as command-line words (quoted for the shell), resolved, so that a
+    resume from any folder, with any spelling of the path, names the same store: ``PATH`` or
+    ``URI --source-collection C``."""
+    import shlex
+
     path = getattr(reader, "path", None)
     if isinstance(path, str):
-        return os.path.realpath(path)
+        return shlex.quote(os.path.realpath(path))
     uri, name = getattr(reader, "uri", None), getattr(reader, "collection", None)
     if isinstance(uri, str) and isinstance(name, str):
         from ..stores.mongo.connection import command_words
 
         return command_words(uri, name, "--source-collection")
-    return reader.location
+    return shlex.quote(reader.location)
 
 
 def _same_place(reader: StoreReader, writer: StoreWriter) -> bool:
