@@ -147,7 +147,7 @@ class ImageStoreDataset(Dataset):
 
     # -- reading
 
-    def _decode(self, data: bytes, index: int, name: str, seed: int | None) -> Any:
+    def _decode(self, data: bytes, index: int, seed: int | None) -> Any:
         try:
             if self.pipeline is not None and self.transform is None:
                 return self.pipeline(data, seed)
@@ -158,8 +158,15 @@ class ImageStoreDataset(Dataset):
             return decode_pil(data)
         except CorruptImageError as exc:
             raise CorruptImageError(
-                f"{self.reader.location}: record {index} ({name})", exc.reason
+                f"{self.reader.location}: record {index} ({self._name(index)})", exc.reason
             ) from exc
+
+    def _name(self, index: int) -> str:
+        """The record's name, for a message (read only when one is given)."""
+        try:
+            return self.reader.read_named([index])[0][0]
+        except Exception as exc:  # the message about the image comes first
+            return f"name unreadable: {exc}"
 
     def __getitems__(self, keys: Sequence[Any]) -> list[tuple[Any, Any]]:
         """Read and decode a batch of samples with one store round trip.
@@ -169,19 +176,21 @@ class ImageStoreDataset(Dataset):
                 (what ``create_loader``'s sampler yields), so that a sample's crop and flip do
                 not depend on which worker decodes it.
         """
-        if self.output == "bytes" and self._plain and not any(isinstance(k, tuple) for k in keys):
-            return self.reader.read_samples([int(k) for k in keys])  # nothing to apply
-        pairs = [(int(k[0]), int(k[1])) if isinstance(k, tuple) else (int(k), None) for k in keys]
-        samples = self.reader.read_named([i for i, _ in pairs])
+        indices: Sequence[Any] = keys
+        seeds: list[int | None] = [None] * len(keys)
+        if any(isinstance(k, tuple) for k in keys):
+            indices = [k[0] if isinstance(k, tuple) else k for k in keys]
+            seeds = [int(k[1]) if isinstance(k, tuple) else None for k in keys]
+        samples = self.reader.read_samples(indices)
+        if self.output == "bytes" and self._plain:
+            return samples  # nothing to apply
+        transform, target_transform = self.transform, self.target_transform
         out = []
-        for (i, seed), (name, data, label) in zip(pairs, samples, strict=True):
-            image = self._decode(data, i, name, seed)
-            if self.transform is not None:
-                image = self.transform(image)
-            target: Any = label
-            if self.target_transform is not None:
-                target = self.target_transform(label)
-            out.append((image, target))
+        for i, seed, (data, label) in zip(indices, seeds, samples, strict=True):
+            image = self._decode(data, int(i), seed)
+            if transform is not None:
+                image = transform(image)
+            out.append((image, label if target_transform is None else target_transform(label)))
         return out
 
     @property
@@ -190,6 +199,14 @@ class ImageStoreDataset(Dataset):
         return self.pipeline is None and self.transform is None and self.target_transform is None
 
     def __getitem__(self, index: Any) -> tuple[Any, Any]:
+        if (
+            type(index) is int
+            and self.output == "bytes"
+            and self.pipeline is None
+            and self.transform is None
+            and self.target_transform is None
+        ):
+            return self.reader.read_sample(index)  # the raw read: its shortest path
         return self.__getitems__([index])[0]
 
     def subset(

@@ -120,6 +120,15 @@ class StoreReader(abc.ABC):
             IndexError: an index is out of range.
         """
 
+    def read_sample(self, index: int) -> tuple[bytes, int]:
+        """``(image bytes, label)`` of one record; backends with a shorter path for one record
+        than for a batch take it.
+
+        Raises:
+            IndexError: the index is out of range.
+        """
+        return self.read_samples([index])[0]
+
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         """``(name, image bytes, label)`` of the given records, in the order asked: the bytes
         with the name that errors about them must give."""
@@ -176,15 +185,20 @@ class StoreReader(abc.ABC):
     def check_indices(self, indices: Sequence[int]) -> list[int]:
         """Normalise negative indices and raise IndexError for any out of range."""
         n = len(self)
-        out = []
-        for i in indices:
-            j = int(i)
-            if j < 0:
-                j += n
-            if not 0 <= j < n:
-                raise IndexError(f"{self.location}: index {i} out of range for {n} records")
-            out.append(j)
-        return out
+        return [i if 0 <= i < n else self._wrapped(i, n) for i in map(int, indices)]
+
+    def _wrapped(self, i: int, n: int) -> int:
+        if -n <= i < 0:
+            return i + n
+        raise IndexError(f"{self.location}: index {i} out of range for {n} records")
+
+    def _labels_of(self, idx: list[int]) -> list[int]:
+        """The labels of the records ``idx`` (checked indices), as Python ints."""
+        labels = self._labels
+        if len(idx) <= 8:
+            item = labels.item
+            return [item(i) for i in idx]
+        return labels.take(idx).tolist()
 
     def structure_damage(self) -> list[str]:
         """Damage to the store's own structure (pages, indexes) found by a full check; readers

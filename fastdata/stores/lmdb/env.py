@@ -8,15 +8,15 @@ import ctypes
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import lmdb
-import numpy as np
 
 from ...errors import (
     FastdataError,
@@ -25,6 +25,7 @@ from ...errors import (
     StoreNotFoundError,
 )
 from . import file as lmdb_file
+from .address import address
 from .layout import DATA_FILE, EPOCH_BYTES, EPOCH_FILE
 
 T = TypeVar("T")
@@ -113,9 +114,15 @@ _envs_pid = os.getpid()
 _envs_lock = threading.Lock()
 
 
+_pid = os.getpid()
+"""This process's id, kept up to date across forks (``os.getpid`` is a system call, and a
+lease checks it on every read)."""
+
+
 def _reset_after_fork() -> None:
-    global _envs_lock
+    global _envs_lock, _pid
     _envs_lock = threading.Lock()
+    _pid = os.getpid()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -237,13 +244,20 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # Readers map the store with the kernel's read-ahead off (LMDB's MDB_NORDAHEAD: MADV_RANDOM on
 # the whole map): with it on, a cold random read of a 2 kB record pulled about 0.5-1.5 MB from
 # the disk, and a store larger than the page cache spent its reads evicting useful pages. With it
-# off a record is read a page at a time as it is copied, so a value spanning several pages is
-# announced first (POSIX_FADV_WILLNEED on its byte range: one request for its pages), and a scan
-# in index order (verify, export) asks for sequential read-ahead (MADV_SEQUENTIAL) while it
-# runs. ``scripts/bench_readahead.py`` measures all three against a bare lmdb loop.
+# off a record is read a page at a time as it is copied. A batch that came from the disk (its
+# copies took longer than memory could: COLD_NS_PER_PAGE) makes the next batches announce their
+# values first (POSIX_FADV_WILLNEED on each byte range: one request per value, all of a batch's
+# requests in flight at once) until a batch is served from memory again; from memory, advice
+# would only cost a system call per value. A scan in index order (verify, export) asks for
+# sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it requested while it runs.
+# ``scripts/bench_readahead.py`` measures these against a bare lmdb loop.
 
-ADVISE_MIN_BYTES = 3 * mmap.PAGESIZE
-"""Values at least this long are announced to the kernel before they are copied."""
+COLD_NS_PER_PAGE = 16_000
+"""A batch whose values took longer than this per page they span (plus COLD_NS_SLACK) to look
+up and copy was read from the disk, not from memory: a page in memory costs at most a microsecond
+or so (a first touch), one from a disk tens of microseconds or more."""
+COLD_NS_SLACK = 50_000
+"""Allowed to any batch, for the scheduler's and the collector's pauses."""
 SCAN_WINDOW = 32 << 20
 """How far ahead of a scan its pages are requested."""
 
@@ -270,20 +284,19 @@ class Lease:
 
     def __init__(self, entry: _Env) -> None:
         self.entry = entry
+        self.env = entry.env
         self.pid = os.getpid()
+        self._released = False
         self._finalizer = weakref.finalize(self, _release, entry.key, self.pid)
         self._finalizer.atexit = False
 
     @property
-    def env(self) -> Any:
-        return self.entry.env
-
-    @property
     def usable(self) -> bool:
         """Held by this process and not released."""
-        return self.pid == os.getpid() and self._finalizer.alive
+        return self.pid == _pid and not self._released
 
     def release(self) -> None:
+        self._released = True
         self._finalizer()
 
     @contextmanager
@@ -304,21 +317,85 @@ class Lease:
     _ahead: int | None = None
     """In a scan: the file offset up to which read-ahead was requested."""
 
+    _cold = False
+    """The last batch came from the disk: the next announces its values before copying them."""
+
     def _advise(self, offset: int, n: int) -> None:
-        """Ask for a large value's pages in one request; in a scan, keep a window of the file
-        past the last value read on its way in (records are stored in index order)."""
+        """Ask for a value's pages in one request; in a scan, keep a window of the file past
+        the last value read on its way in (records are stored in index order)."""
         fd = self.entry.fd
         if fd is None:
             return
         with suppress(OSError):  # advice only
             end = offset + n
             if self._ahead is None:
-                if n >= ADVISE_MIN_BYTES:
-                    os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
             elif end + SCAN_WINDOW // 2 > self._ahead:
                 start = max(end, self._ahead)
                 self._ahead = end + SCAN_WINDOW
                 os.posix_fadvise(fd, start, self._ahead - start, os.POSIX_FADV_WILLNEED)
+
+    def value_at(self, key: bytes) -> bytes | None:
+        """The value of one key on the shortest path there is, or None where that path cannot
+        give it (the key is not there, the value lies outside the known bounds, an error, an
+        append began meanwhile, no epoch file, a scan or a store read from the disk): the
+        caller then reads it with :meth:`values`, which handles each of those."""
+        entry = self.entry
+        epoch = entry.epoch_view
+        span = entry.span
+        if epoch is None or span is None or self._cold or self._ahead is not None:
+            return None
+        before = epoch[0]
+        out: bytes | None = None
+        txn = self.env.begin(buffers=True)
+        try:
+            raw = txn.get(key)
+            if raw is not None:
+                at = address(raw)
+                if span[0] <= at and at + len(raw) <= span[1]:
+                    out = bytes(raw)
+        except lmdb.Error:
+            return None
+        finally:
+            txn.abort()
+        return out if epoch[0] == before else None
+
+    def values(self, keys: Sequence[bytes], where: Callable[[int], str]) -> list[bytes | None]:
+        """The values of ``keys`` (None for a key not there), read in one transaction as
+        :meth:`read` reads, each checked to lie inside the file before it is copied;
+        ``where(n)`` names the ``n``-th for an error."""
+        return self.read(lambda txn: self._copies(txn, keys, where), self.entry.path)
+
+    def _copies(
+        self, txn: Any, keys: Sequence[bytes], where: Callable[[int], str]
+    ) -> list[bytes | None]:
+        # The path of every raw read: a few comparisons per value beyond LMDB's own lookup and
+        # copy. Values outside the file's bounds go through value(), which looks again.
+        started = time.perf_counter_ns()
+        get = txn.get
+        views = [get(k) for k in keys]
+        entry = self.entry
+        lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
+        if self._cold or self._ahead is not None:
+            for view in views:
+                if view is not None and lo <= (at := address(view)) and at + len(view) <= hi:
+                    self._advise(at - lo, len(view))
+            started = time.perf_counter_ns()  # the copies, which wait for what was asked for
+        out: list[bytes | None] = []
+        pages = 0
+        for n, view in enumerate(views):
+            if view is None:
+                out.append(None)
+                continue
+            size = len(view)
+            at = address(view)
+            if lo <= at and at + size <= hi:
+                out.append(bytes(view))
+            else:
+                out.append(self.value(view, where(n)))
+            pages += 1 + size // mmap.PAGESIZE
+        self._cold = time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK
+        return out
 
     def read(self, fn: Callable[[Any], T], where: str) -> T:
         """``fn(txn)`` in a read transaction (``buffers=True``), begun again in a new one when
@@ -361,11 +438,12 @@ class Lease:
         n = len(raw)
         entry = self.entry
         if n and entry.span is not None:
-            address = np.frombuffer(raw, dtype=np.uint8).ctypes.data
-            while address < entry.span[0] or address + n > entry.span[1]:
+            at = address(raw)
+            while at < entry.span[0] or at + n > entry.span[1]:
                 if not entry.grown():
                     raise _damage(where, f"its value ({n} bytes) lies outside the file")
-            self._advise(address - entry.span[0], n)
+            if self._ahead is not None:
+                self._advise(at - entry.span[0], n)
         elif not entry.writable and n > entry.size and not entry.grown():
             raise _damage(where, f"its value ({n} bytes) is larger than the file")
         return bytes(raw)
