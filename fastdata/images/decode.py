@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 import warnings
 from typing import TYPE_CHECKING
 
@@ -78,13 +79,19 @@ def has_turbo() -> bool:
     return _simplejpeg is not None
 
 
+PILLOW_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3
+"""Pillow's own ``MAX_IMAGE_PIXELS`` as it ships (what the limit is while nothing changed it)."""
+
+
 def pixel_limit() -> int | None:
     """The pixel limit in force (see :func:`set_pixel_limit`)."""
     if _limit[0] is not None:
         return _limit[0]
-    from PIL import Image
-
-    return Image.MAX_IMAGE_PIXELS
+    # Pillow's setting, if Pillow was imported (only then can anyone have changed it): a
+    # conversion of JPEGs checks headers without importing Pillow at all.
+    pil = sys.modules.get("PIL.Image")
+    limit: int | None = pil.MAX_IMAGE_PIXELS if pil is not None else PILLOW_DEFAULT_LIMIT
+    return limit
 
 
 def _check_pixels(height: int, width: int, name: str) -> None:
@@ -149,6 +156,7 @@ def decode_array(
     shrink: int = 1,
     fast: bool = False,
     strict: bool = False,
+    size: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """Decode bytes into an ``HxWx3`` uint8 RGB array, at ``1/shrink`` of the full size where
     the decoder can scale (JPEG: 2, 4 or 8, in the DCT domain).
@@ -159,6 +167,8 @@ def decode_array(
         shrink: a power of two; the result is at least ``1/shrink`` of each side.
         fast: libjpeg-turbo's fast integer IDCT and chroma upsampling.
         strict: a JPEG whose scan data is corrupt or ends early is an error.
+        size: ``(height, width)`` as :func:`image_size` gave it for these bytes, when the
+            caller has it already (the header is then not read twice).
 
     Raises:
         CorruptImageError: the bytes cannot be decoded, declare more pixels than the limit, or
@@ -166,7 +176,7 @@ def decode_array(
     """
     import numpy as np
 
-    h, w = image_size(data, name)
+    h, w = size if size is not None else image_size(data, name)
     if _simplejpeg is not None and _is_jpeg(data):
         try:
             return _simplejpeg.decode_jpeg(

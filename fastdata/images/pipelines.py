@@ -59,7 +59,7 @@ def _region(
     image, resize it to ``size`` square, flip it if asked."""
     height, width = full
     top, left, h, w = box
-    img = decode_array(data, shrink=_shrink_for(h, w, size, size), fast=fast)
+    img = decode_array(data, shrink=_shrink_for(h, w, size, size), fast=fast, size=full)
     fy, fx = img.shape[0] / height, img.shape[1] / width
     y0, x0 = int(top * fy), int(left * fx)
     y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))

@@ -259,23 +259,34 @@ def read_file(path: str, limit: int) -> bytes | str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return os_reason(exc)
-    with open(fd, "rb", closefd=True) as f:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return f"not a regular file ({file_kind(st.st_mode)})"
-            if st.st_size > limit:
-                return _too_large(st.st_size, limit)
-            # read(n) allocates n bytes up front: ask for what fstat said, plus one to see if
-            # the file grew since, and only then for the rest (still bounded by the limit)
-            data = f.read(st.st_size + 1)
-            if len(data) > st.st_size:
-                data += f.read(limit + 1 - len(data))
-        except OSError as exc:
-            return os_reason(exc)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"not a regular file ({file_kind(st.st_mode)})"
+        if st.st_size > limit:
+            return _too_large(st.st_size, limit)
+        # One read of what fstat said plus one byte: a regular file that gives exactly its size
+        # has ended (os.read allocates what it asks for, so never more than the limit + 1).
+        data = os.read(fd, st.st_size + 1)
+        if len(data) != st.st_size:  # it grew or shrank since, or the file system reads short
+            data = _read_rest(fd, data, limit)
+    except OSError as exc:
+        return os_reason(exc)
+    finally:
+        os.close(fd)
     if len(data) > limit:
         return _too_large(len(data), limit)
     return data
+
+
+def _read_rest(fd: int, first: bytes, limit: int) -> bytes:
+    """``first`` and what follows it in ``fd`` up to its end or ``limit + 1`` bytes in all."""
+    parts, total = [first], len(first)
+    while first and total <= limit:
+        first = os.read(fd, min(limit + 1 - total, 1 << 24))
+        parts.append(first)
+        total += len(first)
+    return b"".join(parts)
 
 
 def _too_large(size: int, limit: int) -> str:
