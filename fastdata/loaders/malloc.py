@@ -20,8 +20,10 @@ import ctypes
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["tune_malloc"]
+__all__ = ["tune_malloc", "tuned_malloc"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 20
 TRIM_THRESHOLD = 128 << 20
+GLIBC_DEFAULT_THRESHOLD = 128 << 10
+"""glibc's initial mmap and trim thresholds, which :func:`tuned_malloc` puts back."""
 _done = False
 
 
@@ -62,3 +66,37 @@ def tune_malloc() -> bool:
     log.debug("glibc malloc tuned for image-sized buffers: %s", ok)
     _done = ok
     return ok
+
+
+@contextmanager
+def tuned_malloc() -> Iterator[bool]:
+    """:func:`tune_malloc` while the block runs, glibc's thresholds put back after it (and the
+    heap kept meanwhile returned to the kernel): for a library call that loops over image-sized
+    buffers in someone else's process. A process tuned already stays tuned. Yields whether the
+    settings are in effect.
+
+    One trace stays: glibc no longer moves its thresholds by itself once they were set (as
+    when ``MALLOC_MMAP_THRESHOLD_`` is set in the environment).
+    """
+    if _done:
+        yield True
+        return
+    if not tune_malloc():
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _untune()
+
+
+def _untune() -> None:
+    global _done
+    libc = ctypes.CDLL(None)
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt(_M_MMAP_THRESHOLD, GLIBC_DEFAULT_THRESHOLD)
+    libc.mallopt(_M_TRIM_THRESHOLD, GLIBC_DEFAULT_THRESHOLD)
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim(0)
+    _done = False
+    log.debug("glibc malloc thresholds put back")

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..errors import CorruptImageError, SourceError, UsageError
 from ..images.validate import validate_image
-from ..loaders.malloc import tune_malloc
+from ..loaders.malloc import tune_malloc, tuned_malloc
 from ..packed import PackedStrings
 from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, checksum, name_bytes
 from ..sources.folder import FolderScan, Sample, read_file, scan_folder
@@ -159,7 +160,7 @@ def convert(
     collection: str | None = None,
     max_file_bytes: int | None = None,
     timeout_s: float | None = None,
-    tune_allocator: bool = False,
+    tune_allocator: bool | None = None,
     append: bool = False,
     classes: Sequence[str] | None = None,
     check_content: bool = False,
@@ -190,9 +191,12 @@ def convert(
         max_file_bytes: files larger than this are skipped (default :data:`MAX_FILE_BYTES`;
             a resume keeps the limit it began with).
         timeout_s: for a MongoDB destination, the server selection and connection timeout.
-        tune_allocator: retune glibc's allocator for image-sized buffers
-            (:func:`fastdata.loaders.malloc.tune_malloc`), for the rest of the process: what the
-            ``fastdata convert`` command does, since the process is the conversion's alone.
+        tune_allocator: glibc's allocator tuned for image-sized buffers
+            (:func:`fastdata.loaders.malloc.tune_malloc`): by default (None) while the
+            conversion runs, its thresholds put back after (a conversion costs about a third
+            more without it: freed buffers go back to the kernel and come back page by page);
+            True: for the rest of the process (what the ``fastdata convert`` command does, the
+            process being the conversion's alone); False: not at all.
         append: add the images of ``source`` that the store at ``destination`` does not hold
             yet (by relative path) as new records, in place (see :mod:`fastdata.ops.append`);
             ``resume`` then continues an interrupted append.
@@ -216,28 +220,29 @@ def convert(
     started = time.perf_counter()
     if tune_allocator:
         tune_malloc()
-    scan = _scan(source, classes, strict, drop_unlisted)
-    mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
-    writer = open_writer(
-        destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
-    )
-    _check_destination(scan, writer)
-    if append and overwrite:
-        raise UsageError("--append adds to a store and --overwrite replaces it: choose one")
-    options = _Options(
-        workers, strict, verify_decode, max_file_bytes, commit_records, progress, check_content
-    )
-    with writer:
-        run = _Run(scan, writer, options, started)
-        if append:
-            done = run.start_append(resume=resume)
-        else:
-            done = run.start(resume=resume, overwrite=overwrite)
-        if done is not None:
-            return done
-        run.store_all()
-        run.finish()
-    return run.report()
+    with tuned_malloc() if tune_allocator is None else nullcontext():
+        scan = _scan(source, classes, strict, drop_unlisted)
+        mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
+        writer = open_writer(
+            destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
+        )
+        _check_destination(scan, writer)
+        if append and overwrite:
+            raise UsageError("--append adds to a store and --overwrite replaces it: choose one")
+        options = _Options(
+            workers, strict, verify_decode, max_file_bytes, commit_records, progress, check_content
+        )
+        with writer:
+            run = _Run(scan, writer, options, started)
+            if append:
+                done = run.start_append(resume=resume)
+            else:
+                done = run.start(resume=resume, overwrite=overwrite)
+            if done is not None:
+                return done
+            run.store_all()
+            run.finish()
+        return run.report()
 
 
 def _scan(

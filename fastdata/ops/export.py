@@ -44,24 +44,50 @@ def safe_destination(outdir: Path, name: str) -> Path:
         UnsafePathError: the name is absolute, empty, has ``.`` or ``..`` parts or a NUL byte,
             or would resolve (through a link) outside ``outdir``.
     """
-    parts = name.split("/")
-    if (
-        not name
-        or name.startswith("/")
-        or "\x00" in name
-        or any(p in ("", ".", "..") for p in parts)
-        or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
-    ):
-        raise UnsafePathError(
-            f"record name {name!r} is not a safe relative path; refusing to write it"
-        )
-    target = outdir.joinpath(*parts)
-    root = os.path.realpath(outdir)
-    if os.path.commonpath([root, os.path.realpath(target)]) != root:
-        raise UnsafePathError(
-            f"record name {name!r} resolves outside {outdir}; refusing to write it"
-        )
-    return target
+    return _Destination(outdir).path_for(name, create=False)
+
+
+class _Destination:
+    """Where an export writes: each record's path checked to stay inside the folder, each
+    folder under it created and resolved once (its links followed) however many files go in."""
+
+    def __init__(self, outdir: Path) -> None:
+        self.outdir = outdir
+        self.root = os.path.realpath(outdir)
+        self._folders: set[tuple[str, ...]] = set()
+        """Folders (as name parts) made and found to resolve inside the root."""
+
+    def path_for(self, name: str, *, create: bool = True) -> Path:
+        """The checked path of the record ``name``; with ``create``, its folder exists."""
+        parts = name.split("/")
+        if (
+            not name
+            or name.startswith("/")
+            or "\x00" in name
+            or any(p in ("", ".", "..") for p in parts)
+            or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
+        ):
+            raise UnsafePathError(
+                f"record name {name!r} is not a safe relative path; refusing to write it"
+            )
+        target = self.outdir.joinpath(*parts)
+        folder = tuple(parts[:-1])
+        if folder not in self._folders:
+            if create:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            self._inside(target.parent, name)
+            if create:
+                self._folders.add(folder)
+        # the folder resolves inside the root; only the file's own name may still be a link
+        if os.path.islink(target):
+            self._inside(target, name)
+        return target
+
+    def _inside(self, path: Path, name: str) -> None:
+        if os.path.commonpath([self.root, os.path.realpath(path)]) != self.root:
+            raise UnsafePathError(
+                f"record name {name!r} resolves outside {self.outdir}; refusing to write it"
+            )
 
 
 def export_store(
@@ -108,6 +134,7 @@ def export_store(
     except OSError as exc:
         raise _write_failed(out, exc) from None
     report = ExportReport(str(out), repaired=repaired)
+    destination = _Destination(out)
     total = len(reader)
     meta = reader.meta
     rows: list[bytes] | None = None
@@ -121,12 +148,14 @@ def export_store(
             row = {"path": name, "label": meta.classes[int(rec.header.label)]}
             rows.append(json.dumps(row).encode() + b"\n")
         if data is not None:
-            _write(out, name, data, overwrite=overwrite, resume=resume, report=report)
+            _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
         if progress is not None and (done % 64 == 0 or done == total):
             progress(done, total)
     if rows is not None:
         manifest = b"".join(rows)
-        _write(out, EXPORTED_MANIFEST, manifest, overwrite=True, resume=False, report=report)
+        _write(
+            destination, EXPORTED_MANIFEST, manifest, overwrite=True, resume=False, report=report
+        )
         report.files -= 1  # the manifest is not one of the images
         report.total_bytes -= len(manifest)
         report.manifest = str(out / EXPORTED_MANIFEST)
@@ -154,13 +183,18 @@ def _checked(
 
 
 def _write(
-    out: Path, name: str, data: bytes, *, overwrite: bool, resume: bool, report: ExportReport
+    out: _Destination,
+    name: str,
+    data: bytes,
+    *,
+    overwrite: bool,
+    resume: bool,
+    report: ExportReport,
 ) -> None:
-    target = safe_destination(out, name)
+    target = out.outdir / name  # (for a message, until it is checked)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        safe_destination(out, name)  # again, now that the folders exist
-        if target.exists() or target.is_symlink():
+        target = out.path_for(name)
+        if os.path.lexists(target):
             if resume and _holds(target, data):
                 report.kept += 1
                 return
@@ -174,9 +208,8 @@ def _write(
                 raise StoreExistsError(f"{target}: exists already; {hint}")
         tmp = target.with_name(f".{target.name}.fastdata-{os.getpid()}.tmp")
         try:
-            with open(tmp, "xb") as f:
-                f.write(data)
-            os.replace(tmp, target)
+            _write_new(tmp, data)
+            os.replace(tmp, target)  # whole or not there: a resume keeps what it finds
         except BaseException:
             with suppress(OSError):
                 os.unlink(tmp)
@@ -185,6 +218,17 @@ def _write(
         raise _write_failed(target, exc) from None
     report.files += 1
     report.total_bytes += len(data)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """``data`` into a new file at ``path`` (which must not exist)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _holds(target: Path, data: bytes) -> bool:

@@ -57,14 +57,19 @@ class StoreReader(abc.ABC):
         replaced by another store."""
         if meta.id == self._id:
             return meta, labels
-        # a store of the first format had no id: it is "" in the list of the store it grew into
-        if self._id in meta.appended_from and meta.count >= self._count:
+        if self._is_opened(meta):
             self._ids = meta.ids
             view = replace(
                 meta, count=self._count, classes=meta.classes[: self._n_classes], id=self._id
             )
             return view, labels[: self._count]
         return None
+
+    def _is_opened(self, meta: StoreMeta) -> bool:
+        """Whether ``meta`` is the store this reader opened: the same, or grown from it by
+        appends (see ``_as_opened``)."""
+        # a store of the first format had no id: it is "" in the list of the store it grew into
+        return meta.id == self._id or (self._id in meta.appended_from and meta.count >= self._count)
 
     def _replaced(self, now: str) -> StoreReplacedError:
         """The error of a reader whose store was replaced since it opened it (``now``: what is

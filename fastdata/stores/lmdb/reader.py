@@ -135,15 +135,22 @@ class LMDBStore(_Leased):
         self._meta, self._labels = self._load(self._lease)
         self._opened(self._meta)
 
-    def _load(self, lease: Lease) -> tuple[StoreMeta, np.ndarray]:
+    def _load(self, lease: Lease, *, labels: bool = True) -> tuple[StoreMeta, np.ndarray]:
+        """The metadata and the labels; with ``labels=False``, the metadata alone (the labels
+        returned are then empty): what a worker that has the labels already checks."""
+
         def get(txn: Any) -> tuple[bytes | None, bytes | None]:
             raw_meta = lease.value(txn.get(META_KEY), f"{self.path}: the metadata")
+            if not labels:
+                return raw_meta, None
             return raw_meta, lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
 
         raw_meta, raw_labels = lease.read(get, self.path)
         if raw_meta is None:
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
         meta = StoreMeta.from_json(raw_meta, self.path)
+        if not labels:
+            return meta, np.empty(0, dtype=np.int64)
         return meta, check_labels(raw_labels, meta, self.path)
 
     def skipped_files(self) -> list[SkippedFile]:
@@ -163,14 +170,18 @@ class LMDBStore(_Leased):
         return [skipped_file(item, where) for item in legacy]
 
     def _check_identity(self, lease: Lease) -> None:
+        # A forked worker, or a reader reopened, holds the labels already: only the metadata is
+        # read to check them (the labels are 8 bytes a record, which each worker would copy).
+        unpickled = self.__dict__.get("_meta") is None
         try:
-            meta, labels = self._load(lease)
+            meta, labels = self._load(lease, labels=unpickled)
         except IncompleteStoreError:
             raise self._replaced("(none: an unfinished store)") from None
-        seen = self._as_opened(meta, labels)
-        if seen is None:
+        if not self._is_opened(meta):
             raise self._replaced(meta.id)
-        if self.__dict__.get("_meta") is None:  # unpickled: what the pickle left out
+        if unpickled:  # what the pickle left out
+            seen = self._as_opened(meta, labels)
+            assert seen is not None  # (it is the store opened: checked above)
             self._meta, self._labels = seen
 
     def _loaded(self) -> None:
@@ -207,16 +218,6 @@ class LMDBStore(_Leased):
 
         for start in range(0, n, batch_size):
             yield from lease.read(functools.partial(batch, start=start), self.path)
-
-    def _record(self, lease: Lease, txn: Any, key: bytes) -> bytes:
-        where = f"{self.path}: record {key.decode()}"
-        value = lease.value(txn.get(key), where)
-        if value is None:
-            raise RecordError(
-                f"{where} is missing; the store is damaged, run `fastdata verify` on it and "
-                "convert it again"
-            )
-        return value
 
     def record_names(self) -> PackedStrings:
         lease = self._env()
@@ -262,19 +263,23 @@ class LMDBStore(_Leased):
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
-        lease = self._env()
-
-        def get(txn: Any) -> list[Record]:
-            out = []
-            for i in idx:
-                key = record_key(i)
-                data = self._record(lease, txn, key)
-                head = self._record(lease, txn, header_key(i))
-                header = RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
-                out.append(Record(i, header, data))
-            return out
-
-        return lease.read(get, self.path)
+        keys = [b"%010d" % i for i in idx]  # record_key, inline
+        n = len(keys)
+        found = self._env().values(
+            [*keys, *(b"#" + k for k in keys)],  # then each header_key
+            lambda j: f"{self.path}: record {idx[j % n]}",
+        )
+        out = []
+        for j, i in enumerate(idx):
+            data, head = found[j], found[n + j]
+            where = f"{self.path}: record {keys[j].decode()}"
+            if data is None or head is None:
+                raise RecordError(
+                    f"{where}{'' if data is None else ': its header'} is missing; the store is "
+                    "damaged, run `fastdata verify` on it and convert it again"
+                )
+            out.append(Record(i, RecordHeader.from_json(head, where), data))
+        return out
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         idx = self.check_indices(indices)  # in an unpickled reader, this loads the labels
@@ -292,6 +297,8 @@ class LMDBStore(_Leased):
         return [str(d) for d in self._damage]
 
     def damaged_record(self, index: int) -> str | None:
+        if not self._damage:
+            return None
         keys = (record_key(index), header_key(index))
         for damage in self._damage:
             if any(damage.covers(k) for k in keys):
