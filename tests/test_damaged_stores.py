@@ -143,6 +143,34 @@ def test_a_value_whose_size_field_lies(store: Path, tmp_path: Path) -> None:
     assert results["verify"].returncode == 1  # type: ignore[attr-defined]
 
 
+def test_a_large_value_whose_size_runs_past_the_end_of_the_file(tmp_path: Path) -> None:
+    """A value on its own pages (an image over a page) whose node claims more bytes than the
+    file holds past it: LMDB's reader touches every page of a value before it hands it over,
+    which past the end of the file killed the process (SIGBUS) before any check could look."""
+    src = tmp_path / "src"
+    for i in range(40):
+        write(src / "c" / f"{i:03d}.jpg", jpeg_bytes(120, 120, seed=i))  # several pages each
+    store = tmp_path / "big.lmdb"
+    convert(src, store)
+    data_file = store / "data.mdb"
+    raw = data_file.read_bytes()
+    firsts = []  # the first node of every leaf of records on their own pages (live or not)
+    for page in pages(data_file, lmdb_file.P_LEAF):
+        at = page * 4096 + struct.unpack_from("<H", raw, page * 4096 + 16)[0]
+        flags, key_size = struct.unpack_from("<HH", raw, at + 4)
+        if flags & 1 and raw[at + 8 : at + 9].isdigit():  # F_BIGDATA, a record's key
+            firsts.append((page, at - page * 4096))
+    assert firsts
+    for claim in (len(raw) + 300_000, 0xFFFFFFF0):
+        for page, offset in firsts:
+            smash(data_file, page, offset, struct.pack("<I", claim))
+        results = every_path(store, tmp_path)  # none killed (every_path checks)
+        read = results["read"].stdout  # type: ignore[attr-defined]
+        assert "lies outside the file" in read, read
+        assert results["verify"].returncode == 1  # type: ignore[attr-defined]
+        data_file.write_bytes(raw)
+
+
 def put(store: Path, key: bytes, value: bytes) -> None:
     env = lmdb.open(str(store), map_size=1 << 26)
     with env.begin(write=True) as txn:

@@ -107,7 +107,7 @@ def test_a_store_read_from_the_disk_asks_for_each_batch_at_once(
         real(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", record)
-    lease._cold = True
+    lease._cold = 1
     batch = list(range(0, len(want), 3))
     assert [d for d, _ in ds.__getitems__(batch)] == [want[i] for i in batch]
     assert sorted(length for _, length in asked) == sorted(len(want[i]) for i in batch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
 import threading
 import time
 import weakref
@@ -59,6 +60,10 @@ class _Env:
     epoch_map: mmap.mmap | None = None
     epoch_view: memoryview | None = None
     """The append epoch (see "appends"), mapped; None while the store has no epoch file."""
+    covered: int = 0
+    """Where the zeros covering the map past the file's end begin (see "past the end"); 0:
+    nothing is covered."""
+    map_end: int = 0
 
     def epoch(self) -> int:
         """The append epoch now: -1 while there is no epoch file (an older store never
@@ -85,9 +90,35 @@ class _Env:
         if size <= self.size:
             return False
         if self.span is not None:
+            if self.covered:
+                self._uncover(size)
             self.span = (self.span[0], self.span[0] + min(size, self.map_length))
         self.size = size
         return True
+
+    def cover(self) -> None:
+        """Cover the map past the end of the file with zeros (see "past the end")."""
+        if self.span is None or self.writable:
+            return
+        start = self.span[0] + _page_up(self.size)
+        end = self.span[0] + self.map_length
+        flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE
+        if start < end and _map_fixed(start, end - start, flags, -1, 0):
+            self.covered, self.map_end = start, end
+
+    def _uncover(self, size: int) -> None:
+        """Map the pages of the file that grew to ``size`` where zeros covered them."""
+        assert self.span is not None and self.fd is not None
+        upto = min(self.span[0] + _page_up(size), self.map_end)
+        if upto <= self.covered:
+            return
+        offset = self.covered - self.span[0]
+        if not _map_fixed(self.covered, upto - self.covered, _MAP_SHARED, self.fd, offset):
+            raise StoreError(
+                f"{self.path}: the store grew and its new part could not be mapped; open the "
+                "dataset again"
+            )
+        self.covered = upto
 
     @property
     def map_length(self) -> int:
@@ -245,9 +276,9 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # the whole map): with it on, a cold random read of a 2 kB record pulled about 0.5-1.5 MB from
 # the disk, and a store larger than the page cache spent its reads evicting useful pages. With it
 # off a record is read a page at a time as it is copied. A batch that came from the disk (its
-# copies took longer than memory could: COLD_NS_PER_PAGE) makes the next batches announce their
-# values first (POSIX_FADV_WILLNEED on each byte range: one request per value, all of a batch's
-# requests in flight at once) until a batch is served from memory again; from memory, advice
+# copies took longer than memory could: COLD_NS_PER_PAGE) makes the next COLD_BATCHES batches
+# announce their values first (POSIX_FADV_WILLNEED on each byte range: one request per value,
+# all of a batch's requests in flight at once), then one is timed again; from memory, advice
 # would only cost a system call per value. A scan in index order (verify, export) asks for
 # sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it requested while it runs.
 # ``scripts/bench_readahead.py`` measures these against a bare lmdb loop.
@@ -258,25 +289,73 @@ up and copy was read from the disk, not from memory: a page in memory costs at m
 or so (a first touch), one from a disk tens of microseconds or more."""
 COLD_NS_SLACK = 50_000
 """Allowed to any batch, for the scheduler's and the collector's pauses."""
+COLD_BATCHES = 16
+"""Batches announced after one that came from the disk, before one is timed again (a batch
+announced looks as fast as memory: its pages come in together)."""
 SCAN_WINDOW = 32 << 20
 """How far ahead of a scan its pages are requested."""
 
 _libc: Any = None
 
 
-def _madvise(address: int, length: int, advice: int) -> None:
-    """Give the kernel ``advice`` about a range of this process's map; a no-op where it cannot."""
+def _c_library() -> Any:
+    """The C library's ``madvise`` and ``mmap`` (Linux), or False where they cannot be had."""
     global _libc
     if _libc is None:
         try:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            libc.mmap.argtypes = (
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            )
+            libc.mmap.restype = ctypes.c_void_p
+            _libc = libc if sys.platform.startswith("linux") else False
         except (OSError, AttributeError):
             _libc = False
-    if not _libc:
+    return _libc
+
+
+def _madvise(address: int, length: int, advice: int) -> None:
+    """Give the kernel ``advice`` about a range of this process's map; a no-op where it cannot."""
+    libc = _c_library()
+    if not libc:
         return
     start = address - address % mmap.PAGESIZE
-    _libc.madvise(start, address + length - start, advice)  # advice only: its failure is harmless
+    libc.madvise(start, address + length - start, advice)  # advice only: its failure is harmless
+
+
+# ------------------------------------------------------------------------------ past the end
+#
+# py-lmdb touches every page of a value before it returns it (its "preload", with the GIL
+# released), so a damaged node whose size runs past the end of the file would fault (SIGBUS)
+# inside LMDB's own get, before any check of ours could look at the value. Readers map far more
+# than the file (READER_MAP_SIZE), so the map past the file's last page is covered with an
+# anonymous, read-only mapping: touching it reads zeros, and the value is then found to lie
+# outside the file (Lease.value). LMDB never takes a page of zeros for one of its own (its flags
+# name no kind of page), so a read that meets one fails and is tried again once the file is found
+# to have grown. When an append grows the file, the pages it now holds are mapped from the file
+# again in their place (_Env.grown) before anything past the old end is read.
+
+_PROT_READ, _MAP_SHARED, _MAP_PRIVATE = 0x1, 0x01, 0x02
+_MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x10, 0x20, 0x4000  # Linux's values
+
+
+def _page_up(n: int) -> int:
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def _map_fixed(address: int, length: int, flags: int, fd: int, offset: int) -> bool:
+    """Map ``length`` bytes, read-only, at exactly ``address`` (replacing what was there)."""
+    libc = _c_library()
+    if not libc:
+        return False
+    got = libc.mmap(address, length, _PROT_READ, flags | _MAP_FIXED, fd, offset)
+    return bool(got == address)
 
 
 class Lease:
@@ -317,8 +396,9 @@ class Lease:
     _ahead: int | None = None
     """In a scan: the file offset up to which read-ahead was requested."""
 
-    _cold = False
-    """The last batch came from the disk: the next announces its values before copying them."""
+    _cold = 0
+    """Batches left to announce their values before copying them (set when one came from the
+    disk)."""
 
     def _advise(self, offset: int, n: int) -> None:
         """Ask for a value's pages in one request; in a scan, keep a window of the file past
@@ -376,11 +456,11 @@ class Lease:
         views = [get(k) for k in keys]
         entry = self.entry
         lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
-        if self._cold or self._ahead is not None:
+        advising = self._cold > 0 or self._ahead is not None
+        if advising:
             for view in views:
                 if view is not None and lo <= (at := address(view)) and at + len(view) <= hi:
                     self._advise(at - lo, len(view))
-            started = time.perf_counter_ns()  # the copies, which wait for what was asked for
         out: list[bytes | None] = []
         pages = 0
         for n, view in enumerate(views):
@@ -394,7 +474,12 @@ class Lease:
             else:
                 out.append(self.value(view, where(n)))
             pages += 1 + size // mmap.PAGESIZE
-        self._cold = time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK
+        if self._cold:
+            self._cold -= 1
+        elif not advising and (
+            time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK
+        ):
+            self._cold = COLD_BATCHES  # then one batch unannounced again, timed
         return out
 
     def read(self, fn: Callable[[Any], T], where: str) -> T:
@@ -413,7 +498,7 @@ class Lease:
                 finally:
                     txn.abort()  # a read transaction: nothing to commit
             except lmdb.Error as exc:
-                if entry.epoch() != before:
+                if entry.epoch() != before or entry.grown():
                     continue
                 raise StoreError(
                     f"{where}: reading failed: {exc}; the store is damaged, run "
@@ -529,6 +614,8 @@ def open_reader(path: str) -> Lease:
                 env.close()
                 continue
             entry = _Env(key, path, env, False, _span(key, size), size, _open_fd(data_file, key))
+            if entry.fd is not None:  # (without it, what was covered could not be uncovered)
+                entry.cover()
             entry.epoch_path = os.path.join(os.path.dirname(data_file), EPOCH_FILE)
             entry.epoch_map, entry.epoch_view = _map_epoch(entry.epoch_path)
             return _lease(entry)
