@@ -55,6 +55,9 @@ LABEL_DTYPE = "<i4"
 """How labels are stored, in both backends: one little-endian int32 per record."""
 
 
+_decode_json = json.JSONDecoder().decode
+
+
 def checksum(data: bytes | memoryview) -> int:
     """CRC-32 of the bytes, as stored in every record (detects truncation and bit rot)."""
     return _crc32(data) & 0xFFFFFFFF
@@ -106,7 +109,8 @@ class RecordHeader:
     @classmethod
     def from_json(cls, raw: bytes | memoryview | str, where: str = "record") -> RecordHeader:
         try:
-            d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
+            text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
+            d = _decode_json(text)  # (json.loads, less its checks of the encoding)
         except ValueError as exc:
             raise RecordError(f"{where}: record header is not valid JSON ({exc})") from exc
         return cls.from_dict(d, where)
@@ -114,6 +118,19 @@ class RecordHeader:
     @classmethod
     def from_dict(cls, d: Any, where: str = "record") -> RecordHeader:
         """Check every field's type before trusting it (a damaged header is a RecordError)."""
+        if type(d) is dict:  # the usual header, checked in one expression (every read's path)
+            name, label, size = d.get("name"), d.get("label"), d.get("size")
+            crc, fmt, repaired = d.get("crc32"), d.get("format"), d.get("repaired", False)
+            if (
+                type(name) is str
+                and type(label) is int
+                and type(size) is int
+                and type(crc) is int
+                and type(fmt) is str
+                and size >= 0
+                and 0 <= crc < 1 << 32
+            ):
+                return cls(name, label, size, crc, fmt, bool(repaired))
         if not isinstance(d, dict):
             raise RecordError(f"{where}: malformed record header (not an object)")
         types = {"name": str, "label": int, "size": int, "crc32": int, "format": str}

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pymongo
@@ -201,18 +202,40 @@ def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
     try:
         uri = f"{server.uri}/restart"
         convert(good_folder, uri, collection="g")
-        ds = MongoImageDataset(uri, "g", output="bytes", timeout_s=2.0, retry_budget_s=60.0)
+        # The reader's budget covers the longest restart allowed below; what is asserted is
+        # measured against the restart as it happened (a loaded machine restarts slowly, and a
+        # port still closing may refuse the first start).
+        ds = MongoImageDataset(uri, "g", output="bytes", timeout_s=2.0, retry_budget_s=300.0)
+        restart: dict[str, Any] = {}
+
+        def restart_later() -> None:
+            time.sleep(1.5)
+            begun = time.monotonic()
+            while True:
+                try:
+                    server.start(timeout=60)
+                    break
+                except RuntimeError as exc:
+                    if time.monotonic() - begun > 240:
+                        restart["error"] = exc
+                        return
+                    time.sleep(0.5)
+            restart["back"] = time.monotonic()
+
         seen: list[int] = []
         restarter = None
         for i, batch in enumerate(DataLoader(ds, batch_size=2, collate_fn=list)):
             seen.extend(label for _, label in batch)
             if i == 1:
                 server.stop()
-                restarter = threading.Timer(1.5, server.start)
+                restarter = threading.Thread(target=restart_later)
                 restarter.start()
+        ended = time.monotonic()
         assert restarter is not None
         restarter.join()
+        assert "error" not in restart, restart
         assert seen == list(ds.targets)  # the epoch completed, every sample once
+        assert ended - restart["back"] < 30  # and went on soon after the server was back
 
         brief = MongoImageDataset(uri, "g", output="bytes", timeout_s=0.5, retry_budget_s=2.0)
         server.stop()  # and now it stays away: a clear error within the retry budget

@@ -6,10 +6,12 @@ Code written for timm calls::
                            use_prefetcher=True, mean=..., std=..., num_workers=8,
                            distributed=False, pin_memory=True, fp16=False)
 
-This function takes that call. Crops and flips come from fastdata's pipelines (random-resized-crop
-with timm's ``scale``, ``ratio`` and ``hflip`` for training; resize and centre crop with
-``crop_pct`` for evaluation). timm's other augmentations (random erasing, AutoAugment, colour
-jitter, ...) have no counterpart here: asking for one logs which were not applied, once.
+This function takes that call. Crops, flips and colour jitter come from fastdata's pipelines
+(random-resized-crop with timm's ``scale``, ``ratio`` and ``hflip``, and timm's ``color_jitter``
+(default 0.4) and ``color_jitter_prob`` for training; resize and centre crop with ``crop_pct``
+for evaluation), and ``input_size`` may be a pair as in timm. timm's other augmentations (random
+erasing, AutoAugment, ...) have no counterpart here: asking for one logs which were not
+applied.
 ``use_prefetcher`` needs no CUDA: without a GPU the batches are normalised on the CPU.
 """
 
@@ -34,8 +36,6 @@ _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "re_count": 1,
     "re_split": False,
     "vflip": 0.0,
-    "color_jitter": 0.4,
-    "color_jitter_prob": None,
     "grayscale_prob": 0.0,
     "gaussian_blur_prob": 0.0,
     "auto_augment": None,
@@ -49,19 +49,16 @@ _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "train_crop_mode": None,
     "worker_seeding": "all",
 }
-"""timm's options with no fastdata counterpart, and the values at which they do nothing."""
+"""timm's options with no fastdata counterpart, and the values at which they do nothing (timm's
+defaults, each of which does nothing): any other value is logged as not applied."""
 
 
-def _side(input_size: int | Sequence[int]) -> int:
+def _shape(input_size: int | Sequence[int]) -> int | tuple[int, int]:
+    """timm's ``input_size`` (an int, ``(h, w)`` or ``(channels, h, w)``) as an image size."""
     if isinstance(input_size, int):
         return input_size
     *_, height, width = tuple(input_size)
-    if height != width:
-        raise ValueError(
-            f"input_size {tuple(input_size)}: fastdata's pipelines make square images; give "
-            "equal height and width"
-        )
-    return int(height)
+    return int(height) if height == width else (int(height), int(width))
 
 
 def create_loader(
@@ -74,6 +71,8 @@ def create_loader(
     scale: tuple[float, float] | None = None,
     ratio: tuple[float, float] | None = None,
     hflip: float = 0.5,
+    color_jitter: float | Sequence[float] | None = 0.4,
+    color_jitter_prob: float | None = None,
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
     num_workers: int = 1,
@@ -99,7 +98,7 @@ def create_loader(
     """
     import torch
 
-    from ..images.pipelines import EvalPipeline, TrainPipeline
+    from ..images.pipelines import EvalPipeline, TrainPipeline, jitter_strengths
 
     unknown = sorted(set(timm_only) - set(_UNSUPPORTED_DEFAULTS))
     if unknown:
@@ -107,13 +106,17 @@ def create_loader(
     ignored = sorted(k for k, v in timm_only.items() if v != _UNSUPPORTED_DEFAULTS[k])
     if ignored:
         log.warning("timm options without a fastdata counterpart, not applied: %s", ignored)
-    side = _side(input_size)
+    side = _shape(input_size)
     if is_training:
+        # timm leaves the colour jitter out when AutoAugment replaces it (not applied here)
+        jitter = None if timm_only.get("auto_augment") else color_jitter
         pipeline: Any = TrainPipeline(
             side,
             scale=(float(scale[0]), float(scale[1])) if scale else (0.08, 1.0),
             ratio=(float(ratio[0]), float(ratio[1])) if ratio else (3 / 4, 4 / 3),
             hflip=hflip,
+            color_jitter=jitter_strengths(jitter) if jitter is not None else None,
+            color_jitter_prob=color_jitter_prob,
         )
     else:
         pipeline = EvalPipeline(side, crop_pct=crop_pct or 0.875)

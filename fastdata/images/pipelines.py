@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .decode import decode_array, image_size
 
-__all__ = ["EvalPipeline", "Pipeline", "TrainPipeline", "sample_crop"]
+__all__ = ["EvalPipeline", "Pipeline", "TrainPipeline", "output_shape", "sample_crop"]
 
 
 def _shrink_for(kept_h: float, kept_w: float, out_h: int, out_w: int) -> int:
@@ -47,24 +49,42 @@ def _resize(region: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.ndarra
     return np.ascontiguousarray(hwc.numpy())
 
 
+def output_shape(size: int | Sequence[int]) -> tuple[int, int]:
+    """``(height, width)`` of a pipeline's output: ``size`` square, or an ``(h, w)`` pair (the
+    forms timm's ``img_size`` takes).
+
+    Raises:
+        ValueError: not a positive int or a pair of them.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        pair: tuple[Any, ...] = (size, size)
+    elif isinstance(size, Sequence) and not isinstance(size, str | bytes) and len(size) == 2:
+        pair = tuple(size)
+    else:
+        raise ValueError(f"image size {size!r}: give an int or an (height, width) pair")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pair):
+        raise ValueError(f"image size {size!r}: sides must be positive whole numbers")
+    return int(pair[0]), int(pair[1])
+
+
 def _region(
     data: bytes,
     full: tuple[int, int],
     box: tuple[float, float, float, float],
-    size: int,
+    out: tuple[int, int],
     fast: bool,
     flip: bool = False,
 ) -> np.ndarray:
     """Decode (reduced where the box allows), cut ``box`` = (top, left, h, w) of the full-size
-    image, resize it to ``size`` square, flip it if asked."""
+    image, resize it to ``out`` = (height, width), flip it if asked."""
     height, width = full
     top, left, h, w = box
-    img = decode_array(data, shrink=_shrink_for(h, w, size, size), fast=fast, size=full)
+    img = decode_array(data, shrink=_shrink_for(h, w, *out), fast=fast, size=full)
     fy, fx = img.shape[0] / height, img.shape[1] / width
     y0, x0 = int(top * fy), int(left * fx)
     y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))
     x1 = max(x0 + 1, min(img.shape[1], round((left + w) * fx)))
-    return _resize(img[y0:y1, x0:x1], size, size, flip)
+    return _resize(img[y0:y1, x0:x1], out[0], out[1], flip)
 
 
 def sample_crop(
@@ -99,9 +119,10 @@ def sample_crop(
 
 
 class Pipeline:
-    """Encoded image bytes -> ``size x size x 3`` uint8 RGB array (subclasses: ``__call__``)."""
+    """Encoded image bytes -> ``height x width x 3`` uint8 RGB array (subclasses:
+    ``__call__``), ``size`` being an int (square) or an ``(h, w)`` pair."""
 
-    size: int
+    size: int | tuple[int, int]
 
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
         raise NotImplementedError
@@ -112,26 +133,106 @@ class TrainPipeline(Pipeline):
     """Random-resized-crop to ``size`` and a horizontal flip with probability ``hflip``.
 
     Args:
-        size: output side.
+        size: output side, or ``(height, width)`` (the crop is then resized to that shape,
+            as ``RandomResizedCrop`` does).
         scale: range of the crop's share of the image area.
         ratio: range of the crop's aspect ratio.
         hflip: probability of a horizontal flip.
         fast_decode: libjpeg-turbo's fast integer IDCT and chroma upsampling (slightly less exact
             pixels, invisible under augmentation).
+        color_jitter: brightness, contrast and saturation jitter as timm's ``color_jitter``
+            (and torchvision's ``ColorJitter``) apply it: a float ``j`` for all three, or a
+            triple; each factor is drawn from ``[max(0, 1 - j), 1 + j]`` and the three are
+            applied in a random order. None (the default) or 0: none.
+        color_jitter_prob: the probability that the jitter is applied to a sample (timm's
+            ``color_jitter_prob``); None: always.
+
+    The crop, the flip and the jitter are drawn from the sample's seed, so a sample gets the
+    same ones whichever worker decodes it.
     """
 
-    size: int = 224
+    size: int | tuple[int, int] = 224
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
     fast_decode: bool = True
+    color_jitter: float | tuple[float, float, float] | None = None
+    color_jitter_prob: float | None = None
+
+    def __post_init__(self) -> None:
+        output_shape(self.size)  # a bad size is refused here, not in a worker
+        jitter_strengths(self.color_jitter)
 
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
         rng = random.Random(seed)  # cheap to create per sample, unlike numpy's generators
         height, width = image_size(data)
         top, left, h, w = sample_crop(rng, height, width, self.scale, self.ratio)
         flip = bool(rng.random() < self.hflip)
-        return _region(data, (height, width), (top, left, h, w), self.size, self.fast_decode, flip)
+        out = output_shape(self.size)
+        image = _region(data, (height, width), (top, left, h, w), out, self.fast_decode, flip)
+        strengths = jitter_strengths(self.color_jitter)
+        if any(strengths) and (
+            self.color_jitter_prob is None or rng.random() < self.color_jitter_prob
+        ):
+            image = color_jitter(image, draw_jitter(rng, strengths))
+        return image
+
+
+def jitter_strengths(value: float | Sequence[float] | None) -> tuple[float, float, float]:
+    """``(brightness, contrast, saturation)`` strengths from timm's ``color_jitter`` forms: a
+    float for all three, a triple, or a 4-tuple whose hue (fourth) must be 0 (hue is not
+    supported).
+
+    Raises:
+        ValueError: a negative strength, a hue, or another form.
+    """
+    if value is None:
+        return (0.0, 0.0, 0.0)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        out = (float(value),) * 3
+    elif isinstance(value, Sequence) and len(value) in (3, 4):
+        if len(value) == 4 and float(value[3]) != 0:
+            raise ValueError(f"color_jitter {tuple(value)}: hue jitter is not supported; give 0")
+        out = (float(value[0]), float(value[1]), float(value[2]))
+    else:
+        raise ValueError(
+            f"color_jitter {value!r}: give a float or (brightness, contrast, saturation)"
+        )
+    if any(not v >= 0 for v in out):
+        raise ValueError(f"color_jitter {value!r}: strengths must be >= 0")
+    return out[0], out[1], out[2]
+
+
+def draw_jitter(
+    rng: random.Random, strengths: tuple[float, float, float]
+) -> list[tuple[int, float]]:
+    """The jitter of one sample: ``(op, factor)`` in the order applied, as torchvision's
+    ``ColorJitter`` draws it (an order, then a factor per op; op 0 brightness, 1 contrast,
+    2 saturation; ops of strength 0 left out)."""
+    order = [0, 1, 2]
+    rng.shuffle(order)
+    return [
+        (op, rng.uniform(max(0.0, 1 - strengths[op]), 1 + strengths[op]))
+        for op in order
+        if strengths[op] > 0
+    ]
+
+
+def color_jitter(image: np.ndarray, ops: Sequence[tuple[int, float]]) -> np.ndarray:
+    """Apply ``ops`` (see :func:`draw_jitter`) to an ``H x W x 3`` uint8 RGB image, as
+    torchvision's functional ``adjust_brightness`` / ``adjust_contrast`` /
+    ``adjust_saturation`` do on uint8 tensors (blend, clamp, truncate to uint8 after each)."""
+    x = image.astype(np.float32)
+    for op, factor in ops:
+        if op == 0:
+            other: np.ndarray | float = 0.0
+        else:
+            gray = x[..., 0] * 0.2989 + x[..., 1] * 0.587 + x[..., 2] * 0.114
+            gray = np.floor(gray)  # torchvision's grayscale of uint8 is uint8
+            other = float(gray.mean()) if op == 1 else gray[..., None]
+        x = np.clip(factor * x + (1 - factor) * other, 0, 255)
+        x = np.floor(x)  # back to uint8 between ops, as torchvision's functions return
+    return x.astype(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -139,20 +240,28 @@ class EvalPipeline(Pipeline):
     """Resize the short side to ``size / crop_pct``, then take the central ``size`` square.
 
     Args:
-        size: output side.
+        size: output side, or ``(height, width)``: then, as timm does for a pair, the image
+            is resized to ``(height, width) / crop_pct`` and its centre cut out.
         crop_pct: the share of the resized short side kept (0.875: resize to 256, crop 224).
         fast_decode: see :class:`TrainPipeline` (off by default for evaluation).
     """
 
-    size: int = 224
+    size: int | tuple[int, int] = 224
     crop_pct: float = 0.875
     fast_decode: bool = False
 
+    def __post_init__(self) -> None:
+        output_shape(self.size)  # a bad size is refused here, not in a worker
+
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
         height, width = image_size(data)
-        short = min(height, width)
-        resized = self.size / self.crop_pct
-        # the central square of the source that ends up in the output
-        side = short * self.size / resized
-        top, left = (height - side) / 2, (width - side) / 2
-        return _region(data, (height, width), (top, left, side, side), self.size, self.fast_decode)
+        out = output_shape(self.size)
+        if out[0] == out[1]:
+            # the short side resized to size / crop_pct: the central square of the source
+            # that ends up in the output
+            kept_h = kept_w = min(height, width) * self.crop_pct
+        else:  # the whole image resized to (h, w) / crop_pct: its central crop_pct
+            kept_h, kept_w = height * self.crop_pct, width * self.crop_pct
+        top, left = (height - kept_h) / 2, (width - kept_w) / 2
+        box = (top, left, kept_h, kept_w)
+        return _region(data, (height, width), box, out, self.fast_decode)

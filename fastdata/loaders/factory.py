@@ -186,7 +186,7 @@ def create_loader(
     batch_size: int,
     *,
     train: bool = True,
-    image_size: int = 224,
+    image_size: int | tuple[int, int] = 224,
     num_workers: Workers = "auto",
     device: torch.device | str | None = None,
     mean: Sequence[float] | None = IMAGENET_MEAN,
@@ -217,7 +217,8 @@ def create_loader(
             ``(image, label)`` with same-size uint8 images.
         batch_size: samples per batch (per rank).
         train: shuffle, augment and drop the last partial batch (unless ``drop_last`` says).
-        image_size: output side of the built-in pipelines.
+        image_size: output side of the built-in pipelines, or ``(height, width)`` (as timm's
+            ``img_size`` takes it).
         num_workers: worker processes, or ``"auto"`` to measure a few counts briefly on this
             dataset and take the fewest within 10% of the best (logged).
         device: where batches go; None picks the current accelerator, else the CPU.

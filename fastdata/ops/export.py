@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -75,15 +76,17 @@ class _Destination:
         if folder not in self._folders:
             if create:
                 target.parent.mkdir(parents=True, exist_ok=True)
-            self._inside(target.parent, name)
+            self.inside(target.parent, name)
             if create:
                 self._folders.add(folder)
-        # the folder resolves inside the root; only the file's own name may still be a link
-        if os.path.islink(target):
-            self._inside(target, name)
+        # the folder resolves inside the root; only the file's own name may still be a link,
+        # which the caller looks at (it stats the target anyway)
+        if not create and os.path.islink(target):
+            self.inside(target, name)
         return target
 
-    def _inside(self, path: Path, name: str) -> None:
+    def inside(self, path: Path, name: str) -> None:
+        """Refuse ``path`` (for the record ``name``) unless it resolves inside the folder."""
         if os.path.commonpath([self.root, os.path.realpath(path)]) != self.root:
             raise UnsafePathError(
                 f"record name {name!r} resolves outside {self.outdir}; refusing to write it"
@@ -194,7 +197,13 @@ def _write(
     target = out.outdir / name  # (for a message, until it is checked)
     try:
         target = out.path_for(name)
-        if os.path.lexists(target):
+        try:
+            mode: int | None = os.lstat(target).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and stat.S_ISLNK(mode):
+            out.inside(target, name)  # a link there may not lead out of the folder
+        if mode is not None:
             if resume and _holds(target, data):
                 report.kept += 1
                 return

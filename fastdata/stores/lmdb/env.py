@@ -457,10 +457,14 @@ class Lease:
         entry = self.entry
         lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
         advising = self._cold > 0 or self._ahead is not None
-        if advising:
+        if self._cold > 0:
             for view in views:
                 if view is not None and lo <= (at := address(view)) and at + len(view) <= hi:
                     self._advise(at - lo, len(view))
+        elif advising:  # a scan: its window is kept ahead of the furthest value
+            ends = [address(v) + len(v) for v in views if v is not None]
+            if ends and lo <= max(ends) <= hi:
+                self._advise(max(ends) - lo, 0)
         out: list[bytes | None] = []
         pages = 0
         for n, view in enumerate(views):

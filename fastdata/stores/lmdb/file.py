@@ -132,6 +132,8 @@ class Damage:
 
 
 _Bounds = tuple[int, int, "bytes | None", "bytes | None"]
+_NODE = struct.Struct("<HHHH")
+_PGNO = struct.Struct("<Q")
 
 
 def walk(path: str, *, limit: int = 100) -> list[Damage]:
@@ -190,19 +192,19 @@ def _check_page(
     count = (lower - PAGE_HEADER) // 2
     children: list[_Bounds] = []
     keys: list[bytes | None] = []
+    where = "node {}"  # (formatted only for a message)
     for i, offset in enumerate(struct.unpack_from(f"<{count}H", data, PAGE_HEADER)):
-        where = f"node {i}"
         if not upper <= offset <= psize - NODE_HEADER:
-            return f"damaged ({where} at offset {offset}, outside the page)"
-        lo, hi, nflags, ksize = struct.unpack_from("<HHHH", data, offset)
+            return f"damaged ({where.format(i)} at offset {offset}, outside the page)"
+        lo, hi, nflags, ksize = _NODE.unpack_from(data, offset)
         start = offset + NODE_HEADER + ksize
         if start > psize:
-            return f"damaged ({where}: key of {ksize} bytes runs past the page)"
+            return f"damaged ({where.format(i)}: key of {ksize} bytes runs past the page)"
         keys.append(data[offset + NODE_HEADER : start] if i or kind == P_LEAF else low)
         if kind == P_BRANCH:
             child = lo | (hi << 16) | (nflags << 32)
             if not 2 <= child <= last:
-                return f"damaged ({where}: child page {child} outside the file)"
+                return f"damaged ({where.format(i)}: child page {child} outside the file)"
             children.append((child, level + 1, None, None))
             continue
         dsize = lo | (hi << 16)
@@ -210,13 +212,16 @@ def _check_page(
             continue  # fastdata stores have no sub-databases; other layouts are not walked
         if nflags & F_BIGDATA:
             if start + 8 > psize:
-                return f"damaged ({where}: overflow pointer runs past the page)"
-            first = struct.unpack_from("<Q", data, start)[0]
+                return f"damaged ({where.format(i)}: overflow pointer runs past the page)"
+            first = _PGNO.unpack_from(data, start)[0]
             pages = -(-(dsize + PAGE_HEADER) // psize)
             if first < 2 or first + pages - 1 > last:
-                return f"damaged ({where}: a value of {dsize} bytes on pages outside the file)"
+                return (
+                    f"damaged ({where.format(i)}: a value of {dsize} bytes on pages outside "
+                    "the file)"
+                )
         elif start + dsize > psize:
-            return f"damaged ({where}: a value of {dsize} bytes runs past the page)"
+            return f"damaged ({where.format(i)}: a value of {dsize} bytes runs past the page)"
     for i, (child, lvl, _, _) in enumerate(children):
         stack.append((child, lvl, keys[i], keys[i + 1] if i + 1 < len(keys) else high))
     return ""
