@@ -1,13 +1,19 @@
 #!/usr/bin/env python
-"""Train a compact CNN on an LMDB store through create_loader: a complete, resumable example.
+"""Train a compact CNN on a store through create_loader: a complete, resumable example.
 
     python scripts/train.py                                  # builds sample-data/ first
     python scripts/train.py train.lmdb --val val.lmdb --epochs 10 --batch-size 128
-    python scripts/train.py train.lmdb --checkpoint run.pt --resume   # continue mid-epoch
+    python scripts/train.py train.lmdb --resume              # continue mid-epoch
+    python scripts/train.py mongodb://127.0.0.1:27017/images --collection train
 
-Prints a progress bar, and per epoch the loss, the accuracy, images/s and the share of time the
-training loop spent waiting for data. The checkpoint holds the model, the optimiser and the
-loader's position, so a resumed run sees exactly the batches it had not seen yet.
+Prints where the checkpoint goes (beside an LMDB store, ``train.lmdb.checkpoint.pt``; for a
+MongoDB collection, ``<database>-<collection>.checkpoint.pt`` here; ``--checkpoint`` chooses),
+a progress bar, and per epoch the loss, the accuracy, images/s and the share of time the
+training loop spent waiting for data. The checkpoint holds the model, the optimiser, the loader's
+position and the store's id, so a resumed run sees exactly the batches it had not seen yet. A
+checkpoint of another store is refused; one of a store that grew since (``--append``) too,
+unless ``--allow-grown``: then the epoch it stopped in starts again over the grown store (its
+position cannot be carried onto another order), the model and the optimiser as saved.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import click
 import torch
 from torch import nn
 
-from fastdata import FastdataError, LMDBImageDataset, convert, create_loader
+from fastdata import FastdataError, LMDBImageDataset, MongoImageDataset, convert, create_loader
 from fastdata.images.synthetic import make_image_folder
 
 
@@ -55,6 +61,56 @@ def sample_store(workdir: Path) -> Path:
     return store
 
 
+def open_dataset(store: str, collection: str | None) -> Any:
+    if store.startswith(("mongodb://", "mongodb+srv://")):
+        if not collection:
+            sys.exit(f"Error: {store}: a MongoDB store needs --collection NAME")
+        return MongoImageDataset(store, collection)
+    return LMDBImageDataset(store)
+
+
+def default_checkpoint(store: str, collection: str | None) -> Path:
+    """Beside an LMDB store; for a MongoDB collection, in this folder, named after both."""
+    if store.startswith(("mongodb://", "mongodb+srv://")):
+        database = store.rsplit("/", 1)[-1].split("?")[0] or "db"
+        return Path(f"{database}-{collection}.checkpoint.pt")
+    return Path(store.rstrip("/") + ".checkpoint.pt")
+
+
+def resume_state(path: Path, dataset: Any, allow_grown: bool, device: Any) -> dict[str, Any]:
+    """The checkpoint at ``path``, refused (one line, then exit 2) if it cannot apply."""
+    if not path.exists():
+        sys.exit(f"Error: {path}: no checkpoint to resume from; run without --resume first")
+    state = torch.load(path, map_location=device, weights_only=True)
+    meta = dataset.reader.meta
+    saved_id, saved = state.get("store_id"), int(state["loader"]["samples"])
+    ours = {meta.id, *meta.appended_from}
+    if saved_id is not None and saved_id not in ours:
+        sys.exit(
+            f"Error: {path} was saved while training on another store (id {saved_id}, this one "
+            f"is {meta.id}): start fresh without --resume, or give --checkpoint another path"
+        )
+    if saved != len(dataset):
+        if not allow_grown:
+            sys.exit(
+                f"Error: {path} was saved at {saved} samples and the store now has "
+                f"{len(dataset)} (it grew by an append): start fresh without --resume, or pass "
+                "--allow-grown to keep the model and start its epoch again over the grown store"
+            )
+        print(f"the store grew from {saved} to {len(dataset)} samples: epoch starts again")
+        state["loader"] = {**state["loader"], "samples": len(dataset), "batches": 0}
+    return state
+
+
+def snapshot(model: nn.Module, optimizer: Any, loader: Any, store_id: str) -> dict[str, Any]:
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "loader": loader.state_dict(),
+        "store_id": store_id,
+    }
+
+
 def save(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(state, tmp)
@@ -74,8 +130,11 @@ def evaluate(model: nn.Module, loader: Any) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("store", nargs="?", type=Path, help="LMDB store (default: a sample one)")
-    ap.add_argument("--val", type=Path, help="LMDB store to evaluate on after each epoch")
+    ap.add_argument(
+        "store", nargs="?", help="LMDB store or mongodb:// URI (default: a sample LMDB store)"
+    )
+    ap.add_argument("--collection", help="the collection, for a MongoDB store")
+    ap.add_argument("--val", help="a store (of the same kind) to evaluate on after each epoch")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=96)
@@ -83,18 +142,24 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", help="cuda, cpu, ... (default: the accelerator if any)")
-    ap.add_argument("--checkpoint", type=Path, default=Path("sample-data/train-checkpoint.pt"))
+    ap.add_argument("--checkpoint", type=Path, help="default: STORE.checkpoint.pt beside it")
     ap.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    ap.add_argument(
+        "--allow-grown",
+        action="store_true",
+        help="resume a store grown since: the interrupted epoch starts again",
+    )
     ap.add_argument("--workdir", type=Path, default=Path("sample-data"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     torch.manual_seed(args.seed)
-    store = args.store or sample_store(args.workdir)
+    store = args.store or str(sample_store(args.workdir))
+    checkpoint = args.checkpoint or default_checkpoint(store, args.collection)
     workers = args.workers if args.workers == "auto" else int(args.workers)
     try:
-        dataset = LMDBImageDataset(store)
+        dataset = open_dataset(store, args.collection)
         loader = create_loader(
             dataset,
             args.batch_size,
@@ -112,7 +177,7 @@ def main() -> None:
     val_loader = None
     if args.val:
         val_loader = create_loader(
-            LMDBImageDataset(args.val),
+            open_dataset(args.val, args.collection),
             args.batch_size,
             train=False,
             image_size=args.image_size,
@@ -120,14 +185,19 @@ def main() -> None:
             device=device,
         )
 
+    print(f"checkpoint: {checkpoint}")
     if args.resume:
-        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
+        state = resume_state(checkpoint, dataset, args.allow_grown, device)
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            loader.load_state_dict(state["loader"])
+        except (ValueError, RuntimeError, KeyError) as exc:  # another model or loader setup
+            sys.exit(f"Error: cannot resume from {checkpoint}: {exc}")
         done = state["loader"]["batches"]
-        print(f"resumed from {args.checkpoint}: epoch {loader.epoch}, batch {done}")
-    args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        print(f"resumed from {checkpoint}: epoch {loader.epoch}, batch {done}")
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    store_id = dataset.reader.meta.id
     loss_fn = nn.CrossEntropyLoss()
 
     while loader.epoch < args.epochs:
@@ -157,14 +227,7 @@ def main() -> None:
                 step += 1
                 bar.update(1)
                 if step % args.save_every == 0:
-                    save(
-                        args.checkpoint,
-                        {
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "loader": loader.state_dict(),
-                        },
-                    )
+                    save(checkpoint, snapshot(model, optimizer, loader, store_id))
         elapsed = time.perf_counter() - started
         line = (
             f"epoch {epoch}: loss {loss_sum / max(1, seen):.3f}  "
@@ -174,14 +237,7 @@ def main() -> None:
         if val_loader is not None:
             line += f"  val acc {evaluate(model, val_loader):.3f}"
         print(line)
-        save(
-            args.checkpoint,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "loader": loader.state_dict(),
-            },
-        )
+        save(checkpoint, snapshot(model, optimizer, loader, store_id))
 
 
 if __name__ == "__main__":
