@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import lmdb
@@ -38,14 +39,19 @@ def blocks(path: Path, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
 
 
-def photos(home: Path) -> Path:
-    """~/data/train: three classes of JPEGs of many sizes, as real photos come."""
-    rng = np.random.default_rng(0)
+def photos(home: Path, kind: str) -> Path:
+    """~/data/train: three classes named as the quick start's sample names them, of JPEGs of
+    many sizes as real photos come ("photos"), or made as the quick start makes its sample."""
     root = home / "data" / "train"
+    if kind == "sample":
+        from fastdata.images.synthetic import make_image_folder
+
+        return make_image_folder(root, classes=3, per_class=25)
+    rng = np.random.default_rng(0)
     for c in range(3):
         for i in range(25):
             w, h = (int(x) for x in rng.integers(80, 320, size=2))
-            write(root / f"class_{c}" / f"{i:03d}.jpg", jpeg_bytes(w, h, seed=c * 100 + i))
+            write(root / f"class_{c:02d}" / f"{i:03d}.jpg", jpeg_bytes(w, h, seed=c * 100 + i))
     return root
 
 
@@ -56,10 +62,12 @@ def run(code: str, cwd: Path, env: dict[str, str]) -> None:
     assert result.returncode == 0, f"{code}\n---\n{result.stdout}\n{result.stderr}"
 
 
-@pytest.fixture
-def docs_env(tmp_path: Path, mongo_uri: str) -> tuple[Path, dict[str, str]]:
+@pytest.fixture(params=["photos", "sample"])
+def docs_env(
+    tmp_path: Path, mongo_uri: str, request: pytest.FixtureRequest
+) -> tuple[Path, dict[str, str]]:
     home = tmp_path / "home"
-    photos(home)
+    photos(home, request.param)
     env = dict(os.environ, HOME=str(home), MONGO_URI=mongo_uri)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     return home, env
@@ -68,6 +76,8 @@ def docs_env(tmp_path: Path, mongo_uri: str) -> tuple[Path, dict[str, str]]:
 def test_every_readme_block_runs(docs_env: tuple[Path, dict[str, str]], mongo_uri: str) -> None:
     home, env = docs_env
     server = mongo_uri.rsplit("/", 1)[0]
+    db = database(f"{server}/images")
+    db.client.drop_database(db.name)  # (each kind of data runs the blocks anew)
     convert(home / "data" / "train", f"{server}/images", collection="train")
     code = "\n".join(blocks(REPO / "README.md", "python"))
     run(code.replace(DOC_URI, f"{server}/images"), home, env)
@@ -120,3 +130,48 @@ def test_every_migration_snippet_runs(
     snippets = blocks(REPO / "docs" / "migrating.md", "python")
     assert len(snippets) == 5
     run("\n".join(textwrap.dedent(s) for s in snippets), home, env)
+
+
+def test_the_mongodb_try_it_paragraph_runs_as_printed(tmp_path: Path) -> None:
+    """The README's "Try it with MongoDB" commands, in order, against the server they start
+    (on a free port: the printed 27017 may be taken here), on the quick start's sample."""
+    from fastdata.images.synthetic import make_image_folder
+
+    from .mongo_server import free_port
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Try it with MongoDB", 1)[1].split("\n## ", 1)[0]
+    (block,) = blocks_of(section, "bash")
+    lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert lines[0] == "pip install secantusdb"  # (installed here by the test extras)
+    port = str(free_port())
+    home = tmp_path / "home"
+    make_image_folder(home / "sample-data" / "images", classes=3, per_class=30)  # 1 batch+
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=str(REPO))
+    server_words = shlex.split(lines[1].rstrip("&").replace("27017", port))
+    server_words = [os.path.expanduser(w.replace("~", str(home))) for w in server_words]
+    assert server_words[:3] == ["python", "-m", "secantus"]
+    server = subprocess.Popen([sys.executable, *server_words[1:]], cwd=home, env=env)
+    try:
+        for line in lines[2:]:
+            words = shlex.split(line.replace("27017", port))
+            if words[0] == "fastdata":
+                words = [sys.executable, "-m", "fastdata", *words[1:]]
+            elif words[0] == "python":
+                words = [sys.executable, str(REPO / words[1]), *words[2:], "--workers", "0"]
+            for _ in range(60):  # the server may still be starting
+                result = subprocess.run(
+                    words, cwd=home, env=env, capture_output=True, text=True, timeout=600
+                )
+                if result.returncode == 0 or "could not reach" not in result.stderr:
+                    break
+                time.sleep(0.5)
+            assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert (home / "sample-data" / "back.lmdb" / "data.mdb").exists()
+
+
+def blocks_of(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
