@@ -20,14 +20,18 @@ __all__ = ["cli"]
 class _Group(click.Group):
     """Turns library errors into one line on stderr and their exit code, without a traceback.
 
-    Exit codes: 0 success; 1 a failure (a damaged record, a server away, a full disk, another
-    writer); 2 a usage mistake (a bad option, a store that exists or does not, nothing to resume);
-    130 interrupted. A closed pipe (``fastdata info | head``) ends quietly.
+    Exit codes (the README's table): 0 success; 1 a failure (a damaged record, a server away, a
+    full disk, another writer); 2 a usage mistake (a bad option, a store that exists or does not,
+    nothing to resume); 130 interrupted (Ctrl-C), whatever the command. A closed pipe
+    (``fastdata info | head``) ends quietly.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # (commands that write say how to finish, and exit 130)
+            click.echo("\ninterrupted", err=True)
+            ctx.exit(130)
         except BrokenPipeError:
             _silence_stdout()
             ctx.exit(0)

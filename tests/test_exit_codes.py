@@ -1,0 +1,110 @@
+"""The README's exit-code table, a case per kind of cause: 0 done, 1 a failure, 2 a usage
+mistake, 130 Ctrl-C, each with one ``Error:`` line (1 and 2) and no traceback."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastdata import convert
+
+from .conftest import jpeg_bytes, write
+from .procs import REPO, cli
+
+
+@pytest.fixture
+def world(good_folder: Path, tmp_path: Path) -> dict[str, Path]:
+    store = tmp_path / "s.lmdb"
+    convert(good_folder, store)
+    damaged = tmp_path / "damaged.lmdb"
+    convert(good_folder, damaged)
+    data = damaged / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    at = raw.find((good_folder / "cat" / "003.jpg").read_bytes()[-100:-40])  # its own bytes
+    assert at > 0  # inside one record's bytes
+    raw[at : at + 8] = bytes(8)
+    data.write_bytes(bytes(raw))
+    manifest = tmp_path / "labels.csv"
+    manifest.write_text("path,label\ngood/cat/000.jpg,cat\ngood/dog/000.jpg,dog\n")
+    (tmp_path / "classes.txt").write_text("cat\n")
+    return {"folder": good_folder, "store": store, "damaged": damaged, "tmp": tmp_path}
+
+
+def check(result: subprocess.CompletedProcess[str], code: int, *, report: bool = False) -> None:
+    """``report``: the command lists what failed (verify) rather than one error line."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    if code in (1, 2) and not report:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+        assert len(errors) == 1, result.stderr
+
+
+def test_zero_done(world: dict[str, Path]) -> None:
+    check(cli("info", str(world["store"])), 0)
+    check(cli("verify", str(world["store"]), "-q"), 0)
+    check(cli("convert", str(world["folder"]), str(world["tmp"] / "new.lmdb"), "-q"), 0)
+
+
+def test_one_failures(world: dict[str, Path]) -> None:
+    tmp = world["tmp"]
+    result = cli("verify", str(world["damaged"]), "-q")  # a damaged record
+    check(result, 1, report=True)
+    assert "cat/003.jpg: checksum mismatch" in result.stdout
+    (tmp / "junk.lmdb").mkdir()
+    (tmp / "junk.lmdb" / "data.mdb").write_bytes(b"not lmdb" * 1000)
+    check(cli("info", str(tmp / "junk.lmdb")), 1)  # too damaged to open
+    check(cli("info", "mongodb://127.0.0.1:1/db", "-c", "x", "--timeout", "0.5"), 1)  # away
+    big = tmp / "big"
+    for i in range(30):
+        write(big / "c" / f"{i}.jpg", jpeg_bytes(200, 150, seed=i))
+    check(cli("convert", str(big), str(tmp / "full.lmdb"), "-q", fsize=64 << 10), 1)  # disk full
+    held = tmp / "held.lmdb"
+    convert(world["folder"], held)
+    with open(held / "writer.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another writer holds the store
+        check(cli("convert", str(world["folder"]), str(held), "--append", "-q"), 1)
+
+
+def test_two_usage_mistakes(world: dict[str, Path]) -> None:
+    folder, store, tmp = str(world["folder"]), str(world["store"]), world["tmp"]
+    check(cli("convert", "--workers", "0", folder, str(tmp / "x.lmdb")), 2)  # a bad value
+    check(cli("convert", folder, store, "--no-such-option"), 2)  # an unknown option
+    check(cli("convert", folder, store, "-q"), 2)  # exists, no --overwrite
+    check(cli("info", str(tmp / "missing.lmdb")), 2)  # not there
+    check(cli("convert", folder, str(tmp / "y.lmdb"), "--resume", "-q"), 2)  # nothing to resume
+    check(cli("convert", folder, store, "--append", "--overwrite", "-q"), 2)
+    check(cli("convert", folder, "mongodb://127.0.0.1:1", "-q"), 2)  # no database
+    check(cli("verify", "mongodb://127.0.0.1:1/db"), 2)  # a MongoDB store without --collection
+    listing = str(tmp / "classes.txt")  # leaves out "dog", which the manifest uses
+    check(cli("convert", str(tmp / "labels.csv"), str(tmp / "m.lmdb"), "--classes", listing), 2)
+
+
+def test_one_three_zero_interrupted(world: dict[str, Path]) -> None:
+    """Ctrl-C in a command that reads (a writer's case is in test_store_integrity)."""
+    code = """
+import os, signal, sys
+from fastdata.stores.lmdb.reader import LMDBStore
+def interrupted(self, indices):
+    os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C
+    return []
+LMDBStore.read_records = interrupted
+from fastdata.cli import main
+sys.argv = ["fastdata", *sys.argv[1:]]
+main()
+"""
+    for args in (["verify", str(world["store"]), "-q"], ["export", str(world["store"]), "out"]):
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=world["tmp"],
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
+        check(result, 130)
+        assert "interrupted" in result.stderr
