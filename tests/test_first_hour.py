@@ -327,3 +327,72 @@ def test_without_the_fast_path_fastdata_falls_back_and_says_so() -> None:
     assert result.stdout.startswith("Pillow (simplejpeg missing") and "| zlib" in result.stdout
     assert "JPEGs are decoded with Pillow" in result.stderr
     assert "CRC-32 through zlib" in result.stderr
+
+
+def test_bench_blames_the_figure_out_of_line() -> None:
+    from fastdata.ops.bench import BenchReport, _out_of_line
+
+    def report(decode: tuple[float, float, float], loader: float) -> BenchReport:
+        low, median_, high = decode
+        r = BenchReport("s", 100, 64, 1000.0, median_, pipeline_spread=(low, high), cpus=2)
+        r.loader_per_s = {2: loader}
+        return r
+
+    # the one-process figure swung (a busy machine): the loader fits its fastest round
+    busy = _out_of_line(report((138, 176, 890), 1300))
+    assert len(busy) == 1 and "decode+crop in one process varied from 138 to 890" in busy[0]
+    # a steady one-process figure: the loader figure itself is suspect
+    steady = _out_of_line(report((700, 720, 730), 2500))
+    assert len(steady) == 1 and "the loader figure is cache-bound or too short" in steady[0]
+    assert _out_of_line(report((700, 720, 730), 1400)) == []  # in line
+
+
+def test_bench_checks_its_plot_dependency_before_measuring(
+    small_store: Path, tmp_path: Path
+) -> None:
+    code = """
+import sys, importlib.util, time
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name == "matplotlib" else real(name, *a)
+from fastdata.cli import main
+sys.argv = ["fastdata", "bench", sys.argv[1], "--seconds", "30", "--plot", "p.png"]
+main()
+"""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(small_store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert result.returncode != 0 and "--plot needs matplotlib" in result.stderr
+    assert "nothing was measured" in result.stderr and time.monotonic() - started < 20
+    quick = cli("bench", str(small_store), "-b", "4", "--seconds", "0.3", "-j", "0")
+    assert quick.returncode == 0, quick.stderr
+    assert "CRC-32:" in quick.stdout and "decode+crop:" in quick.stdout and "(" in quick.stdout
+
+
+def test_the_convert_output_names_what_it_counts(good_folder: Path, tmp_path: Path) -> None:
+    """The reader threads used (README: "the output says which it used"), on a short
+    conversion too, and the non-image files by name, not just counted."""
+    src = tmp_path / "src"
+    for cls in ("cat", "dog"):
+        for i in range(3):
+            (src / cls).mkdir(parents=True, exist_ok=True)
+            (src / cls / f"{i}.jpg").write_bytes(jpeg_bytes(seed=i))
+    (src / "cat" / "notes.txt").write_text("x")
+    for i in range(25):
+        (src / "dog" / f"label-{i:02d}.xml").write_text("x")
+    result = cli("convert", str(src), str(tmp_path / "a.lmdb"))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^reader threads: \d+", result.stdout, flags=re.M), result.stdout
+    line = next(x for x in result.stdout.splitlines() if x.startswith("non-image files"))
+    assert line.startswith("non-image files ignored: 26: cat/notes.txt, dog/label-00.xml")
+    assert "and 23 more (`fastdata -v` before the command names 20)" in line
+    verbose = cli("-v", "convert", str(src), str(tmp_path / "b.lmdb"))
+    line = next(x for x in verbose.stdout.splitlines() if x.startswith("non-image files"))
+    assert "dog/label-18.xml and 6 more" in line and "(`fastdata -v`" not in line
+    fixed = cli("convert", str(src), str(tmp_path / "c.lmdb"), "-j", "1")
+    assert "reader threads: 1" in fixed.stdout

@@ -90,6 +90,12 @@ def _writing(
         sys.exit(130)
 
 
+def _verbose() -> bool:
+    """Whether the command was given the group's ``-v``."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().params.get("verbose"))
+
+
 def _listing(title: str, lines: Iterable[str]) -> None:
     """A title and its items, indented under it."""
     click.echo(title)

@@ -244,8 +244,10 @@ def bench(
     Example:
       fastdata bench train.lmdb --batch-size 256 --step-ms 120
     """
-    from ..ops.bench import bench_store, plot_report
+    from ..ops.bench import bench_store, plot_report, require_plotting
 
+    if plot:
+        require_plotting()
     report = bench_store(
         store,
         batch_size=batch_size,
@@ -262,9 +264,15 @@ def bench(
         click.echo(json.dumps(report.to_dict(), indent=2))
         return
     click.echo(f"store:          {report.store} ({report.records} records)")
-    click.echo(f"raw reads:      {report.reads_per_s:10.0f} records/s")
-    click.echo(f"decode+crop:    {report.pipeline_per_s:10.0f} images/s in one process")
+    low, high = report.reads_spread
+    click.echo(f"raw reads:      {report.reads_per_s:10.0f} records/s  ({low:.0f}-{high:.0f})")
+    low, high = report.pipeline_spread
+    click.echo(
+        f"decode+crop:    {report.pipeline_per_s:10.0f} images/s in one process  "
+        f"({low:.0f}-{high:.0f})"
+    )
     click.echo(f"                ({report.decoder}, {image_size} px train pipeline)")
+    click.echo(f"CRC-32:         {report.checksum}")
     click.echo(f"loader, batch {report.batch_size}:")
     for w, rate in sorted(report.loader_per_s.items()):
         low, high = report.loader_spread.get(w, (rate, rate))

@@ -6,7 +6,17 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .app import ByteSize, _allow_pickle, _human, _listing, _quiet, _timeout, _writing, cli
+from .app import (
+    ByteSize,
+    _allow_pickle,
+    _human,
+    _listing,
+    _quiet,
+    _timeout,
+    _verbose,
+    _writing,
+    cli,
+)
 
 if TYPE_CHECKING:
     from ..ops.reports import ConvertReport
@@ -273,7 +283,14 @@ def _render_convert(report: ConvertReport) -> None:
     else:
         click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
     if report.non_image_files:
-        click.echo(f"non-image files ignored: {report.non_image_files}")
+        count = report.non_image_files
+        shown = report.non_image_names[: 20 if _verbose() else 3]
+        line = f"non-image files ignored: {count}: {', '.join(shown)}"
+        if count > len(shown):
+            line += f" and {count - len(shown)} more"
+            if len(shown) < len(report.non_image_names):
+                line += " (`fastdata -v` before the command names 20)"
+        click.echo(line)
     if report.skipped:
         _listing(
             f"skipped {len(report.skipped)} unusable file(s):",

@@ -452,6 +452,7 @@ class _Run:
             repaired=meta.repairs,
             skipped=list(skipped),
             non_image_files=self.scan.skipped_files,
+            non_image_names=list(self.scan.non_image_names),
             total_bytes=meta.total_bytes,
             seconds=time.perf_counter() - self.started,
             resumed_from=resumed_from,

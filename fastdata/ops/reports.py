@@ -23,6 +23,7 @@ class ConvertReport:
         repaired: records whose JPEG end-of-image marker was appended.
         skipped: files left out (unreadable or not decodable), with the reason.
         non_image_files: files below the class folders ignored for their extension.
+        non_image_names: the first of them, by relative path.
         total_bytes: image bytes stored.
         seconds: wall time of this run.
         resumed_from: samples already handled by an earlier run (0 for a fresh one).
@@ -60,6 +61,7 @@ class ConvertReport:
     converted: int = 0
     classes: list[str] = field(default_factory=list)
     reader_threads: list[int] = field(default_factory=list)
+    non_image_names: list[str] = field(default_factory=list)
     appended: bool = False
     already_stored: int = 0
     new_classes: list[str] = field(default_factory=list)

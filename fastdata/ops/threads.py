@@ -64,6 +64,8 @@ def tuned_map(
             t = time.perf_counter()
             done = yield from _counted_map(fn, it, PROBE_CHUNKS, k)
             if done < PROBE_CHUNKS:
+                if done or not chosen:
+                    chosen.append(k)  # it ended while this count read (a short conversion)
                 return
             rates.append((done / (time.perf_counter() - t), k))
             if rates[-1][0] < 0.8 * max(rates)[0]:

@@ -27,6 +27,9 @@ from ..records import SkippedFile
 
 __all__ = ["IMG_EXTENSIONS", "FolderScan", "Sample", "Samples", "read_file", "scan_folder"]
 
+NAMED_NON_IMAGES = 20
+"""Non-image files named in a scan (the rest are counted)."""
+
 IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
     ".jpeg",
@@ -176,6 +179,7 @@ class FolderScan:
         samples: every image, in deterministic order (by class, then by path), packed (see
             :class:`Samples`).
         skipped_files: files below the class folders that are not images (wrong extension).
+        non_image_names: the first :data:`NAMED_NON_IMAGES` of them (relative paths).
         unusable: image files and folders that cannot be converted, with the reason (not a
             regular file, unreadable folder, path too long, a link to a folder scanned already).
         layout: ``"folder"`` (names are ``<class>/.../<image>``) or ``"manifest"`` (names are
@@ -188,6 +192,7 @@ class FolderScan:
     samples: Samples
     skipped_files: int = 0
     unusable: list[SkippedFile] = field(default_factory=list)
+    non_image_names: list[str] = field(default_factory=list)
     layout: str = "folder"
     source: str = ""
     class_to_idx: dict[str, int] = field(init=False)
@@ -301,6 +306,7 @@ class _Walk:
         self.root = root
         self.unusable: list[SkippedFile] = []
         self.non_images = 0
+        self.non_image_names: list[str] = []
         self.seen: dict[tuple[int, int], str] = {}
         for name in ["", *classes]:  # a link back to the root or to a class is a loop
             st = os.stat(root / name) if name else os.stat(root)
@@ -357,6 +363,8 @@ class _Walk:
         a regular file (a FIFO, a device, a broken link, directly or through a link) is listed."""
         if not entry.name.lower().endswith(IMG_EXTENSIONS):
             self.non_images += 1
+            if len(self.non_image_names) < NAMED_NON_IMAGES:
+                self.non_image_names.append(f"{rel}/{entry.name}")
             return False
         name = f"{rel}/{entry.name}"
         try:
@@ -418,7 +426,9 @@ def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
             f"{root_path}: no images found in its {len(classes)} class folder(s); "
             f"accepted extensions: {' '.join(IMG_EXTENSIONS)}"
         )
-    return FolderScan(root_path, classes, samples.build(), walk.non_images, walk.unusable)
+    return FolderScan(
+        root_path, classes, samples.build(), walk.non_images, walk.unusable, walk.non_image_names
+    )
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
