@@ -21,7 +21,7 @@ def test_convert_info_verify_export(mixed_folder: Path, tmp_path: Path) -> None:
     code, stdout, _ = run("convert", str(mixed_folder), dst, "--quiet", "--workers", "2")
     assert code == 0
     assert "9 images in 2 classes" in stdout
-    assert "repaired (end-of-image marker appended): 1" in stdout
+    assert "repaired (end-of-image marker appended): 1: a_class/missing_eoi.jpg" in stdout
     assert "skipped 3 unusable file(s)" in stdout and "a_class/empty.jpg" in stdout
 
     code, stdout, _ = run("info", dst)

@@ -207,6 +207,20 @@ def copy(
     )
 
 
+def _counted(what: str, count: int, names: list[str]) -> None:
+    """``what: count``, naming the first few of them (20 with the group's ``-v``)."""
+    shown = names[: 20 if _verbose() else 3]
+    line = f"{what}: {count}"
+    if shown:
+        line += f": {', '.join(shown)}"
+    unnamed = count - len(shown)
+    if shown and unnamed > 0:
+        line += f" and {unnamed} more"
+        if len(shown) < len(names):
+            line += " (`fastdata -v` before the command names 20)"
+    click.echo(line)
+
+
 def _render_convert(report: ConvertReport) -> None:
     """What a conversion or an append did, as the CLI prints it."""
     click.echo(
@@ -278,19 +292,11 @@ def _render_convert(report: ConvertReport) -> None:
     if report.reader_threads:
         counts = sorted(set(report.reader_threads))
         click.echo(f"reader threads: {'/'.join(map(str, counts))}")
-    if report.appended:
-        click.echo(f"repaired in this append (end-of-image marker appended): {report.repaired_now}")
-    else:
-        click.echo(f"repaired (end-of-image marker appended): {report.repaired}")
+    repaired = report.repaired_now if report.appended else report.repaired
+    title = "repaired in this append" if report.appended else "repaired"
+    _counted(f"{title} (end-of-image marker appended)", repaired, report.repaired_names)
     if report.non_image_files:
-        count = report.non_image_files
-        shown = report.non_image_names[: 20 if _verbose() else 3]
-        line = f"non-image files ignored: {count}: {', '.join(shown)}"
-        if count > len(shown):
-            line += f" and {count - len(shown)} more"
-            if len(shown) < len(report.non_image_names):
-                line += " (`fastdata -v` before the command names 20)"
-        click.echo(line)
+        _counted("non-image files ignored", report.non_image_files, report.non_image_names)
     if report.skipped:
         _listing(
             f"skipped {len(report.skipped)} unusable file(s):",

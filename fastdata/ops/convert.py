@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[int, int], None]
 """Called as ``progress(done, total)`` while converting (samples handled, samples in the folder)."""
 
+NAMED_REPAIRS = 20
+"""Repaired images named in a report (the rest are counted)."""
 COMMIT_RECORDS = 512
 """Records per committed batch at most: batches keep the writer's memory flat."""
 COMMIT_BYTES = 32 << 20
@@ -280,6 +282,8 @@ class _Run:
     state: Progress = field(init=False)
     plan: AppendPlan | None = None
     resumed_from: int = 0
+    repaired_names: list[str] = field(default_factory=list)
+    """The first records this run repaired (NAMED_REPAIRS of them)."""
     resumed: bool = False
     chosen: list[int] = field(default_factory=list)
     meta: StoreMeta = field(init=False)
@@ -369,6 +373,8 @@ class _Run:
                 batch.add(Record(state.next_index, header, result.data))
                 state.count += 1
                 state.repairs += header.repaired
+                if header.repaired and len(self.repaired_names) < NAMED_REPAIRS:
+                    self.repaired_names.append(header.name)
                 state.total_bytes += header.size
             state.next_sample += 1
             batch.commit_if_full()
@@ -440,6 +446,7 @@ class _Run:
         report.resumed_options = self.state.options() if self.resumed else []
         report.discarded = self.writer.discarded
         report.repaired_now = self.state.repairs
+        report.repaired_names = list(self.repaired_names)
         return plan.completed(report) if plan is not None else report
 
     def _report(

@@ -62,6 +62,8 @@ class ConvertReport:
     classes: list[str] = field(default_factory=list)
     reader_threads: list[int] = field(default_factory=list)
     non_image_names: list[str] = field(default_factory=list)
+    repaired_names: list[str] = field(default_factory=list)
+    """The first images this run repaired, by name."""
     appended: bool = False
     already_stored: int = 0
     new_classes: list[str] = field(default_factory=list)
