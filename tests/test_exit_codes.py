@@ -88,6 +88,7 @@ def test_one_three_zero_interrupted(world: dict[str, Path]) -> None:
     """Ctrl-C in a command that reads (a writer's case is in test_store_integrity)."""
     code = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
 from fastdata.stores.lmdb.reader import LMDBStore
 def interrupted(self, indices):
     os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C

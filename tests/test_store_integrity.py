@@ -237,6 +237,7 @@ def test_ctrl_c_keeps_what_was_committed(folder_a: Path, tmp_path: Path) -> None
     result = run_script(
         """
         import os, signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
         from fastdata.stores.lmdb.writer import LMDBWriter
         from fastdata.cli import main
         real = LMDBWriter.write
