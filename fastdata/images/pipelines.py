@@ -23,7 +23,15 @@ import numpy as np
 
 from .decode import decode_array, image_size
 
-__all__ = ["EvalPipeline", "Pipeline", "TrainPipeline", "output_shape", "sample_crop"]
+__all__ = [
+    "CropPlan",
+    "EvalPipeline",
+    "Pipeline",
+    "TrainPipeline",
+    "output_shape",
+    "render",
+    "sample_crop",
+]
 
 
 def _shrink_for(kept_h: float, kept_w: float, out_h: int, out_w: int) -> int:
@@ -67,24 +75,49 @@ def output_shape(size: int | Sequence[int]) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _region(
-    data: bytes,
-    full: tuple[int, int],
-    box: tuple[float, float, float, float],
-    out: tuple[int, int],
-    fast: bool,
-    flip: bool = False,
-) -> np.ndarray:
-    """Decode (reduced where the box allows), cut ``box`` = (top, left, h, w) of the full-size
-    image, resize it to ``out`` = (height, width), flip it if asked."""
-    height, width = full
-    top, left, h, w = box
-    img = decode_array(data, shrink=_shrink_for(h, w, *out), fast=fast, size=full)
-    fy, fx = img.shape[0] / height, img.shape[1] / width
-    y0, x0 = int(top * fy), int(left * fx)
-    y1 = max(y0 + 1, min(img.shape[0], round((top + h) * fy)))
-    x1 = max(x0 + 1, min(img.shape[1], round((left + w) * fx)))
-    return _resize(img[y0:y1, x0:x1], out[0], out[1], flip)
+@dataclass(frozen=True)
+class CropPlan:
+    """What a pipeline does to one image, drawn before any pixel is decoded: the CPU path
+    (:func:`render`) and the device path (:mod:`fastdata.images.device_decode`) both follow it,
+    so a sample gets the same crop, flip and jitter on either.
+
+    Attributes:
+        full: ``(height, width)`` of the image, from its header.
+        box: ``(top, left, height, width)`` of the region kept, in full-size pixels (floats:
+            the evaluation crop need not fall on whole pixels).
+        out: ``(height, width)`` of the output.
+        flip: flip the output horizontally.
+        jitter: the colour jitter, ``(op, factor)`` in the order applied (see
+            :func:`draw_jitter`); empty for none.
+    """
+
+    full: tuple[int, int]
+    box: tuple[float, float, float, float]
+    out: tuple[int, int]
+    flip: bool = False
+    jitter: tuple[tuple[int, float], ...] = ()
+
+    def pixels(self, rows: int, cols: int) -> tuple[int, int, int, int]:
+        """The box as whole pixels ``(y0, x0, y1, x1)`` of the image decoded at ``rows x cols``
+        (the full size, or a reduction of it): at least one pixel, never past the edge."""
+        height, width = self.full
+        top, left, h, w = self.box
+        fy, fx = rows / height, cols / width
+        y0, x0 = min(rows - 1, int(top * fy)), min(cols - 1, int(left * fx))
+        y1 = max(y0 + 1, min(rows, round((top + h) * fy)))
+        x1 = max(x0 + 1, min(cols, round((left + w) * fx)))
+        return y0, x0, y1, x1
+
+
+def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
+    """Follow ``plan`` on the CPU: decode (reduced where the box allows), cut the box, resize
+    it to the output, flip and jitter it; an ``H x W x 3`` uint8 array."""
+    out_h, out_w = plan.out
+    shrink = _shrink_for(plan.box[2], plan.box[3], out_h, out_w)
+    img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
+    y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
+    image = _resize(img[y0:y1, x0:x1], out_h, out_w, plan.flip)
+    return color_jitter(image, plan.jitter) if plan.jitter else image
 
 
 def sample_crop(
@@ -127,6 +160,11 @@ class Pipeline:
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
         raise NotImplementedError
 
+    def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
+        """What the pipeline will do to ``data`` (its crop, flip, jitter), from the header
+        alone: the device decoder follows it (:mod:`fastdata.images.device_decode`)."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class TrainPipeline(Pipeline):
@@ -163,19 +201,21 @@ class TrainPipeline(Pipeline):
         output_shape(self.size)  # a bad size is refused here, not in a worker
         jitter_strengths(self.color_jitter)
 
-    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+    def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
         rng = random.Random(seed)  # cheap to create per sample, unlike numpy's generators
         height, width = image_size(data)
-        top, left, h, w = sample_crop(rng, height, width, self.scale, self.ratio)
+        box = sample_crop(rng, height, width, self.scale, self.ratio)
         flip = bool(rng.random() < self.hflip)
-        out = output_shape(self.size)
-        image = _region(data, (height, width), (top, left, h, w), out, self.fast_decode, flip)
         strengths = jitter_strengths(self.color_jitter)
+        jitter: tuple[tuple[int, float], ...] = ()
         if any(strengths) and (
             self.color_jitter_prob is None or rng.random() < self.color_jitter_prob
         ):
-            image = color_jitter(image, draw_jitter(rng, strengths))
-        return image
+            jitter = tuple(draw_jitter(rng, strengths))
+        return CropPlan((height, width), box, output_shape(self.size), flip, jitter)
+
+    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+        return render(data, self.plan(data, seed), self.fast_decode)
 
 
 def jitter_strengths(value: float | Sequence[float] | None) -> tuple[float, float, float]:
@@ -253,7 +293,7 @@ class EvalPipeline(Pipeline):
     def __post_init__(self) -> None:
         output_shape(self.size)  # a bad size is refused here, not in a worker
 
-    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+    def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
         height, width = image_size(data)
         out = output_shape(self.size)
         if out[0] == out[1]:
@@ -263,5 +303,7 @@ class EvalPipeline(Pipeline):
         else:  # the whole image resized to (h, w) / crop_pct: its central crop_pct
             kept_h, kept_w = height * self.crop_pct, width * self.crop_pct
         top, left = (height - kept_h) / 2, (width - kept_w) / 2
-        box = (top, left, kept_h, kept_w)
-        return _region(data, (height, width), box, out, self.fast_decode)
+        return CropPlan((height, width), (top, left, kept_h, kept_w), out)
+
+    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+        return render(data, self.plan(data, seed), self.fast_decode)

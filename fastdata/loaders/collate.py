@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from .slots import batch_buffer, finish
 
-__all__ = ["fast_collate"]
+__all__ = ["EncodedBatch", "collate_encoded", "fast_collate"]
 
 
 def _hwc(image: Any) -> torch.Tensor:
@@ -49,3 +49,21 @@ def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.
         out[i].copy_(image)
     labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
     return finish(out.permute(0, 3, 1, 2), labels, owner)
+
+
+class EncodedBatch(NamedTuple):
+    """A batch still encoded, for a :class:`~fastdata.images.device_decode.DeviceDecoder`: each
+    sample's stored bytes and :class:`~fastdata.images.pipelines.CropPlan`, and the labels."""
+
+    data: list[bytes]
+    plans: list[Any]
+    labels: torch.Tensor
+
+
+def collate_encoded(batch: Sequence[tuple[tuple[bytes, Any], Any]]) -> EncodedBatch:
+    """``[((bytes, plan), label), ...]`` (what a dataset with a
+    :class:`~fastdata.images.device_decode.Planned` pipeline gives) -> :class:`EncodedBatch`."""
+    if not batch:
+        raise ValueError("cannot collate an empty batch")
+    labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
+    return EncodedBatch([s[0] for s, _ in batch], [s[1] for s, _ in batch], labels)

@@ -99,17 +99,25 @@ class SideStream:
         self._stream: Any = None
 
     def copy(
-        self, batch: Any, fn: Callable[[torch.Tensor], Any], *, after_consumer: bool
+        self,
+        batch: Any,
+        fn: Callable[[torch.Tensor], Any],
+        *,
+        after_consumer: bool,
+        prepare: Callable[[Any], Any] | None = None,
     ) -> InFlight:
         """Queue ``fn`` (a copy, and what follows it on the device) over every tensor of
         ``batch`` on the side stream; with ``after_consumer``, after the work the consumer's
-        stream has queued so far."""
+        stream has queued so far. ``prepare`` turns the whole batch into another first, on the
+        side stream too (a decode on the device)."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         stream = self._stream
         if after_consumer:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
+            if prepare is not None:
+                batch = prepare(batch)
             moved = map_tensors(batch, fn)
             event = torch.cuda.Event()
             event.record(stream)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from .collate import fast_collate
+from .collate import collate_encoded, fast_collate
 from .device import default_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .prefetch import PrefetchLoader
@@ -203,6 +203,8 @@ def create_loader(
     prefetch_factor: int | None = None,
     auto_seconds: float = 1.0,
     multiprocessing_context: str | None = None,
+    decode: str = "cpu",
+    decode_backend: str = "auto",
 ) -> Loader:
     """A loader that yields ``(images, labels)`` batches on the device, normalised there.
 
@@ -238,6 +240,13 @@ def create_loader(
             else 2).
         auto_seconds: how long ``"auto"`` measures each candidate count.
         multiprocessing_context: ``"fork"``, ``"spawn"``, ... for the workers.
+        decode: ``"cpu"``: the workers decode, crop and resize; ``"device"``: the workers only
+            read the bytes and draw each sample's crop (from its header), and the batch is
+            decoded, cropped, resized and flipped on ``device`` (see
+            :mod:`fastdata.images.device_decode`), with the same crops as on the CPU. Needs a
+            fastdata dataset without a ``transform``.
+        decode_backend: for ``decode="device"``: ``"auto"``, ``"nvimgcodec"``,
+            ``"torchvision"`` or ``"cpu"``.
 
     Returns:
         A :class:`Loader`.
@@ -245,11 +254,28 @@ def create_loader(
     from ..datasets import ImageStoreDataset
     from ..images.pipelines import EvalPipeline, TrainPipeline
 
+    if decode not in ("cpu", "device"):
+        raise ValueError(f"decode must be 'cpu' or 'device', got {decode!r}")
     with_seeds = False
+    decoder = None
+    target = torch.device(device) if device is not None else default_device()
     if isinstance(dataset, ImageStoreDataset) and dataset.transform is None:
         chosen = pipeline or (TrainPipeline(image_size) if train else EvalPipeline(image_size))
+        if decode == "device":
+            from ..images.device_decode import DeviceDecoder, Planned
+
+            if collate_fn is not None:
+                raise ValueError("decode='device' batches the encoded images itself: no collate_fn")
+            fast = bool(getattr(chosen, "fast_decode", False))
+            decoder = DeviceDecoder(target, backend=decode_backend, fast=fast)
+            chosen, collate_fn = Planned(chosen), collate_encoded
         dataset = dataset.with_pipeline(chosen)
         with_seeds = True
+    elif decode == "device":
+        raise ValueError(
+            "decode='device' needs an LMDBImageDataset or MongoImageDataset without a "
+            "transform: the device follows the built-in pipelines' crops"
+        )
     rank, world = _distributed(distributed)
     drop = train if drop_last is None else drop_last
     sampler = EpochSampler(
@@ -267,7 +293,6 @@ def create_loader(
             "the loader would yield nothing; lower batch_size, or pass drop_last=False to keep "
             "the partial batch"
         )
-    target = torch.device(device) if device is not None else default_device()
     pin = target.type == "cuda" if pin_memory is None else pin_memory
     collate = collate_fn or fast_collate
 
@@ -312,14 +337,16 @@ def create_loader(
         std=std if normalizing else None,
         dtype=dtype,
         channels_last=channels_last,
+        decode=None if decoder is None else decoder.batch,
     )
     log.info(
-        "loader: %d samples, batch %d, %d workers, rank %d of %d, device %s",
+        "loader: %d samples, batch %d, %d workers, rank %d of %d, device %s, decoded by %s",
         len(dataset),  # type: ignore[arg-type]
         batch_size,
         workers,
         rank,
         world,
         target,
+        "the workers" if decoder is None else decoder,
     )
     return Loader(dataloader, sampler, device_loader, seed=seed, worker_rates=rates)

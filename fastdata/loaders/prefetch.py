@@ -15,7 +15,7 @@ CUDA call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +46,9 @@ class PrefetchLoader:
             keep their dtype.
         channels_last: give image batches the ``channels_last`` memory format on the device.
         normalize: normalise with the ImageNet constants (or ``mean``/``std`` when given).
+        decode: a function of a whole batch applied before it is moved, on the device's side
+            stream: a :class:`~fastdata.images.device_decode.DeviceDecoder` turning each
+            :class:`~fastdata.loaders.collate.EncodedBatch` into ``(uint8 images, labels)``.
 
     Only uint8 4-D tensors (``N x C x H x W`` images) are converted; every other tensor (targets)
     is only moved, and other leaves (strings, ints, None) pass through untouched.
@@ -61,8 +64,10 @@ class PrefetchLoader:
         channels_last: bool = False,
         *,
         normalize: bool = False,
+        decode: Callable[[Any], Any] | None = None,
     ) -> None:
         self.loader = loader
+        self.decode = decode
         self.device = torch.device(device) if device is not None else default_device()
         if normalize or mean is not None or std is not None:
             mean = tuple(mean) if mean is not None else IMAGENET_MEAN
@@ -110,7 +115,11 @@ class PrefetchLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.device.type == "cuda":
             return self._iter_cuda()
-        return (map_tensors(batch, self._move) for batch in self.loader)
+        decode = self.decode
+        return (
+            map_tensors(batch if decode is None else decode(batch), self._move)
+            for batch in self.loader
+        )
 
     def _iter_cuda(self) -> Iterator[Any]:
         source = iter(self.loader)
@@ -122,7 +131,10 @@ class PrefetchLoader:
                 return False, None, None
             except Exception as exc:  # handed to the caller after the batch before it
                 return False, None, exc
-            return True, self._side.copy(batch, self._move_async, after_consumer=True), None
+            moved = self._side.copy(
+                batch, self._move_async, after_consumer=True, prepare=self.decode
+            )
+            return True, moved, None
 
         ok, pending, error = preload()
         while ok:

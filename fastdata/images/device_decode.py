@@ -1,0 +1,319 @@
+"""Batches of encoded images decoded together, cropped, resized and flipped as tensors on the
+device: for a node whose CPUs cannot decode as fast as its GPU trains.
+
+A pipeline's :class:`~fastdata.images.pipelines.CropPlan` (drawn from each sample's seed, in the
+loader's workers, from the image header alone) says what to keep; :class:`DeviceDecoder` decodes
+a batch of JPEGs with one call and follows the plans:
+
+- ``nvimgcodec`` (NVIDIA nvImageCodec, ``pip install 'fastdata-images[gpu]'``) decodes only the
+  crop window of each JPEG (a region per image), on the GPU, or with its CPU backend where no
+  CUDA device is given (how the tests run it);
+- ``torchvision`` (``torchvision.io.decode_jpeg(device="cuda")``) decodes whole JPEGs on the GPU,
+  then the window is cut out;
+- ``cpu``: the CPU pipeline (:func:`~fastdata.images.pipelines.render`), image by image.
+
+A record the backend cannot take (not a JPEG, or a JPEG it fails on) goes through the CPU
+pipeline with the same plan; a batch that needed that logs one line (a warning the first time,
+then at debug level), never one per image. The crop is resized with an antialiased bilinear
+filter in float32 and rounded back to uint8, so pixels match the CPU path's to the decoders'
+and the filters' rounding. Nothing here is required: without nvImageCodec and torchvision the
+decoder is the CPU one, said once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .codec import is_jpeg
+from .pipelines import CropPlan, Pipeline, render
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["BACKENDS", "DeviceDecoder", "Planned", "available_backends"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS: tuple[str, ...] = ("auto", "nvimgcodec", "torchvision", "cpu")
+"""The names :class:`DeviceDecoder` takes for ``backend``."""
+
+_import_lock = threading.Lock()
+_nvimgcodec: list[Any] = []  # [module or None], filled once per process
+
+
+def _load_nvimgcodec() -> Any:
+    """nvImageCodec's module, or None. Its import prints to the C-level stderr about every
+    CUDA library it cannot find (all of them on a machine without CUDA, where its CPU backend
+    still works): that output is held back, and the module's own errors come as exceptions."""
+    with _import_lock:
+        if not _nvimgcodec:
+            saved = os.dup(2)
+            try:
+                with open(os.devnull, "wb") as devnull:
+                    os.dup2(devnull.fileno(), 2)
+                    try:
+                        from nvidia import nvimgcodec  # type: ignore[import-not-found]
+                    except Exception:  # not installed, or a build for another platform
+                        nvimgcodec = None
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            _nvimgcodec.append(nvimgcodec)
+        return _nvimgcodec[0]
+
+
+def _has_torchvision_decode() -> bool:
+    try:
+        from torchvision.io import decode_jpeg  # type: ignore[import-not-found]  # noqa: F401
+    except Exception:  # not installed, or a build that does not load with this torch
+        return False
+    return True
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """The backends that can decode for ``device`` on this machine, best first (``cpu`` always
+    last)."""
+    import torch
+
+    found = []
+    if _load_nvimgcodec() is not None:
+        found.append("nvimgcodec")
+    if torch.device(device).type == "cuda" and _has_torchvision_decode():
+        found.append("torchvision")
+    return [*found, "cpu"]
+
+
+class DeviceDecoder:
+    """Decode a batch of encoded images into one ``N x 3 x H x W`` uint8 tensor on ``device``,
+    following each image's :class:`~fastdata.images.pipelines.CropPlan`.
+
+    Example::
+
+        decoder = DeviceDecoder("cuda")
+        pipeline = TrainPipeline(224)
+        plans = [pipeline.plan(data, seed) for data, seed in zip(jpegs, seeds)]
+        images = decoder(jpegs, plans)            # uint8, N x 3 x 224 x 224, on the GPU
+
+    Args:
+        device: where the batch is made.
+        backend: ``"auto"`` (nvImageCodec, then torchvision on CUDA, then the CPU pipeline),
+            or one of :data:`BACKENDS` by name.
+        fast: for records that take the CPU pipeline: libjpeg-turbo's fast IDCT (as the
+            pipeline's ``fast_decode``).
+
+    Raises:
+        ValueError: an unknown backend, or one that cannot run here (the message says what
+            to install).
+    """
+
+    def __init__(
+        self, device: torch.device | str = "cpu", *, backend: str = "auto", fast: bool = False
+    ) -> None:
+        import torch
+
+        if backend not in BACKENDS:
+            raise ValueError(f"decode backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        self.device = torch.device(device)
+        self.fast = fast
+        found = available_backends(self.device)
+        if backend == "auto":
+            backend = found[0]
+            if backend == "cpu":
+                log.warning(
+                    "device decode: neither nvImageCodec nor torchvision's GPU decoder can be "
+                    "used here; images are decoded by the CPU pipeline (pip install "
+                    "'fastdata-images[gpu]' adds nvImageCodec)"
+                )
+        elif backend not in found:
+            needs = {
+                "nvimgcodec": "pip install 'fastdata-images[gpu]' (nvidia-nvimgcodec-cu12)",
+                "torchvision": "a CUDA device and a torchvision that imports with this torch",
+            }
+            raise ValueError(
+                f"decode backend {backend!r} cannot run here: it needs {needs[backend]}"
+            )
+        self.backend = backend
+        self._codec: Any = None  # the nvImageCodec decoder, made on first use in this process
+        self._warned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_codec"] = None  # a native handle: made again where it is used
+        return state
+
+    def __repr__(self) -> str:
+        return f"DeviceDecoder(device={str(self.device)!r}, backend={self.backend!r})"
+
+    def __call__(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> torch.Tensor:
+        """Decode ``datas`` as ``plans`` say; all plans must have one output size.
+
+        Raises:
+            ValueError: no images, plans of another number or of mixed output sizes.
+            CorruptImageError: an image no decoder can read (from the CPU pipeline, which
+                names it).
+        """
+        import torch
+
+        if not datas or len(datas) != len(plans):
+            raise ValueError(f"{len(datas)} images and {len(plans)} plans: give one plan each")
+        out = plans[0].out
+        if any(plan.out != out for plan in plans):
+            raise ValueError("the plans of one batch must have one output size")
+        batch = torch.empty((len(datas), 3, *out), dtype=torch.uint8, device=self.device)
+        regions: list[Any] = [None] * len(datas)
+        if self.backend != "cpu":
+            jpegs = [i for i, data in enumerate(datas) if is_jpeg(data)]
+            if jpegs:
+                decoded = self._decode([datas[i] for i in jpegs], [plans[i] for i in jpegs])
+                for i, region in zip(jpegs, decoded, strict=True):
+                    regions[i] = region
+        on_cpu = 0
+        for i, (data, plan, region) in enumerate(zip(datas, plans, regions, strict=True)):
+            if region is None:
+                on_cpu += 1
+                hwc = torch.from_numpy(render(data, plan, self.fast))
+                batch[i].copy_(hwc.permute(2, 0, 1), non_blocking=True)
+            else:
+                batch[i] = _finish(region, plan)
+        if on_cpu and self.backend != "cpu":
+            level = logging.DEBUG if self._warned else logging.WARNING
+            self._warned = True
+            log.log(
+                level,
+                "device decode: %d of %d images in this batch went through the CPU pipeline "
+                "(not JPEGs, or JPEGs %s could not decode)",
+                on_cpu,
+                len(datas),
+                self.backend,
+            )
+        return batch
+
+    def batch(self, encoded: Any) -> tuple[torch.Tensor, Any]:
+        """``(data, plans, labels)`` (an :class:`~fastdata.loaders.collate.EncodedBatch`) ->
+        ``(images, labels)``: what ``PrefetchLoader(decode=...)`` calls per batch."""
+        data, plans, labels = encoded
+        return self(data, plans), labels
+
+    # -- the backends: each returns a CHW uint8 tensor of the plan's window per image, on the
+    #    device, or None for an image it could not decode
+
+    def _decode(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[Any]:
+        if self.backend == "nvimgcodec":
+            return self._decode_nvimgcodec(datas, plans)
+        return self._decode_torchvision(datas, plans)
+
+    def _decode_nvimgcodec(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[Any]:
+        import numpy as np
+        import torch
+
+        nv = _load_nvimgcodec()
+        cuda = self.device.type == "cuda"
+        if self._codec is None:
+            if cuda:
+                self._codec = nv.Decoder(device_id=self.device.index or 0)
+            else:
+                cpu = [nv.Backend(nv.BackendKind.CPU_ONLY)]
+                self._codec = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, backends=cpu)
+        streams: list[Any] = []
+        for data, plan in zip(datas, plans, strict=True):
+            stream = nv.CodeStream(data)
+            if (stream.height, stream.width) != plan.full:
+                streams.append(None)  # the header says otherwise than the plan: the CPU decides
+                continue
+            y0, x0, y1, x1 = plan.pixels(*plan.full)
+            streams.append(
+                stream.get_sub_code_stream(region=nv.Region(start=(y0, x0), end=(y1, x1)))
+            )
+        valid = [s for s in streams if s is not None]
+        params = nv.DecodeParams(
+            apply_exif_orientation=False,  # as the CPU decoders: the stored pixels, unrotated
+            color_spec=nv.ColorSpec.SRGB,
+            sample_format=nv.SampleFormat.I_RGB,
+        )
+        kwargs: dict[str, Any] = {"params": params}
+        if cuda:
+            kwargs["cuda_stream"] = torch.cuda.current_stream(self.device).cuda_stream
+        images = iter(self._codec.decode(valid, **kwargs) if valid else [])
+        out: list[Any] = []
+        for stream in streams:
+            image = next(images) if stream is not None else None
+            if image is None:
+                out.append(None)
+            elif cuda:
+                out.append(torch.from_dlpack(image).permute(2, 0, 1))
+            else:
+                hwc = np.asarray(image.cpu())
+                out.append(torch.from_numpy(hwc).permute(2, 0, 1).to(self.device))
+        return out
+
+    def _decode_torchvision(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[Any]:
+        import torch
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+        try:
+            images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:  # one bad JPEG fails the batch: decode one by one to find it
+            images = []
+            for tensor in encoded:
+                try:
+                    images.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError:
+                    images.append(None)
+        out: list[Any] = []
+        for image, plan in zip(images, plans, strict=True):
+            if image is None or tuple(image.shape[1:]) != plan.full:
+                out.append(None)
+                continue
+            y0, x0, y1, x1 = plan.pixels(*plan.full)
+            out.append(image[:, y0:y1, x0:x1])
+        return out
+
+
+def _finish(region: torch.Tensor, plan: CropPlan) -> torch.Tensor:
+    """A decoded window (``3 x h x w`` uint8) resized to the plan's output, flipped and
+    jittered: ``3 x H x W`` uint8."""
+    import torch
+    import torch.nn.functional as F
+
+    x = region.unsqueeze(0).to(torch.float32)
+    if tuple(x.shape[2:]) != plan.out:
+        x = F.interpolate(x, size=plan.out, mode="bilinear", antialias=True, align_corners=False)
+        x = x.round_().clamp_(0, 255)
+    x = x[0]
+    if plan.flip:
+        x = x.flip(2)
+    for op, factor in plan.jitter:  # as pipelines.color_jitter, on the device
+        if op == 0:
+            other: torch.Tensor | float = 0.0
+        else:
+            gray = (x[0] * 0.2989 + x[1] * 0.587 + x[2] * 0.114).floor_()
+            other = gray.mean() if op == 1 else gray.unsqueeze(0)
+        x = (factor * x + (1 - factor) * other).clamp_(0, 255).floor_()
+    return x.to(torch.uint8)
+
+
+class Planned(Pipeline):
+    """A pipeline's plans without its pixels: ``(encoded bytes, plan)`` per sample, what a
+    loader's workers hand to a :class:`DeviceDecoder` (``create_loader(decode="device")``).
+
+    Args:
+        pipeline: the pipeline whose crops, flips and jitter the device follows.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.size = pipeline.size
+
+    def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
+        return self.pipeline.plan(data, seed)
+
+    def __call__(self, data: bytes, seed: int | None = None) -> Any:
+        return bytes(data), self.pipeline.plan(data, seed)
+
+    def __repr__(self) -> str:
+        return f"Planned({self.pipeline!r})"

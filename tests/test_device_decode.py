@@ -1,0 +1,204 @@
+"""Batched decode on the device (nvImageCodec's CPU backend here): the same crops as the CPU
+pipeline, pixels within the decoders' rounding, the CPU fallback, and determinism across
+worker counts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata import LMDBImageDataset, convert, create_loader
+from fastdata.images import pipelines
+from fastdata.images.decode import decode_array
+from fastdata.images.device_decode import DeviceDecoder, available_backends
+from fastdata.images.pipelines import EvalPipeline, TrainPipeline
+from fastdata.images.synthetic import synthetic_jpeg
+
+from .conftest import jpeg_bytes, png_bytes, write
+
+needs_nvimgcodec = pytest.mark.skipif(
+    "nvimgcodec" not in available_backends("cpu"),
+    reason="nvImageCodec is not installed (pip install 'fastdata-images[gpu]')",
+)
+
+JPEGS = [synthetic_jpeg(500, 375, seed=i) for i in range(6)] + [
+    jpeg_bytes(333, 250, seed=7),
+    jpeg_bytes(200, 300, mode="L", seed=8),  # greyscale: three channels come out
+]
+
+
+def cpu_batch(pipeline: TrainPipeline | EvalPipeline, datas: list[bytes], seeds: list[int]):  # type: ignore[no-untyped-def]
+    return torch.stack(
+        [torch.from_numpy(pipeline(d, s)).permute(2, 0, 1) for d, s in zip(datas, seeds)]
+    )
+
+
+@needs_nvimgcodec
+def test_a_region_decode_is_the_window_of_the_full_decode() -> None:
+    # the same boxes: nvImageCodec decodes only the plan's window, and that window is exactly
+    # the pixels the full image has there
+    decoder = DeviceDecoder("cpu", backend="nvimgcodec")
+    pipeline = TrainPipeline(224, fast_decode=False)
+    for seed, data in enumerate(JPEGS[:6]):
+        plan = pipeline.plan(data, seed)
+        (window,) = decoder._decode([data], [plan])
+        y0, x0, y1, x1 = plan.pixels(*plan.full)
+        full = decode_array(data)
+        assert torch.equal(window.permute(1, 2, 0), torch.from_numpy(full[y0:y1, x0:x1]))
+
+
+@needs_nvimgcodec
+@pytest.mark.parametrize("size", [224, (160, 192), 64])
+@pytest.mark.parametrize("jitter", [None, 0.4])
+def test_the_device_path_gives_the_cpu_pipelines_crops(
+    size: int | tuple[int, int], jitter: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = TrainPipeline(size, fast_decode=False, color_jitter=jitter)
+    seeds = list(range(100, 100 + len(JPEGS)))
+    plans = [pipeline.plan(d, s) for d, s in zip(JPEGS, seeds)]
+    got = DeviceDecoder("cpu", backend="nvimgcodec")(JPEGS, plans)
+    # the CPU pipeline as it runs: where the crop is at least twice the output it decodes at
+    # a reduced size, whose pixels differ by a few levels; a wrong box or a missed flip
+    # differs by tens
+    as_run = cpu_batch(pipeline, JPEGS, seeds)
+    assert got.dtype == torch.uint8 and got.shape == as_run.shape
+    for image, want in zip(got, as_run):
+        assert (image.int() - want.int()).abs().float().mean() < 8
+        assert (image.int() - want.flip(2).int()).abs().float().mean() > 15
+    # the CPU pipeline decoding at full size, as the device does: the same to the rounding of
+    # the resize filters (uint8 fixed point against float32)
+    monkeypatch.setattr(pipelines, "_shrink_for", lambda *args: 1)
+    diff = (got.int() - cpu_batch(pipeline, JPEGS, seeds).int()).abs()
+    assert diff.float().mean() < 0.5, diff.float().mean()
+    assert (diff > 2).float().mean() < 0.01
+
+
+@needs_nvimgcodec
+def test_the_eval_pipeline_too() -> None:
+    pipeline = EvalPipeline((192, 160))
+    plans = [pipeline.plan(d) for d in JPEGS]
+    got = DeviceDecoder("cpu", backend="nvimgcodec")(JPEGS, plans)
+    want = cpu_batch(pipeline, JPEGS, [0] * len(JPEGS))
+    assert (got.int() - want.int()).abs().float().mean() < 1.0
+
+
+@needs_nvimgcodec
+def test_records_that_are_not_jpegs_take_the_cpu_path_with_one_line_per_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pipeline = TrainPipeline(48, fast_decode=False)
+    datas = [JPEGS[0], png_bytes(90, 70, seed=1), JPEGS[1], png_bytes(80, 64, seed=2)]
+    plans = [pipeline.plan(d, i) for i, d in enumerate(datas)]
+    decoder = DeviceDecoder("cpu", backend="nvimgcodec")
+    with caplog.at_level(logging.DEBUG, logger="fastdata.images.device_decode"):
+        got = decoder(datas, plans)
+        decoder(datas, plans)
+    lines = [r for r in caplog.records if "CPU pipeline" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.DEBUG]  # one per batch
+    assert "2 of 4" in lines[0].getMessage()
+    # the PNGs are exactly what the CPU pipeline makes of them
+    for i in (1, 3):
+        assert torch.equal(got[i], torch.from_numpy(pipeline(datas[i], i)).permute(2, 0, 1))
+
+
+def test_without_a_device_decoder_the_cpu_pipeline_decodes_and_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fastdata.images.device_decode as dd
+
+    monkeypatch.setattr(dd, "available_backends", lambda device="cpu": ["cpu"])
+    with caplog.at_level(logging.WARNING, logger="fastdata.images.device_decode"):
+        decoder = DeviceDecoder("cpu")
+    assert decoder.backend == "cpu"
+    assert "fastdata-images[gpu]" in caplog.text
+    pipeline = TrainPipeline(64, fast_decode=False)
+    plans = [pipeline.plan(d, i) for i, d in enumerate(JPEGS)]
+    want = cpu_batch(pipeline, JPEGS, list(range(len(JPEGS))))
+    assert torch.equal(decoder(JPEGS, plans), want)  # exactly the CPU pipeline
+
+
+def test_a_backend_that_cannot_run_here_is_refused_with_what_it_needs() -> None:
+    with pytest.raises(ValueError, match="CUDA device"):
+        DeviceDecoder("cpu", backend="torchvision")
+    with pytest.raises(ValueError, match="choose one of"):
+        DeviceDecoder("cpu", backend="nvjpeg")
+    with pytest.raises(ValueError, match="one plan each"):
+        DeviceDecoder("cpu", backend="cpu")(JPEGS[:2], [])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("src")
+    for i in range(30):
+        data = synthetic_jpeg(160, 120, seed=i) if i % 10 else png_bytes(100, 90, seed=i)
+        write(root / f"c{i % 3}" / f"{i:03d}.{'jpg' if i % 10 else 'png'}", data)
+    dst = tmp_path_factory.mktemp("store") / "s.lmdb"
+    convert(root, dst)
+    return dst
+
+
+def epoch(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("nvimgcodec", marks=needs_nvimgcodec), "cpu"])
+def test_create_loader_decodes_on_the_device_the_same_for_any_worker_count(
+    store: Path, backend: str
+) -> None:
+    common = dict(image_size=48, device="cpu", seed=3, batch_size=8, mean=None, std=None)
+    runs = []
+    for workers in (0, 2):
+        with create_loader(
+            LMDBImageDataset(store),
+            num_workers=workers,
+            decode="device",
+            decode_backend=backend,
+            pipeline=TrainPipeline(48, fast_decode=False),
+            **common,  # type: ignore[arg-type]
+        ) as loader:
+            runs.append(epoch(loader) + epoch(loader))  # two epochs: other crops, same on both
+    for (x0, y0), (x1, y1) in zip(*runs, strict=True):
+        assert x0.dtype == torch.uint8 and x0.shape == (8, 3, 48, 48)
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+    with create_loader(
+        LMDBImageDataset(store),
+        num_workers=0,
+        pipeline=TrainPipeline(48, fast_decode=False),
+        **common,  # type: ignore[arg-type]
+    ) as cpu_loader:
+        on_cpu = epoch(cpu_loader)
+    for (x, y), (cx, cy) in zip(runs[0], on_cpu):
+        assert torch.equal(y, cy)
+        assert (x.int() - cx.int()).abs().float().mean() < 4.0  # same crops, other decoder
+
+
+def test_device_decode_normalises_like_the_cpu_path(store: Path) -> None:
+    with create_loader(
+        LMDBImageDataset(store),
+        batch_size=8,
+        image_size=32,
+        device="cpu",
+        num_workers=0,
+        decode="device",
+        decode_backend="cpu",
+    ) as loader:
+        x, y = next(iter(loader))
+    assert x.dtype == torch.float32 and x.shape == (8, 3, 32, 32) and y.dtype == torch.int64
+    assert -3 < float(x.min()) < float(x.max()) < 3
+
+
+def test_device_decode_refuses_what_it_cannot_follow(store: Path) -> None:
+    with pytest.raises(ValueError, match="without a transform"):
+        create_loader(
+            LMDBImageDataset(store, transform=np.asarray),
+            batch_size=4,
+            device="cpu",
+            num_workers=0,
+            decode="device",
+        )
+    with pytest.raises(ValueError, match="'cpu' or 'device'"):
+        create_loader(LMDBImageDataset(store), batch_size=4, device="cpu", decode="gpu")
