@@ -56,7 +56,7 @@ def _load_nvimgcodec() -> Any:
                 with open(os.devnull, "wb") as devnull:
                     os.dup2(devnull.fileno(), 2)
                     try:
-                        from nvidia import nvimgcodec  # type: ignore[import-not-found]
+                        from nvidia import nvimgcodec
                     except Exception:  # not installed, or a build for another platform
                         nvimgcodec = None
             finally:
@@ -68,7 +68,7 @@ def _load_nvimgcodec() -> Any:
 
 def _has_torchvision_decode() -> bool:
     try:
-        from torchvision.io import decode_jpeg  # type: ignore[import-not-found]  # noqa: F401
+        from torchvision.io import decode_jpeg  # noqa: F401
     except Exception:  # not installed, or a build that does not load with this torch
         return False
     return True
