@@ -22,7 +22,7 @@ from .conftest import jpeg_bytes, png_bytes, write
 
 needs_nvimgcodec = pytest.mark.skipif(
     "nvimgcodec" not in available_backends("cpu"),
-    reason="nvImageCodec is not installed (pip install 'fastdata-images[gpu]')",
+    reason="nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu12)",
 )
 
 JPEGS = [synthetic_jpeg(500, 375, seed=i) for i in range(6)] + [
@@ -114,7 +114,7 @@ def test_without_a_device_decoder_the_cpu_pipeline_decodes_and_says_so(
     with caplog.at_level(logging.WARNING, logger="fastdata.images.device_decode"):
         decoder = DeviceDecoder("cpu")
     assert decoder.backend == "cpu"
-    assert "fastdata-images[gpu]" in caplog.text
+    assert "pip install nvidia-nvimgcodec-cu12" in caplog.text
     pipeline = TrainPipeline(64, fast_decode=False)
     plans = [pipeline.plan(d, i) for i, d in enumerate(JPEGS)]
     want = cpu_batch(pipeline, JPEGS, list(range(len(JPEGS))))
@@ -202,3 +202,64 @@ def test_device_decode_refuses_what_it_cannot_follow(store: Path) -> None:
         )
     with pytest.raises(ValueError, match="'cpu' or 'device'"):
         create_loader(LMDBImageDataset(store), batch_size=4, device="cpu", decode="gpu")
+
+
+def test_auto_workers_measure_the_decoded_batches(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[int] = []
+    real = DeviceDecoder.batch
+
+    def counting(self: DeviceDecoder, encoded):  # type: ignore[no-untyped-def]
+        images, labels = real(self, encoded)
+        decoded.append(images.shape[0])
+        return images, labels
+
+    monkeypatch.setattr(DeviceDecoder, "batch", counting)
+    with create_loader(
+        LMDBImageDataset(store),
+        batch_size=8,
+        image_size=32,
+        device="cpu",
+        decode="device",
+        decode_backend="cpu",
+        num_workers="auto",
+        auto_seconds=0.2,
+    ) as loader:
+        assert decoded, "the measurement never decoded a batch"
+        assert loader.worker_rates
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["nvimgcodec", "torchvision"])
+def test_on_cuda_each_backend_gives_the_cpu_pipelines_pixels(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if backend not in available_backends("cuda"):
+        pytest.skip(f"{backend} cannot decode on this machine's CUDA device")
+    monkeypatch.setattr(pipelines, "_shrink_for", lambda *args: 1)
+    pipeline = TrainPipeline(224, fast_decode=False, color_jitter=0.4)
+    plans = [pipeline.plan(d, s) for s, d in enumerate(JPEGS)]
+    got = DeviceDecoder("cuda", backend=backend)(JPEGS, plans)
+    assert got.device.type == "cuda"
+    want = cpu_batch(pipeline, JPEGS, list(range(len(JPEGS))))
+    diff = (got.cpu().int() - want.int()).abs()
+    # nvJPEG's IDCT and upsampling are not libjpeg-turbo's: a little more than rounding
+    assert diff.float().mean() < 2.0, diff.float().mean()
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_loader_is_deterministic_and_holds_its_memory(store: Path) -> None:
+    common = dict(image_size=48, device="cuda", seed=3, batch_size=8, decode="device")
+    runs = []
+    for workers in (0, 2):
+        with create_loader(LMDBImageDataset(store), num_workers=workers, **common) as loader:  # type: ignore[arg-type]
+            epochs = [epoch(loader) for _ in range(4)]
+            reserved = torch.cuda.memory_reserved()
+            epochs.append(epoch(loader))
+            assert torch.cuda.memory_reserved() == reserved  # steady across epochs
+            runs.append(epochs)
+    for a, b in zip(*runs, strict=True):
+        for (x0, y0), (x1, y1) in zip(a, b, strict=True):
+            assert x0.device.type == "cuda" and x0.dtype == torch.float32
+            assert torch.equal(x0, x1) and torch.equal(y0, y1)

@@ -5,9 +5,9 @@ A pipeline's :class:`~fastdata.images.pipelines.CropPlan` (drawn from each sampl
 loader's workers, from the image header alone) says what to keep; :class:`DeviceDecoder` decodes
 a batch of JPEGs with one call and follows the plans:
 
-- ``nvimgcodec`` (NVIDIA nvImageCodec, ``pip install 'fastdata-images[gpu]'``) decodes only the
+- ``nvimgcodec`` (NVIDIA nvImageCodec, the ``gpu`` extra) decodes only the
   crop window of each JPEG (a region per image), on the GPU, or with its CPU backend where no
-  CUDA device is given (how the tests run it);
+  CUDA device is given (how the tests run it; slower there than the CPU pipeline in workers);
 - ``torchvision`` (``torchvision.io.decode_jpeg(device="cuda")``) decodes whole JPEGs on the GPU,
   then the window is cut out;
 - ``cpu``: the CPU pipeline (:func:`~fastdata.images.pipelines.render`), image by image.
@@ -125,12 +125,12 @@ class DeviceDecoder:
             if backend == "cpu":
                 log.warning(
                     "device decode: neither nvImageCodec nor torchvision's GPU decoder can be "
-                    "used here; images are decoded by the CPU pipeline (pip install "
-                    "'fastdata-images[gpu]' adds nvImageCodec)"
+                    "used here; images are decoded by the CPU pipeline (the gpu extra adds "
+                    "nvImageCodec: pip install nvidia-nvimgcodec-cu12)"
                 )
         elif backend not in found:
             needs = {
-                "nvimgcodec": "pip install 'fastdata-images[gpu]' (nvidia-nvimgcodec-cu12)",
+                "nvimgcodec": "nvImageCodec: pip install nvidia-nvimgcodec-cu12 (the gpu extra)",
                 "torchvision": "a CUDA device and a torchvision that imports with this torch",
             }
             raise ValueError(
@@ -163,6 +163,36 @@ class DeviceDecoder:
         out = plans[0].out
         if any(plan.out != out for plan in plans):
             raise ValueError("the plans of one batch must have one output size")
+        # On the CPU, each image's few small tensor ops would wake torch's whole thread pool,
+        # whose spinning threads then take the cores the decoder's threads need (measured:
+        # 3x the CPU time per image, and erratic); one thread does them faster.
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu" and threads > 1:
+            torch.set_num_threads(1)
+        try:
+            batch, on_cpu = self._decode_all(datas, plans, out)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+        if on_cpu and self.backend != "cpu":
+            level = logging.DEBUG if self._warned else logging.WARNING
+            self._warned = True
+            log.log(
+                level,
+                "device decode: %d of %d images in this batch went through the CPU pipeline "
+                "(not JPEGs, or JPEGs %s could not decode)",
+                on_cpu,
+                len(datas),
+                self.backend,
+            )
+        return batch
+
+    def _decode_all(
+        self, datas: Sequence[bytes], plans: Sequence[CropPlan], out: tuple[int, int]
+    ) -> tuple[torch.Tensor, int]:
+        """The batch, and how many of its images the CPU pipeline decoded."""
+        import torch
+
         batch = torch.empty((len(datas), 3, *out), dtype=torch.uint8, device=self.device)
         regions: list[Any] = [None] * len(datas)
         if self.backend != "cpu":
@@ -179,18 +209,7 @@ class DeviceDecoder:
                 batch[i].copy_(hwc.permute(2, 0, 1), non_blocking=True)
             else:
                 batch[i] = _finish(region, plan)
-        if on_cpu and self.backend != "cpu":
-            level = logging.DEBUG if self._warned else logging.WARNING
-            self._warned = True
-            log.log(
-                level,
-                "device decode: %d of %d images in this batch went through the CPU pipeline "
-                "(not JPEGs, or JPEGs %s could not decode)",
-                on_cpu,
-                len(datas),
-                self.backend,
-            )
-        return batch
+        return batch, on_cpu
 
     def batch(self, encoded: Any) -> tuple[torch.Tensor, Any]:
         """``(data, plans, labels)`` (an :class:`~fastdata.loaders.collate.EncodedBatch`) ->

@@ -178,6 +178,18 @@ class Loader:
         )
 
 
+class _Decoded:
+    """A DataLoader's batches as the device decoder makes them (what ``num_workers="auto"``
+    measures with ``decode="device"``)."""
+
+    def __init__(self, dataloader: DataLoader[Any], decode: Callable[[Any], Any]) -> None:
+        self.dataloader = dataloader
+        self.decode = decode
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.decode, self.dataloader)
+
+
 # Longer than the house's ~80 lines, for a reason: it is one flat sequence of option resolutions
 # (device, workers, sampler, collate, prefetch), each a few lines that read the ones before; cut
 # into helpers they would pass a dozen values back and forth and read worse.
@@ -319,8 +331,14 @@ def create_loader(
     rates: dict[int, float] = {}
     if num_workers == "auto":
         probe = RandomSampler(dataset, replacement=True, num_samples=1 << 30)  # type: ignore[arg-type]
+
+        def probe_loader(w: int) -> Any:
+            loader = build(w, probe, persistent=False)
+            # with the device decoding, the rate is the decoded batches', not the bytes'
+            return loader if decoder is None else _Decoded(loader, decoder.batch)
+
         workers, rates = pick_workers(
-            lambda w: build(w, probe, persistent=False),
+            probe_loader,
             batch_size=batch_size,
             seconds=auto_seconds,
         )
