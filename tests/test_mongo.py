@@ -194,6 +194,40 @@ def test_common_layout_read_directly_with_repair(tmp_path: Path, mongo_uri: str)
     assert MongoImageDataset(mongo_uri, "legacy", index_file=index)[2][0].size == (64, 48)
 
 
+def test_a_client_whose_view_went_wrong_is_replaced(mongo_uri: str, good_folder: Path) -> None:
+    # A client can lose the server for good while the server is up (its monitor dropped it
+    # from the deployment, as after a restart seen in a test); such a client is modelled here
+    # by one that expects another replica set name: it never selects the server.
+    convert(good_folder, mongo_uri, collection="g")
+    server = mongo_uri.rsplit("/", 1)[0]
+    made: list[Any] = []
+    lose_next = [False]
+
+    def factory(uri: str, options: Any) -> Any:
+        lost, lose_next[0] = lose_next[0], False
+        made.append(
+            pymongo.MongoClient(
+                server,
+                serverSelectionTimeoutMS=300,
+                **({"replicaSet": "elsewhere"} if lost else {}),
+            )
+        )
+        return made[-1]
+
+    ds = MongoImageDataset(
+        mongo_uri, "g", output="bytes", client_factory=factory, retry_budget_s=30
+    )
+    first = ds[0]
+    ds.close()
+    lose_next[0] = True  # the next read makes the lost client
+    before = len(made)
+    assert ds[0] == first  # after three selection timeouts, a new client reads it
+    assert len(made) == before + 2
+    ds.close()
+    for client in made:
+        client.close()
+
+
 @pytest.mark.slow
 def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
     if os.environ.get(URI_ENV):

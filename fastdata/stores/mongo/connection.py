@@ -118,6 +118,7 @@ class _Connection:
         self._client: Any = None
         self._pid = -1
         self._closer: weakref.finalize | None = None
+        self._renewed = 0  # clients replaced after they stopped finding the server
 
     def db(self) -> Any:
         if self._client is None or self._pid != os.getpid():
@@ -141,6 +142,17 @@ class _Connection:
         self._client = None
         self._closer = None
 
+    def _renew(self) -> None:
+        """Replace this process's client by a new one on the next use.
+
+        A client keeps its own view of the deployment, and that view can go wrong for good
+        while the server is away (seen in a test: after a server restart during an epoch, a
+        reader's every attempt for 300 s failed with "No replica set members available" while
+        the server was up); a new client looks at the server afresh."""
+        if self._pid == os.getpid() and self._client is not None:
+            self._renewed += 1
+            self.close()
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client"] = None
@@ -154,17 +166,28 @@ class _Connection:
         With ``first`` (the first contact with the server), there is one attempt: a server that
         cannot be reached at all is reported after ``timeout_s``, not after the retry budget.
         """
-        from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+        from pymongo.errors import (
+            ConnectionFailure,
+            InvalidOperation,
+            OperationFailure,
+            PyMongoError,
+            ServerSelectionTimeoutError,
+        )
 
         budget = 0.0 if first else self.options.retry_budget_s
         started = time.monotonic()
         deadline = started + budget
         delay = 0.2
-        attempt = 0
+        attempt = unselected = 0
         while True:
             attempt += 1
             try:
                 return fn()
+            except InvalidOperation as exc:
+                # another thread's retry below closed the client this attempt was using
+                if not self._renewed or time.monotonic() + delay > deadline:
+                    raise StoreError(f"{location}: {what} failed: {_short(exc)}") from None
+                time.sleep(delay)
             except OperationFailure as exc:
                 hint = (
                     "check the user and password (in the URI, or FASTDATA_MONGO_USER and "
@@ -181,6 +204,10 @@ class _Connection:
                         f"{_short(exc)}; check that the server is running and reachable"
                     ) from None
                 log.warning("%s: %s failed (%s); retrying in %.1f s", location, what, exc, delay)
+                unselected = unselected + 1 if isinstance(exc, ServerSelectionTimeoutError) else 0
+                if unselected >= 3:  # a whole selection timeout, three times: look afresh
+                    self._renew()
+                    unselected = 0
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
             except PyMongoError as exc:
