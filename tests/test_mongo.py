@@ -258,12 +258,17 @@ def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
 
         seen: list[int] = []
         restarter = None
-        for i, batch in enumerate(DataLoader(ds, batch_size=2, collate_fn=list)):
-            seen.extend(label for _, label in batch)
-            if i == 1:
-                server.stop()
-                restarter = threading.Thread(target=restart_later)
-                restarter.start()
+        try:
+            for i, batch in enumerate(DataLoader(ds, batch_size=2, collate_fn=list)):
+                seen.extend(label for _, label in batch)
+                if i == 1:
+                    server.stop()
+                    restarter = threading.Thread(target=restart_later)
+                    restarter.start()
+        except StoreError as exc:  # say whether the server was back, and since when
+            back = restart.get("back")
+            since = f"back for {time.monotonic() - back:.1f} s" if back else "not back"
+            raise AssertionError(f"the read gave up with the server {since} ({restart}): {exc}")
         ended = time.monotonic()
         assert restarter is not None
         restarter.join()
