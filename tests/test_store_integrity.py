@@ -393,6 +393,62 @@ def test_a_full_disk_during_conversion_ends_in_one_line_and_resumes(
     assert records(dst) == records(_fresh(folder_a, tmp_path))
 
 
+KILLED_EXPORT = """
+    import os, signal, sys
+    import fastdata.ops.export as export
+    from fastdata import export_store, open_store
+
+    written, write_all = [0], export._write_all
+
+    def dying(fd, data):  # the fifth file: half of it written, then the process is killed
+        written[0] += 1
+        if written[0] == 5:
+            os.write(fd, data[: len(data) // 2])
+            os.kill(os.getpid(), signal.SIGKILL)
+        write_all(fd, data)
+
+    export._write_all = dying
+    export_store(open_store(sys.argv[1]), sys.argv[2])
+"""
+
+
+def test_an_export_killed_while_writing_a_file_resumes_to_every_file_whole(
+    folder_a: Path, tmp_path: Path
+) -> None:
+    dst, out = tmp_path / "s.lmdb", tmp_path / "out"
+    convert(folder_a, dst)
+    killed = run_script(KILLED_EXPORT, dst, out)
+    assert killed.returncode == -signal.SIGKILL
+    source = snapshot(folder_a)
+    written = snapshot(out)
+    partial = [name for name, data in written.items() if data != source[name]]
+    assert len(written) == 5 and len(partial) == 1  # four whole, one half written
+    assert source[partial[0]].startswith(written[partial[0]])
+    again = cli("export", str(dst), str(out), "-q")  # without --resume: refused, says how
+    assert again.returncode == 2 and "--resume" in again.stderr
+    result = cli("export", str(dst), str(out), "--resume", "-q")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(out) == source
+
+
+def test_a_resume_completes_only_files_that_hold_a_prefix_of_their_bytes(
+    folder_a: Path, tmp_path: Path
+) -> None:
+    dst, out = tmp_path / "s.lmdb", tmp_path / "out"
+    convert(folder_a, dst)
+    export_store(open_store(dst), out)
+    exported = snapshot(out)
+    first, second = sorted(exported)[:2]
+    (out / first).write_bytes(exported[first][:100])  # a killed export's
+    (out / second).write_bytes(b"mine" + exported[second][4:50])  # someone's own, shorter
+    with pytest.raises(StoreExistsError, match="differs from the record"):
+        export_store(open_store(dst), out, resume=True)
+    assert (out / second).read_bytes()[:4] == b"mine"  # left as it was
+    report = export_store(open_store(dst), out, resume=True, overwrite=True)
+    assert report.files == 2 and report.kept == len(exported) - 2
+    assert snapshot(out) == exported
+
+
 def test_a_full_disk_during_export_leaves_no_partial_file(folder_a: Path, tmp_path: Path) -> None:
     dst, out = tmp_path / "s.lmdb", tmp_path / "out"
     write(folder_a / "a0" / "0010-big.jpg", jpeg_bytes(300, 300, seed=5))

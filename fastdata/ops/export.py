@@ -108,16 +108,18 @@ def export_store(
 
     By default the original file bytes are written (a JPEG whose end-of-image marker was appended
     at conversion gets its original bytes back); ``repaired`` writes the stored, repaired bytes.
-    Every record's size and checksum are checked before it is written, and each file is written
-    under a temporary name and renamed, so no file in ``outdir`` is ever partial or wrong.
+    Every record's size and checksum are checked before it is written. A write that fails removes
+    what it wrote; a file left partial by a killed export holds a prefix of its bytes, which
+    ``resume`` completes; a file replaced (``overwrite``) stays whole until its new bytes are.
 
     Args:
         reader: the store.
         outdir: the folder to write (created if missing); never inside the store itself.
         repaired: write the stored bytes rather than the original ones.
         overwrite: replace files that exist.
-        resume: keep files that exist with exactly the bytes they would get (an export that
-            stopped, e.g. on a full disk, goes on where it stopped).
+        resume: keep files that exist with exactly the bytes they would get, and complete those
+            that hold a prefix of them (an export that stopped, on a full disk or killed, goes
+            on where it stopped).
         skip_damaged: leave out records that fail their checksum (listed in the report) instead
             of stopping at the first.
         batch_size: records read at a time.
@@ -194,20 +196,30 @@ def _write(
     resume: bool,
     report: ExportReport,
 ) -> None:
+    """Write one file. A new file is written in place (a rename each would cost a third of an
+    export of small files): a write that fails removes what it wrote, and a file that a killed
+    export left partial holds a prefix of its bytes, which a resume completes. A file replaced
+    (``overwrite``) is written aside and renamed over the old one, which stays whole until
+    then."""
     target = out.outdir / name  # (for a message, until it is checked)
     try:
         target = out.path_for(name)
         try:
-            mode: int | None = os.lstat(target).st_mode
+            st: os.stat_result | None = os.lstat(target)
         except FileNotFoundError:
-            mode = None
-        if mode is not None and stat.S_ISLNK(mode):
-            out.inside(target, name)  # a link there may not lead out of the folder
-        if mode is not None:
-            if resume and _holds(target, data):
+            st = None
+        if st is None:
+            _write_new(target, data)
+        else:
+            if stat.S_ISLNK(st.st_mode):
+                out.inside(target, name)  # a link there may not lead out of the folder
+            held = _held(target, st, data) if resume else "other"
+            if held == "whole":
                 report.kept += 1
                 return
-            if not overwrite:
+            if held == "part":
+                _complete(target, data)
+            elif not overwrite:
                 hint = (
                     "it differs from the record: pass --overwrite to replace it"
                     if resume
@@ -215,34 +227,67 @@ def _write(
                     "or --overwrite"
                 )
                 raise StoreExistsError(f"{target}: exists already; {hint}")
-        tmp = target.with_name(f".{target.name}.fastdata-{os.getpid()}.tmp")
-        try:
-            _write_new(tmp, data)
-            os.replace(tmp, target)  # whole or not there: a resume keeps what it finds
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
+            else:
+                _replace(target, data)
     except OSError as exc:
         raise _write_failed(target, exc) from None
     report.files += 1
     report.total_bytes += len(data)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _write_new(path: Path, data: bytes) -> None:
-    """``data`` into a new file at ``path`` (which must not exist)."""
+    """``data`` into a new file at ``path`` (which must not exist, not even as a link); a write
+    that fails removes the file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        with suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _complete(path: Path, data: bytes) -> None:
+    """Finish a file that holds a prefix of ``data`` (a killed export's): written over from its
+    start, it stays a prefix however this write ends."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        _write_all(fd, data)
     finally:
         os.close(fd)
 
 
-def _holds(target: Path, data: bytes) -> bool:
-    """Whether ``target`` is a regular file with exactly ``data`` in it."""
-    return target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data
+def _replace(target: Path, data: bytes) -> None:
+    """``data`` written aside and renamed over ``target``: the old file stays whole until then."""
+    tmp = target.with_name(f".{target.name}.fastdata-{os.getpid()}.tmp")
+    try:
+        _write_new(tmp, data)
+        os.replace(tmp, target)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _held(target: Path, st: os.stat_result, data: bytes) -> str:
+    """What the regular file ``target`` (``st``: its lstat) holds against ``data``: ``"whole"``
+    (exactly it), ``"part"`` (a shorter prefix of it: an export stopped while writing it) or
+    ``"other"``."""
+    if not stat.S_ISREG(st.st_mode) or st.st_size > len(data):
+        return "other"
+    with open(target, "rb") as f:
+        held = f.read(len(data) + 1)
+    if held == data:
+        return "whole"
+    return "part" if len(held) < len(data) and data.startswith(held) else "other"
 
 
 def _write_failed(where: Path, exc: OSError) -> StoreError:
