@@ -150,6 +150,8 @@ class ImageStoreDataset(Dataset):
     def _decode(self, data: bytes, index: int, seed: int | None) -> Any:
         try:
             if self.pipeline is not None and self.transform is None:
+                if getattr(self.pipeline, "wants_index", False):
+                    return self.pipeline(data, seed, index)  # type: ignore[call-arg]
                 return self.pipeline(data, seed)
             if self.output == "bytes":
                 return data
@@ -157,9 +159,11 @@ class ImageStoreDataset(Dataset):
                 return decode_numpy(data)
             return decode_pil(data)
         except CorruptImageError as exc:
-            raise CorruptImageError(
-                f"{self.reader.location}: record {index} ({self._name(index)})", exc.reason
-            ) from exc
+            raise CorruptImageError(self.where(index), exc.reason) from exc
+
+    def where(self, index: int) -> str:
+        """The store and the record ``index`` (with its name), as messages name a record."""
+        return f"{self.reader.location}: record {index} ({self._name(index)})"
 
     def _name(self, index: int) -> str:
         """The record's name, for a message (read only when one is given)."""

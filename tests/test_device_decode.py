@@ -5,8 +5,12 @@ worker counts."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 import torch
@@ -61,17 +65,18 @@ def test_the_device_path_gives_the_cpu_pipelines_crops(
     seeds = list(range(100, 100 + len(JPEGS)))
     plans = [pipeline.plan(d, s) for d, s in zip(JPEGS, seeds)]
     got = DeviceDecoder("cpu", backend="nvimgcodec")(JPEGS, plans)
-    # the CPU pipeline as it runs: where the crop is at least twice the output it decodes at
-    # a reduced size, whose pixels differ by a few levels; a wrong box or a missed flip
-    # differs by tens
+    # as they run: where the crop is at least twice the output the CPU decodes at a reduced
+    # size and the device averages blocks of the same size, which differ by a few levels; a
+    # wrong box or a missed flip differs by tens
     as_run = cpu_batch(pipeline, JPEGS, seeds)
     assert got.dtype == torch.uint8 and got.shape == as_run.shape
     for image, want in zip(got, as_run):
         assert (image.int() - want.int()).abs().float().mean() < 8
         assert (image.int() - want.flip(2).int()).abs().float().mean() > 15
-    # the CPU pipeline decoding at full size, as the device does: the same to the rounding of
-    # the resize filters (uint8 fixed point against float32)
+    # both at full size: the same to the rounding of the resize filters (uint8 fixed point
+    # against float32)
     monkeypatch.setattr(pipelines, "_shrink_for", lambda *args: 1)
+    got = DeviceDecoder("cpu", backend="nvimgcodec")(JPEGS, plans)
     diff = (got.int() - cpu_batch(pipeline, JPEGS, seeds).int()).abs()
     assert diff.float().mean() < 0.5, diff.float().mean()
     assert (diff > 2).float().mean() < 0.01
@@ -263,3 +268,127 @@ def test_on_cuda_the_loader_is_deterministic_and_holds_its_memory(store: Path) -
         for (x0, y0), (x1, y1) in zip(a, b, strict=True):
             assert x0.device.type == "cuda" and x0.dtype == torch.float32
             assert torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
+def test_one_decoder_serves_two_threads() -> None:
+    decoder = DeviceDecoder("cpu")
+    pipeline = TrainPipeline(32)
+    plans = [pipeline.plan(d, i) for i, d in enumerate(JPEGS)]
+    want = decoder(JPEGS, plans)
+    results: list[torch.Tensor] = []
+
+    def work() -> None:
+        for _ in range(20):
+            results.append(decoder(JPEGS, plans))
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 40 and all(torch.equal(r, want) for r in results)
+
+
+BOMB_RUN = """
+import io, resource, sys
+from PIL import Image
+from fastdata.images.device_decode import DeviceDecoder
+from fastdata.images.pipelines import EvalPipeline
+buf = io.BytesIO()
+Image.new("RGB", (9000, 9000), (90, 120, 150)).save(buf, "JPEG", quality=50)
+data = buf.getvalue()
+del buf
+pipeline = EvalPipeline(224)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+images = DeviceDecoder("cpu", backend=sys.argv[1])([data] * 4, [pipeline.plan(data)] * 4)
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
+print(grown, int(images.float().mean()), file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+@needs_nvimgcodec
+def test_images_that_declare_many_pixels_cost_one_window_at_a_time() -> None:
+    # four 81-million-pixel images (under the pixel limit): decoded at once and converted to
+    # float whole they took 1.8 GB more; a group at a time, reduced in strips, about 0.8 (one
+    # window decoded, and the decoder's own buffers)
+    result = subprocess.run(
+        [sys.executable, "-c", BOMB_RUN, "nvimgcodec"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    grown, mean = map(int, result.stderr.split()[-2:])
+    assert grown < 1100, f"peak memory grew by {grown} MiB"
+    assert 110 <= mean <= 130  # the image's colour, not garbage
+
+
+def test_errors_name_the_record_and_nothing_alarming_reaches_stderr(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    good = synthetic_jpeg(160, 120, seed=1)
+    write(root / "a" / "0.jpg", good)
+    write(root / "a" / "1.jpg", good[: len(good) // 2])  # scan data cut: lenient CPU decode
+    write(root / "a" / "2.png", png_bytes(40, 30, seed=1))
+    store = tmp_path / "s.lmdb"
+    convert(root, store)
+    with lmdb.open(str(store), subdir=True, lock=False) as env, env.begin(write=True) as txn:
+        key = b"%010d" % 2  # the PNG's bytes cut short: no decoder can read it
+        txn.put(key, bytes(txn.get(key))[:60])
+    code = f"""
+import sys
+from fastdata import LMDBImageDataset, create_loader
+from fastdata.errors import CorruptImageError
+loader = create_loader(LMDBImageDataset({str(store)!r}, indices=[0, 1]), batch_size=2,
+                       device="cpu", num_workers=0, decode="device", train=False)
+print(tuple(next(iter(loader))[0].shape))
+bad = create_loader(LMDBImageDataset({str(store)!r}), batch_size=3, device="cpu",
+                    num_workers=0, decode="device", train=False)
+try:
+    next(iter(bad))
+except CorruptImageError as exc:
+    print("error:", exc)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "(2, 3, 224, 224)" in result.stdout
+    assert "record 2 (a/2.png)" in result.stdout and "s.lmdb" in result.stdout
+    assert "ERROR" not in result.stderr and "nvimgcodec" not in result.stderr.lower()
+
+
+@needs_nvimgcodec
+def test_a_header_the_device_decoder_refuses_goes_through_the_cpu_pipeline() -> None:
+    data = JPEGS[0]
+    sof = data.index(b"\xff\xc0")
+    odd = data[:sof] + b"\x00\x00" + data[sof:]  # two stray bytes before the frame header
+    pipeline = TrainPipeline(48, fast_decode=False)
+    plans = [pipeline.plan(odd, 1)]
+    got = DeviceDecoder("cpu", backend="nvimgcodec")([odd], plans)
+    assert torch.equal(got[0], torch.from_numpy(pipeline(odd, 1)).permute(2, 0, 1))
+
+
+def test_what_the_device_cannot_follow_is_refused_before_any_batch(store: Path) -> None:
+    class Grey(TrainPipeline):
+        def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
+            return super().__call__(data, seed).mean(2, keepdims=True).repeat(3, 2)
+
+    with pytest.raises(ValueError, match="plan"):
+        create_loader(
+            LMDBImageDataset(store),
+            batch_size=4,
+            device="cpu",
+            num_workers=0,
+            decode="device",
+            pipeline=Grey(32),
+        )
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            DeviceDecoder("cuda")
+
+
+def test_an_eval_crop_wider_than_the_image_keeps_the_whole_image() -> None:
+    data = jpeg_bytes(200, 300, seed=3)  # 200 wide, 300 high
+    plan = EvalPipeline(64, crop_pct=1.15).plan(data)
+    y0, x0, y1, x1 = plan.pixels(*plan.full)
+    assert 0 <= y0 < y1 <= 300 and (x0, x1) == (0, 200)
+    got = DeviceDecoder("cpu", backend="cpu")([data], [plan])
+    assert torch.equal(
+        got[0], torch.from_numpy(EvalPipeline(64, crop_pct=1.15)(data)).permute(2, 0, 1)
+    )

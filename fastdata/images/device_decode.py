@@ -28,18 +28,43 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CorruptImageError
+from . import pipelines
 from .codec import is_jpeg
 from .pipelines import CropPlan, Pipeline, render
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BACKENDS", "DeviceDecoder", "Planned", "available_backends"]
+__all__ = [
+    "BACKENDS",
+    "GROUP_PIXELS",
+    "BatchImageError",
+    "DeviceDecoder",
+    "Planned",
+    "available_backends",
+]
 
 log = logging.getLogger(__name__)
 
 BACKENDS: tuple[str, ...] = ("auto", "nvimgcodec", "torchvision", "cpu")
 """The names :class:`DeviceDecoder` takes for ``backend``."""
+
+GROUP_PIXELS = 32 << 20
+"""Window pixels decoded by one call at most (about 100 MB of RGB): a batch of large photos, or
+of images that declare just under the pixel limit, is decoded a group at a time."""
+STRIP_ROWS = 32
+"""Output rows of a window reduced at a time before its resize (see :func:`_reduce`)."""
+
+
+class BatchImageError(CorruptImageError):
+    """An image of a batch that no decoder could read: ``position`` in the batch, and the
+    decoder's error (the loader names the record from the position)."""
+
+    def __init__(self, position: int, error: CorruptImageError) -> None:
+        super().__init__(f"image {position} of the batch", error.reason)
+        self.position = position
+
 
 _import_lock = threading.Lock()
 _nvimgcodec: list[Any] = []  # [module or None], filled once per process
@@ -51,6 +76,9 @@ def _load_nvimgcodec() -> Any:
     still works): that output is held back, and the module's own errors come as exceptions."""
     with _import_lock:
         if not _nvimgcodec:
+            # its decoders' messages (one or two per damaged image) go to the C-level stderr,
+            # past logging's reach: off unless the user asks (we log one line per batch)
+            os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
             saved = os.dup(2)
             try:
                 with open(os.devnull, "wb") as devnull:
@@ -136,14 +164,22 @@ class DeviceDecoder:
             raise ValueError(
                 f"decode backend {backend!r} cannot run here: it needs {needs[backend]}"
             )
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device}: this torch has no CUDA device to decode on")
         self.backend = backend
         self._codec: Any = None  # the nvImageCodec decoder, made on first use in this process
+        self._lock = threading.Lock()  # one batch at a time: the native decoder is not shared
         self._warned = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_codec"] = None  # a native handle: made again where it is used
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"DeviceDecoder(device={str(self.device)!r}, backend={self.backend!r})"
@@ -166,14 +202,18 @@ class DeviceDecoder:
         # On the CPU, each image's few small tensor ops would wake torch's whole thread pool,
         # whose spinning threads then take the cores the decoder's threads need (measured:
         # 3x the CPU time per image, and erratic); one thread does them faster.
-        threads = torch.get_num_threads()
-        if self.device.type == "cpu" and threads > 1:
-            torch.set_num_threads(1)
-        try:
-            batch, on_cpu = self._decode_all(datas, plans, out)
-        finally:
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
+        # (torch's thread count is the process's: a thread that first uses torch meanwhile
+        # starts with one thread; this path is for machines without CUDA, a check more than a
+        # way to train)
+        with self._lock:
+            threads = torch.get_num_threads()
+            if self.device.type == "cpu" and threads > 1:
+                torch.set_num_threads(1)
+            try:
+                batch, on_cpu = self._decode_all(datas, plans, out)
+            finally:
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
         if on_cpu and self.backend != "cpu":
             level = logging.DEBUG if self._warned else logging.WARNING
             self._warned = True
@@ -194,27 +234,55 @@ class DeviceDecoder:
         import torch
 
         batch = torch.empty((len(datas), 3, *out), dtype=torch.uint8, device=self.device)
-        regions: list[Any] = [None] * len(datas)
-        if self.backend != "cpu":
-            jpegs = [i for i, data in enumerate(datas) if is_jpeg(data)]
-            if jpegs:
-                decoded = self._decode([datas[i] for i in jpegs], [plans[i] for i in jpegs])
-                for i, region in zip(jpegs, decoded, strict=True):
-                    regions[i] = region
         on_cpu = 0
-        for i, (data, plan, region) in enumerate(zip(datas, plans, regions, strict=True)):
-            if region is None:
-                on_cpu += 1
-                hwc = torch.from_numpy(render(data, plan, self.fast))
-                batch[i].copy_(hwc.permute(2, 0, 1), non_blocking=True)
-            else:
-                batch[i] = _finish(region, plan)
+        for group in self._groups(datas, plans):
+            regions: list[Any] = [None] * len(group)
+            jpegs = (
+                []
+                if self.backend == "cpu"
+                else [k for k, i in enumerate(group) if is_jpeg(datas[i])]
+            )
+            if jpegs:
+                decoded = self._decode(
+                    [datas[group[k]] for k in jpegs], [plans[group[k]] for k in jpegs]
+                )
+                for k, region in zip(jpegs, decoded, strict=True):
+                    regions[k] = region
+            for k, i in enumerate(group):
+                region, regions[k] = regions[k], None  # each window freed once finished
+                if region is None:
+                    on_cpu += 1
+                    try:
+                        hwc = torch.from_numpy(render(datas[i], plans[i], self.fast))
+                    except CorruptImageError as exc:  # which image of the batch, for the caller
+                        raise BatchImageError(i, exc) from exc
+                    batch[i].copy_(hwc.permute(2, 0, 1), non_blocking=True)
+                else:
+                    batch[i] = _finish(region, plans[i])
         return batch, on_cpu
 
+    def _groups(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[list[int]]:
+        """The batch's images in decode calls of at most :data:`GROUP_PIXELS` window pixels
+        (one image alone however large): what is decoded at once is bounded by that, not by
+        what the images declare. The CPU backend takes them one by one."""
+        if self.backend == "cpu":
+            return [[i] for i in range(len(datas))]
+        groups: list[list[int]] = [[]]
+        held = 0
+        for i, plan in enumerate(plans):
+            y0, x0, y1, x1 = plan.pixels(*plan.full)
+            pixels = (y1 - y0) * (x1 - x0)
+            if groups[-1] and held + pixels > GROUP_PIXELS:
+                groups.append([])
+                held = 0
+            groups[-1].append(i)
+            held += pixels
+        return groups
+
     def batch(self, encoded: Any) -> tuple[torch.Tensor, Any]:
-        """``(data, plans, labels)`` (an :class:`~fastdata.loaders.collate.EncodedBatch`) ->
-        ``(images, labels)``: what ``PrefetchLoader(decode=...)`` calls per batch."""
-        data, plans, labels = encoded
+        """``(data, plans, labels, ...)`` (an :class:`~fastdata.loaders.collate.EncodedBatch`)
+        -> ``(images, labels)``: what ``PrefetchLoader(decode=...)`` calls per batch."""
+        data, plans, labels = encoded[:3]
         return self(data, plans), labels
 
     # -- the backends: each returns a CHW uint8 tensor of the plan's window per image, on the
@@ -239,8 +307,13 @@ class DeviceDecoder:
                 self._codec = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, backends=cpu)
         streams: list[Any] = []
         for data, plan in zip(datas, plans, strict=True):
-            stream = nv.CodeStream(data)
-            if (stream.height, stream.width) != plan.full:
+            try:  # (its parser reads the header lazily: the size is where it refuses one)
+                stream = nv.CodeStream(data)
+                size = (stream.height, stream.width)
+            except Exception:  # a header its parser refuses: the CPU pipeline decides
+                streams.append(None)
+                continue
+            if size != plan.full:
                 streams.append(None)  # the header says otherwise than the plan: the CPU decides
                 continue
             y0, x0, y1, x1 = plan.pixels(*plan.full)
@@ -256,7 +329,10 @@ class DeviceDecoder:
         kwargs: dict[str, Any] = {"params": params}
         if cuda:
             kwargs["cuda_stream"] = torch.cuda.current_stream(self.device).cuda_stream
-        images = iter(self._codec.decode(valid, **kwargs) if valid else [])
+        try:
+            images = iter(self._codec.decode(valid, **kwargs) if valid else [])
+        except Exception:  # the whole call failed: each image goes through the CPU pipeline
+            images = iter([None] * len(valid))
         out: list[Any] = []
         for stream in streams:
             image = next(images) if stream is not None else None
@@ -299,7 +375,7 @@ def _finish(region: torch.Tensor, plan: CropPlan) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
 
-    x = region.unsqueeze(0).to(torch.float32)
+    x = _reduce(region, plan.out).unsqueeze(0)
     if tuple(x.shape[2:]) != plan.out:
         x = F.interpolate(x, size=plan.out, mode="bilinear", antialias=True, align_corners=False)
         x = x.round_().clamp_(0, 255)
@@ -317,22 +393,57 @@ def _finish(region: torch.Tensor, plan: CropPlan) -> torch.Tensor:
 
 
 class Planned(Pipeline):
-    """A pipeline's plans without its pixels: ``(encoded bytes, plan)`` per sample, what a
-    loader's workers hand to a :class:`DeviceDecoder` (``create_loader(decode="device")``).
+    """A pipeline's plans without its pixels: ``(encoded bytes, plan, index)`` per sample, what
+    a loader's workers hand to a :class:`DeviceDecoder` (``create_loader(decode="device")``).
 
     Args:
-        pipeline: the pipeline whose crops, flips and jitter the device follows.
+        pipeline: a pipeline whose ``plan`` says all that its ``__call__`` does (the built-in
+            ones, and subclasses that leave ``__call__`` alone).
+
+    Raises:
+        ValueError: a pipeline the device cannot follow.
     """
 
+    wants_index = True  # the dataset passes each sample's index (errors name the record)
+
     def __init__(self, pipeline: Pipeline) -> None:
+        if type(pipeline).__call__ not in _FOLLOWED:
+            raise ValueError(
+                f"decode='device' follows a pipeline's plan(), and {type(pipeline).__name__} "
+                "has none or does more in its own __call__: use TrainPipeline or EvalPipeline "
+                "(or a subclass that changes only their options), or decode='cpu'"
+            )
         self.pipeline = pipeline
         self.size = pipeline.size
 
     def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
         return self.pipeline.plan(data, seed)
 
-    def __call__(self, data: bytes, seed: int | None = None) -> Any:
-        return bytes(data), self.pipeline.plan(data, seed)
+    def __call__(self, data: bytes, seed: int | None = None, index: int = -1) -> Any:
+        return bytes(data), self.pipeline.plan(data, seed), index
 
     def __repr__(self) -> str:
         return f"Planned({self.pipeline!r})"
+
+
+_FOLLOWED = (pipelines.TrainPipeline.__call__, pipelines.EvalPipeline.__call__)
+"""The ``__call__`` s whose work is all in their ``plan`` (and :func:`render`)."""
+
+
+def _reduce(region: torch.Tensor, out: tuple[int, int]) -> torch.Tensor:
+    """``region`` (``3 x h x w`` uint8) as float32, averaged over ``k x k`` blocks first where it
+    is at least twice the output (as the CPU path decodes such a crop at 1/k of its size), a
+    strip of rows at a time: the float copy of a large window is never made whole."""
+    import torch
+    import torch.nn.functional as F
+
+    _, h, w = region.shape
+    k = pipelines._shrink_for(h, w, *out)  # the CPU path's rule
+    if k == 1:
+        return region.to(torch.float32)
+    rows = STRIP_ROWS * k
+    strips = [
+        F.avg_pool2d(region[:, y : y + rows].to(torch.float32).unsqueeze(0), k, ceil_mode=True)[0]
+        for y in range(0, h, rows)
+    ]
+    return torch.cat(strips, dim=1)

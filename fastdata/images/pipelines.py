@@ -103,7 +103,8 @@ class CropPlan:
         height, width = self.full
         top, left, h, w = self.box
         fy, fx = rows / height, cols / width
-        y0, x0 = min(rows - 1, int(top * fy)), min(cols - 1, int(left * fx))
+        y0 = max(0, min(rows - 1, int(top * fy)))  # a crop_pct over 1 asks for more than
+        x0 = max(0, min(cols - 1, int(left * fx)))  # the image: it keeps the whole image
         y1 = max(y0 + 1, min(rows, round((top + h) * fy)))
         x1 = max(x0 + 1, min(cols, round((left + w) * fx)))
         return y0, x0, y1, x1

@@ -53,17 +53,22 @@ def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.
 
 class EncodedBatch(NamedTuple):
     """A batch still encoded, for a :class:`~fastdata.images.device_decode.DeviceDecoder`: each
-    sample's stored bytes and :class:`~fastdata.images.pipelines.CropPlan`, and the labels."""
+    sample's stored bytes and :class:`~fastdata.images.pipelines.CropPlan`, the labels, and
+    the samples' indices in the dataset (for errors that name the record)."""
 
     data: list[bytes]
     plans: list[Any]
     labels: torch.Tensor
+    indices: list[int]
 
 
-def collate_encoded(batch: Sequence[tuple[tuple[bytes, Any], Any]]) -> EncodedBatch:
-    """``[((bytes, plan), label), ...]`` (what a dataset with a
+def collate_encoded(batch: Sequence[tuple[tuple[bytes, Any, int], Any]]) -> EncodedBatch:
+    """``[((bytes, plan, index), label), ...]`` (what a dataset with a
     :class:`~fastdata.images.device_decode.Planned` pipeline gives) -> :class:`EncodedBatch`."""
     if not batch:
         raise ValueError("cannot collate an empty batch")
     labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
-    return EncodedBatch([s[0] for s, _ in batch], [s[1] for s, _ in batch], labels)
+    samples = [sample for sample, _ in batch]
+    return EncodedBatch(
+        [s[0] for s in samples], [s[1] for s in samples], labels, [s[2] for s in samples]
+    )

@@ -178,6 +178,24 @@ class Loader:
         )
 
 
+class _DeviceStep:
+    """A batch decoded on the device; an image no decoder can read is named by its record."""
+
+    def __init__(self, decoder: Any, dataset: Any) -> None:
+        self.decoder = decoder
+        self.dataset = dataset
+
+    def __call__(self, encoded: Any) -> Any:
+        from ..errors import CorruptImageError
+        from ..images.device_decode import BatchImageError
+
+        try:
+            return self.decoder.batch(encoded)
+        except BatchImageError as exc:
+            where = self.dataset.where(encoded.indices[exc.position])
+            raise CorruptImageError(where, exc.reason) from None
+
+
 class _Decoded:
     """A DataLoader's batches as the device decoder makes them (what ``num_workers="auto"``
     measures with ``decode="device"``)."""
@@ -335,7 +353,7 @@ def create_loader(
         def probe_loader(w: int) -> Any:
             loader = build(w, probe, persistent=False)
             # with the device decoding, the rate is the decoded batches', not the bytes'
-            return loader if decoder is None else _Decoded(loader, decoder.batch)
+            return loader if decoder is None else _Decoded(loader, _DeviceStep(decoder, dataset))
 
         workers, rates = pick_workers(
             probe_loader,
@@ -355,7 +373,7 @@ def create_loader(
         std=std if normalizing else None,
         dtype=dtype,
         channels_last=channels_last,
-        decode=None if decoder is None else decoder.batch,
+        decode=None if decoder is None else _DeviceStep(decoder, dataset),
     )
     log.info(
         "loader: %d samples, batch %d, %d workers, rank %d of %d, device %s, decoded by %s",
