@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import torch
@@ -53,6 +53,12 @@ def compact_cnn(classes: int, width: int = 32) -> nn.Module:
     )
 
 
+def usage(message: str) -> NoReturn:
+    """A mistake in how the script was called: one line, exit 2 (as ``fastdata`` does)."""
+    print(f"Error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def sample_store(workdir: Path) -> Path:
     store = workdir / "images.lmdb"
     if not (store / "data.mdb").exists():
@@ -64,7 +70,7 @@ def sample_store(workdir: Path) -> Path:
 def open_dataset(store: str, collection: str | None) -> Any:
     if store.startswith(("mongodb://", "mongodb+srv://")):
         if not collection:
-            sys.exit(f"Error: {store}: a MongoDB store needs --collection NAME")
+            usage(f"{store}: a MongoDB store needs --collection NAME")
         return MongoImageDataset(store, collection)
     return LMDBImageDataset(store)
 
@@ -80,20 +86,29 @@ def default_checkpoint(store: str, collection: str | None) -> Path:
 def resume_state(path: Path, dataset: Any, allow_grown: bool, device: Any) -> dict[str, Any]:
     """The checkpoint at ``path``, refused (one line, then exit 2) if it cannot apply."""
     if not path.exists():
-        sys.exit(f"Error: {path}: no checkpoint to resume from; run without --resume first")
+        usage(f"{path}: no checkpoint to resume from; run without --resume first")
     state = torch.load(path, map_location=device, weights_only=True)
     meta = dataset.reader.meta
     saved_id, saved = state.get("store_id"), int(state["loader"]["samples"])
     ours = {meta.id, *meta.appended_from}
     if saved_id is not None and saved_id not in ours:
-        sys.exit(
-            f"Error: {path} was saved while training on another store (id {saved_id}, this one "
+        usage(
+            f"{path} was saved while training on another store (id {saved_id}, this one "
             f"is {meta.id}): start fresh without --resume, or give --checkpoint another path"
+        )
+    # checkpoints saved before the count was kept: the rows of the model's last weight
+    weights = [t for t in state["model"].values() if t.dim() == 2]
+    classes = state.get("classes", weights[-1].shape[0] if weights else len(dataset.classes))
+    if classes != len(dataset.classes):
+        usage(
+            f"{path} was saved for {classes} classes and the store now has "
+            f"{len(dataset.classes)} (an append added classes): the model's output cannot "
+            "take them; start fresh without --resume"
         )
     if saved != len(dataset):
         if not allow_grown:
-            sys.exit(
-                f"Error: {path} was saved at {saved} samples and the store now has "
+            usage(
+                f"{path} was saved at {saved} samples and the store now has "
                 f"{len(dataset)} (it grew by an append): start fresh without --resume, or pass "
                 "--allow-grown to keep the model and start its epoch again over the grown store"
             )
@@ -108,6 +123,7 @@ def snapshot(model: nn.Module, optimizer: Any, loader: Any, store_id: str) -> di
         "optimizer": optimizer.state_dict(),
         "loader": loader.state_dict(),
         "store_id": store_id,
+        "classes": len(loader.dataset.classes),
     }
 
 
@@ -142,7 +158,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", help="cuda, cpu, ... (default: the accelerator if any)")
-    ap.add_argument("--checkpoint", type=Path, help="default: STORE.checkpoint.pt beside it")
+    ap.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="default: STORE.checkpoint.pt beside an LMDB store; for MongoDB, "
+        "DATABASE-COLLECTION.checkpoint.pt in this folder",
+    )
     ap.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     ap.add_argument(
@@ -158,6 +179,8 @@ def main() -> None:
     store = args.store or str(sample_store(args.workdir))
     checkpoint = args.checkpoint or default_checkpoint(store, args.collection)
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    if args.resume and not checkpoint.exists():  # before any store is opened or measured
+        usage(f"{checkpoint}: no checkpoint to resume from; run without --resume first")
     try:
         dataset = open_dataset(store, args.collection)
         loader = create_loader(
@@ -169,8 +192,11 @@ def main() -> None:
             seed=args.seed,
             channels_last=True,
         )
-    except (FastdataError, ValueError) as exc:  # a store that cannot train: say why, stop
-        sys.exit(f"Error: {exc}")
+    except FastdataError as exc:  # a store that cannot train: say why, stop (as fastdata does)
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except ValueError as exc:  # an option that does not fit the store
+        usage(str(exc))
     device = loader.device
     model = compact_cnn(len(dataset.classes)).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)

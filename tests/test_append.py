@@ -84,7 +84,7 @@ def test_append_from_the_command_line_says_what_it_did(tmp_path: Path) -> None:
     result = cli("convert", str(src), str(dst), "--append", "-q")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "appended 3 new images; 3 of the source's were in the store already" in out
+    assert "appended 3 new image(s); 3 of the source's were in the store already" in out
     assert "new classes, added at the end: a, c" in out
     assert "class order is no longer ImageFolder's" in out
     assert "b/001.jpg:" in out and "changed since they were stored" in out

@@ -102,7 +102,7 @@ def test_a_store_smaller_than_a_batch_is_an_error_not_an_empty_epoch(small_store
         timeout=300,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
-    assert result.returncode == 1 and "no whole batch of 64" in result.stderr
+    assert result.returncode == 2 and "no whole batch of 64" in result.stderr
     assert "images/s" not in result.stdout
 
 

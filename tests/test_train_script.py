@@ -51,7 +51,7 @@ def test_checkpoint_beside_the_store_and_resumes_that_cannot_apply(tmp_path: Pat
     images(src, 4, 100)  # the store grows
     convert(src, store, append=True)
     grown = train(str(store), *common[:-1], "3", "--resume", cwd=tmp_path)
-    assert grown.returncode == 1
+    assert grown.returncode == 2  # a resume that cannot continue: a usage mistake
     assert "grew by an append" in grown.stderr and "--allow-grown" in grown.stderr
     assert "Traceback" not in grown.stderr
     assert grown.stderr.strip().splitlines()[-1].startswith("Error: ")  # one line, last
@@ -62,7 +62,17 @@ def test_checkpoint_beside_the_store_and_resumes_that_cannot_apply(tmp_path: Pat
     other = tmp_path / "b.lmdb"
     convert(src, other)
     foreign = train(str(other), *common, "--resume", "--checkpoint", str(checkpoint), cwd=tmp_path)
-    assert foreign.returncode == 1 and "another store" in foreign.stderr
+    assert foreign.returncode == 2 and "another store" in foreign.stderr
     assert "Traceback" not in foreign.stderr
     missing = train(str(other), *common, "--resume", cwd=tmp_path)
-    assert missing.returncode == 1 and "no checkpoint to resume from" in missing.stderr
+    assert missing.returncode == 2 and "no checkpoint to resume from" in missing.stderr
+
+    # an append that adds a class: the model cannot take it, and --allow-grown is not offered
+    write(src / "c2" / "new.jpg", jpeg_bytes(40, 32, seed=999))
+    convert(src, store, append=True)
+    for extra in ([], ["--allow-grown"]):
+        classes = train(str(store), *common[:-1], "4", "--resume", *extra, cwd=tmp_path)
+        assert classes.returncode == 2, classes.stderr
+        assert "saved for 2 classes and the store now has 3" in classes.stderr
+        assert "--allow-grown" not in classes.stderr and "Traceback" not in classes.stderr
+        assert classes.stderr.strip().splitlines()[-1].startswith("Error: ")

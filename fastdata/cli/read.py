@@ -277,7 +277,8 @@ def bench(
     for w, rate in sorted(report.loader_per_s.items()):
         low, high = report.loader_spread.get(w, (rate, rate))
         mark = "  <- chosen" if w == report.chosen_workers else ""
-        click.echo(f"  {w:>3} workers {rate:10.0f} images/s  ({low:.0f}-{high:.0f}){mark}")
+        workers = f"{w:>3} worker{'s' if w != 1 else ' '}"
+        click.echo(f"  {workers} {rate:10.0f} images/s  ({low:.0f}-{high:.0f}){mark}")
     click.echo(f"                (median of the rounds, slowest-fastest; {report.cpus} CPUs)")
     for note in report.notes:
         click.echo(f"note: {note}")

@@ -236,7 +236,7 @@ def _render_convert(report: ConvertReport) -> None:
             )
         else:
             click.echo(
-                f"appended {max(0, added)} new images; {report.already_stored} of the source's "
+                f"appended {max(0, added)} new image(s); {report.already_stored} of the source's "
                 "were in the store already"
             )
         if report.skipped_unchanged:
@@ -287,7 +287,8 @@ def _render_convert(report: ConvertReport) -> None:
     if report.compared:
         click.echo(
             f"{report.compared} stored file(s) read again to compare with their records "
-            "(modified since they were stored)"
+            "(modified no earlier than their record was written: times are not precise enough "
+            "to tell)"
         )
     if report.reader_threads:
         counts = sorted(set(report.reader_threads))

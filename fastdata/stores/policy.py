@@ -139,8 +139,8 @@ class StoreWriter(abc.ABC):
         """
         if resume and self._nothing_here():  # refused before anything is created or claimed
             raise UsageError(
-                f"{self.location}: nothing to resume (no interrupted conversion here); run the "
-                "same command without --resume"
+                f"{self.location}: nothing to resume (no interrupted conversion or copy "
+                "here); run the same command without --resume"
             )
         found = self._lock_and_look()
         if resume:
@@ -181,8 +181,8 @@ class StoreWriter(abc.ABC):
                     "replace it"
                 )
             raise UsageError(
-                f"{self.location}: nothing to resume (no interrupted conversion here); run the "
-                "same command without --resume"
+                f"{self.location}: nothing to resume (no interrupted conversion or copy "
+                "here); run the same command without --resume"
             )
         elif not found.empty and not overwrite:
             raise StoreExistsError(self._exists_message(found))
