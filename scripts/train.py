@@ -59,6 +59,18 @@ def usage(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def workers_option(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 'auto' or a number >= 0")
+    return value
+
+
 def sample_store(workdir: Path) -> Path:
     store = workdir / "images.lmdb"
     if not (store / "data.mdb").exists():
@@ -87,9 +99,17 @@ def resume_state(path: Path, dataset: Any, allow_grown: bool, device: Any) -> di
     """The checkpoint at ``path``, refused (one line, then exit 2) if it cannot apply."""
     if not path.exists():
         usage(f"{path}: no checkpoint to resume from; run without --resume first")
-    state = torch.load(path, map_location=device, weights_only=True)
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+        saved_id, saved = state.get("store_id"), int(state["loader"]["samples"])
+        if "model" not in state or "optimizer" not in state:
+            raise KeyError("model" if "model" not in state else "optimizer")
+    except Exception as exc:  # a folder, an empty or damaged file, another program's .pt
+        usage(
+            f"{path}: not a checkpoint this script can resume from ({type(exc).__name__}: "
+            f"{exc}); give --checkpoint the file it saved, or start fresh without --resume"
+        )
     meta = dataset.reader.meta
-    saved_id, saved = state.get("store_id"), int(state["loader"]["samples"])
     ours = {meta.id, *meta.appended_from}
     if saved_id is not None and saved_id not in ours:
         usage(
@@ -154,7 +174,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=96)
-    ap.add_argument("--workers", default="auto", help="'auto' or a number")
+    ap.add_argument("--workers", default="auto", type=workers_option, help="'auto' or a number")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", help="cuda, cpu, ... (default: the accelerator if any)")
@@ -178,7 +198,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     store = args.store or str(sample_store(args.workdir))
     checkpoint = args.checkpoint or default_checkpoint(store, args.collection)
-    workers = args.workers if args.workers == "auto" else int(args.workers)
+    workers = args.workers
     if args.resume and not checkpoint.exists():  # before any store is opened or measured
         usage(f"{checkpoint}: no checkpoint to resume from; run without --resume first")
     try:
@@ -202,14 +222,20 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
     val_loader = None
     if args.val:
-        val_loader = create_loader(
-            open_dataset(args.val, args.collection),
-            args.batch_size,
-            train=False,
-            image_size=args.image_size,
-            num_workers=loader.num_workers,
-            device=device,
-        )
+        try:
+            val_loader = create_loader(
+                open_dataset(args.val, args.collection),
+                args.batch_size,
+                train=False,
+                image_size=args.image_size,
+                num_workers=loader.num_workers,
+                device=device,
+            )
+        except FastdataError as exc:
+            print(f"Error: --val {exc}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except ValueError as exc:
+            usage(f"--val {exc}")
 
     print(f"checkpoint: {checkpoint}")
     if args.resume:
@@ -219,7 +245,7 @@ def main() -> None:
             optimizer.load_state_dict(state["optimizer"])
             loader.load_state_dict(state["loader"])
         except (ValueError, RuntimeError, KeyError) as exc:  # another model or loader setup
-            sys.exit(f"Error: cannot resume from {checkpoint}: {exc}")
+            usage(f"cannot resume from {checkpoint}: {exc}")
         done = state["loader"]["batches"]
         print(f"resumed from {checkpoint}: epoch {loader.epoch}, batch {done}")
     checkpoint.parent.mkdir(parents=True, exist_ok=True)

@@ -284,3 +284,34 @@ def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
         assert time.monotonic() - start < 15
     finally:
         server.stop()
+
+
+def test_threads_that_read_at_once_share_one_client(mongo_uri: str, good_folder: Path) -> None:
+    convert(good_folder, mongo_uri, collection="g")
+    made: list[Any] = []
+
+    def factory(uri: str, options: Any) -> Any:
+        made.append(pymongo.MongoClient(uri.rsplit("/", 1)[0], serverSelectionTimeoutMS=5000))
+        return made[-1]
+
+    ds = MongoImageDataset(mongo_uri, "g", output="bytes", client_factory=factory)
+    ds.close()  # the next reads make the client: eight threads at once
+    made.clear()
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        start.wait()
+        try:
+            for i in range(len(ds)):
+                ds[i]
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(made) == 1
+    ds.close()

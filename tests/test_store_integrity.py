@@ -24,6 +24,7 @@ from fastdata.errors import (
     StoreExistsError,
     StoreLockedError,
     StoreReplacedError,
+    UnsafePathError,
 )
 
 from .conftest import jpeg_bytes, snapshot, write
@@ -465,3 +466,24 @@ def test_a_full_disk_during_export_leaves_no_partial_file(folder_a: Path, tmp_pa
     result = cli("export", str(dst), str(out), "--resume", "-q")
     assert result.returncode == 0, result.stderr
     assert snapshot(out) == source
+
+
+def test_an_export_makes_no_folder_outside_its_own_and_replaces_long_names(
+    tmp_path: Path,
+) -> None:
+    src, dst, out = tmp_path / "src", tmp_path / "s.lmdb", tmp_path / "out"
+    long_name = "x" * 251 + ".jpg"  # 255 bytes: no room for a longer temporary name
+    write(src / "c0" / "sub" / "deep" / "0.jpg", jpeg_bytes(40, 30, seed=1))
+    write(src / "c1" / long_name, jpeg_bytes(40, 30, seed=2))
+    convert(src, dst)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out.mkdir()
+    (out / "c0").symlink_to(outside)  # a link that leads out of the export folder
+    with pytest.raises(UnsafePathError, match="outside"):
+        export_store(open_store(dst), out)
+    assert list(outside.iterdir()) == []  # no folder made through the link
+    (out / "c0").unlink()
+    export_store(open_store(dst), out)
+    report = export_store(open_store(dst), out, overwrite=True)
+    assert report.files == 2 and snapshot(out) == snapshot(src)

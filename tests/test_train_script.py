@@ -76,3 +76,21 @@ def test_checkpoint_beside_the_store_and_resumes_that_cannot_apply(tmp_path: Pat
         assert "saved for 2 classes and the store now has 3" in classes.stderr
         assert "--allow-grown" not in classes.stderr and "Traceback" not in classes.stderr
         assert classes.stderr.strip().splitlines()[-1].startswith("Error: ")
+
+
+def test_a_checkpoint_it_cannot_read_is_one_line(tmp_path: Path) -> None:
+    src, store = tmp_path / "src", tmp_path / "a.lmdb"
+    images(src, 8, 0)
+    convert(src, store)
+    common = ["--workers", "0", "--batch-size", "4", "--image-size", "16", "--epochs", "1"]
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    for checkpoint in (tmp_path, junk):  # a folder, a damaged file
+        result = train(
+            str(store), *common, "--resume", "--checkpoint", str(checkpoint), cwd=tmp_path
+        )
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "not a checkpoint this script can resume from" in result.stderr
+    missing_val = train(str(store), *common, "--val", str(tmp_path / "nope.lmdb"), cwd=tmp_path)
+    assert missing_val.returncode == 2 and "Traceback" not in missing_val.stderr

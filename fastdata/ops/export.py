@@ -75,6 +75,12 @@ class _Destination:
         folder = tuple(parts[:-1])
         if folder not in self._folders:
             if create:
+                # the deepest folder that exists must resolve inside first: making the rest
+                # through a link that leads out would create folders outside
+                existing = target.parent
+                while not existing.exists() and existing != self.outdir:
+                    existing = existing.parent
+                self.inside(existing, name)
                 target.parent.mkdir(parents=True, exist_ok=True)
             self.inside(target.parent, name)
             if create:
@@ -267,7 +273,7 @@ def _complete(path: Path, data: bytes) -> None:
 
 def _replace(target: Path, data: bytes) -> None:
     """``data`` written aside and renamed over ``target``: the old file stays whole until then."""
-    tmp = target.with_name(f".{target.name}.fastdata-{os.getpid()}.tmp")
+    tmp = target.with_name(f".fastdata-{os.getpid()}.tmp")  # short: the name may be 255 bytes
     try:
         _write_new(tmp, data)
         os.replace(tmp, target)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -119,8 +120,14 @@ class _Connection:
         self._pid = -1
         self._closer: weakref.finalize | None = None
         self._renewed = 0  # clients replaced after they stopped finding the server
+        self._lock = threading.RLock()  # threads that read at once share one client
 
     def db(self) -> Any:
+        with self._lock:
+            return self._client_here()[self.database]
+
+    def _client_here(self) -> Any:
+        """This process's client, made on first use (call with the lock held)."""
         if self._client is None or self._pid != os.getpid():
             # A client inherited across fork is left alone (never used, never closed here).
             from pymongo.errors import ConfigurationError, InvalidURI
@@ -134,13 +141,14 @@ class _Connection:
             self._pid = os.getpid()
             if self.options.close_client:
                 self._closer = weakref.finalize(self, _close_client, self._client, self._pid)
-        return self._client[self.database]
+        return self._client
 
     def close(self) -> None:
-        if self._closer is not None and self._pid == os.getpid():
-            self._closer()
-        self._client = None
-        self._closer = None
+        with self._lock:
+            if self._closer is not None and self._pid == os.getpid():
+                self._closer()
+            self._client = None
+            self._closer = None
 
     def _renew(self) -> None:
         """Replace this process's client by a new one on the next use.
@@ -149,16 +157,22 @@ class _Connection:
         while the server is away (seen in a test: after a server restart during an epoch, a
         reader's every attempt for 300 s failed with "No replica set members available" while
         the server was up); a new client looks at the server afresh."""
-        if self._pid == os.getpid() and self._client is not None:
-            self._renewed += 1
-            self.close()
+        with self._lock:
+            if self._pid == os.getpid() and self._client is not None:
+                self._renewed += 1
+                self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client"] = None
         state["_closer"] = None
         state["_pid"] = -1
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def retry(self, what: str, location: str, fn: Callable[[], T], *, first: bool = False) -> T:
         """Run ``fn``, retrying transient network errors within the retry budget.
