@@ -15,7 +15,7 @@ from typing import Any, Literal, overload
 import numpy as np
 from torch.utils.data import Dataset
 
-from .errors import CorruptImageError
+from .errors import CorruptImageError, RecordError
 from .images.decode import decode_numpy, decode_pil
 from .images.pipelines import Pipeline
 from .stores.reader import StoreReader
@@ -68,11 +68,31 @@ def _part(
     reader: StoreReader,
     classes: Sequence[str] | None,
     indices: Sequence[int] | np.ndarray | None,
+    where: Any = None,
 ) -> StoreReader:
-    """``reader``, or the view of it that ``classes`` / ``indices`` choose."""
-    if classes is None and indices is None:
+    """``reader``, or the view of it that ``classes`` / ``indices`` / ``where`` choose."""
+    if classes is None and indices is None and where is None:
         return reader
-    return StoreView(reader, classes=classes, indices=indices)
+    return StoreView(reader, classes=classes, indices=indices, where=where)
+
+
+def _field_reader(field: Any) -> Callable[[Any], Any]:
+    """How a stored value of ``field`` is given to the caller: numbers with a shape as a
+    numpy array (int64, float32 or bool; a variable first dimension may be 0), everything else
+    as stored."""
+    if field.type not in ("int", "float", "bool") or not field.shape:
+        return _same
+    dtype = {"int": np.int64, "float": np.float32, "bool": np.bool_}[field.type]
+    empty = (0, *field.shape[1:])
+
+    def read(value: Any) -> Any:
+        return np.asarray(value, dtype=dtype) if value else np.zeros(empty, dtype=dtype)
+
+    return read
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 class ImageStoreDataset(Dataset):
@@ -94,6 +114,17 @@ class ImageStoreDataset(Dataset):
         classes: read only the records of these classes; the dataset's ``classes`` are these,
             in this order, and its labels index them (see :class:`~fastdata.stores.view.StoreView`).
         indices: read only these records, in this order.
+        fields: names of fields of the store (see ``info``) to read with each sample, which is
+            then ``(image, target, {name: value})``; ``"*"``: all of them. Numbers with a shape
+            come as numpy arrays (int64, float32, bool), strings as ``str``, JSON as Python
+            objects. Without it, samples are ``(image, target)`` and no field is read.
+        as_dict: samples as ``{"image": ..., "target": ..., name: value, ...}``.
+        where: read only the records whose fields match: a predicate over a record's field
+            values (``lambda f: len(f["boxes"]) > 3``), or for MongoDB a query filter the server
+            runs (``{"fields.caption": {"$regex": "dog"}}``); see
+            :class:`~fastdata.stores.view.StoreView`.
+
+    In a store without classes (a manifest without labels), every target is -1.
     """
 
     def __init__(
@@ -106,14 +137,42 @@ class ImageStoreDataset(Dataset):
         pipeline: Pipeline | None = None,
         classes: Sequence[str] | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
+        fields: Sequence[str] | str | None = None,
+        as_dict: bool = False,
+        where: Any = None,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}; got {output!r}")
-        self.reader = _part(reader, classes, indices)
+        self.reader = _part(reader, classes, indices, where)
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
         self.pipeline = pipeline
+        self.fields: list[str] = self._chosen_fields(fields)
+        self.as_dict = as_dict
+
+    def _chosen_fields(self, fields: Sequence[str] | str | None) -> list[str]:
+        if fields is None:
+            return []
+        schema = self.reader.meta.schema
+        if fields == "*":
+            return schema.names
+        names = [fields] if isinstance(fields, str) else [str(f) for f in fields]
+        unknown = [n for n in names if schema.get(n) is None]
+        if unknown:
+            has = schema.describe() or "none"
+            raise ValueError(
+                f"{self.reader.location}: no field {unknown[0]!r} in the store; its fields: {has}"
+            )
+        return names
+
+    @property
+    def field_schema(self) -> Any:
+        """The :class:`fastdata.fields.Schema` of the fields read with each sample."""
+        from .fields import Schema
+
+        schema = self.reader.meta.schema
+        return Schema([f for f in schema.fields if f.name in self.fields])
 
     # -- ImageFolder-compatible attributes
 
@@ -185,6 +244,8 @@ class ImageStoreDataset(Dataset):
         if any(isinstance(k, tuple) for k in keys):
             indices = [k[0] if isinstance(k, tuple) else k for k in keys]
             seeds = [int(k[1]) if isinstance(k, tuple) else None for k in keys]
+        if self.fields or self.as_dict:
+            return self._with_fields(indices, seeds)
         samples = self.reader.read_samples(indices)
         if self.output == "bytes" and self._plain:
             return samples  # nothing to apply
@@ -195,6 +256,33 @@ class ImageStoreDataset(Dataset):
             if transform is not None:
                 image = transform(image)
             out.append((image, label if target_transform is None else target_transform(label)))
+        return out
+
+    def _with_fields(self, indices: Sequence[Any], seeds: list[int | None]) -> list[Any]:
+        """Samples with their fields: the records read whole (headers and bytes) in one round
+        trip."""
+        schema = self.reader.meta.schema
+        readers = [(n, _field_reader(schema.get(n))) for n in self.fields]
+        transform, target_transform = self.transform, self.target_transform
+        out: list[Any] = []
+        for i, seed, record in zip(indices, seeds, self.reader.read_records(indices), strict=True):
+            image = self._decode(record.data, int(i), seed)
+            if transform is not None:
+                image = transform(image)
+            label = record.header.label
+            target = label if target_transform is None else target_transform(label)
+            stored = record.header.fields or {}
+            try:
+                values = {name: read(stored[name]) for name, read in readers}
+            except KeyError as exc:
+                raise RecordError(
+                    f"{self.where(int(i))}: field {exc.args[0]!r} of the store's schema is "
+                    "missing; the store is damaged, run `fastdata verify` on it"
+                ) from None
+            if self.as_dict:
+                out.append({"image": image, "target": target, **values})
+            else:
+                out.append((image, target, values))
         return out
 
     @property
@@ -209,6 +297,8 @@ class ImageStoreDataset(Dataset):
             and self.pipeline is None
             and self.transform is None
             and self.target_transform is None
+            and not self.fields
+            and not self.as_dict
         ):
             return self.reader.read_sample(index)  # the raw read: its shortest path
         return self.__getitems__([index])[0]
@@ -218,11 +308,13 @@ class ImageStoreDataset(Dataset):
         *,
         classes: Sequence[str] | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
+        where: Any = None,
     ) -> ImageStoreDataset:
         """A copy of this dataset that reads only some classes and/or records (indices of this
-        dataset), sharing the store's reader; nothing is copied or read."""
+        dataset, or those whose fields match ``where``), sharing the store's reader; no record
+        is copied."""
         clone = copy.copy(self)
-        clone.reader = StoreView(self.reader, classes=classes, indices=indices)
+        clone.reader = StoreView(self.reader, classes=classes, indices=indices, where=where)
         return clone
 
     def with_pipeline(self, pipeline: Pipeline | None) -> ImageStoreDataset:
@@ -261,6 +353,7 @@ class LMDBImageDataset(ImageStoreDataset):
             which can run arbitrary code: only for stores you trust).
         classes: read only the records of these classes (labels follow this list).
         indices: read only these records, in this order.
+        fields, as_dict, where: the store's per-image fields; see :class:`ImageStoreDataset`.
 
     Raises:
         StoreNotFoundError, IncompleteStoreError, PickleNotAllowedError, StoreError: see
@@ -278,15 +371,23 @@ class LMDBImageDataset(ImageStoreDataset):
         allow_pickle: bool = False,
         classes: Sequence[str] | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
+        fields: Sequence[str] | str | None = None,
+        as_dict: bool = False,
+        where: Any = None,
     ) -> None:
         from .stores.lmdb.open import open_lmdb
 
         super().__init__(
-            _part(open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle), classes, indices),
+            open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle),
             transform,
             target_transform,
             output=output,
             pipeline=pipeline,
+            classes=classes,
+            indices=indices,
+            fields=fields,
+            as_dict=as_dict,
+            where=where,
         )
 
 
@@ -311,6 +412,8 @@ class MongoImageDataset(ImageStoreDataset):
         index_file: the JSON index of a collection in the common layout.
         classes: read only the records of these classes (labels follow this list).
         indices: read only these records, in this order.
+        fields, as_dict, where: the store's per-image fields; ``where`` may be a query filter
+            that the server runs; see :class:`ImageStoreDataset`.
         **options: any field of :class:`~fastdata.stores.mongo.connection.MongoOptions`
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``);
             the ones not given keep its defaults.
@@ -329,20 +432,24 @@ class MongoImageDataset(ImageStoreDataset):
         index_file: str | os.PathLike[str] | None = None,
         classes: Sequence[str] | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
+        fields: Sequence[str] | str | None = None,
+        as_dict: bool = False,
+        where: Any = None,
         **options: Any,
     ) -> None:
         from .stores import open_store
 
         super().__init__(
-            _part(
-                open_store(
-                    uri, collection=collection, database=database, index_file=index_file, **options
-                ),
-                classes,
-                indices,
+            open_store(
+                uri, collection=collection, database=database, index_file=index_file, **options
             ),
             transform,
             target_transform,
             output=output,
             pipeline=pipeline,
+            classes=classes,
+            indices=indices,
+            fields=fields,
+            as_dict=as_dict,
+            where=where,
         )

@@ -87,6 +87,10 @@ class RecordHeader:
         format: the sniffed image format (``jpeg``, ``png``, ...).
         repaired: whether ``FF D9`` was appended to a JPEG that lacked it; the original file is
             then the stored bytes minus their last two.
+        fields: the record's field values (see :mod:`fastdata.fields`), None in a store
+            without fields.
+        fields_crc32: CRC-32 of the values' canonical encoding (``fields.canonical``); -1
+            without fields.
     """
 
     name: str
@@ -95,16 +99,35 @@ class RecordHeader:
     crc32: int
     format: str
     repaired: bool = False
+    fields: dict[str, Any] | None = None
+    fields_crc32: int = -1
 
     def to_json(self) -> bytes:
-        """Compact ASCII JSON (non-ASCII names are escaped, so any name round-trips)."""
+        """Compact JSON (non-ASCII names are escaped, so any name round-trips; field values
+        are their canonical UTF-8 encoding)."""
         # formatted directly (one per image, on the conversion's hot path); only the name needs
         # JSON escaping, and the format is one of sniff()'s plain names
-        return (
+        head = (
             f'{{"name":{json.dumps(self.name)},"label":{int(self.label)},"size":{int(self.size)},'
             f'"crc32":{int(self.crc32)},"format":{json.dumps(self.format)},'
-            f'"repaired":{"true" if self.repaired else "false"}}}'
+            f'"repaired":{"true" if self.repaired else "false"}'
         ).encode("ascii")
+        if self.fields is None:
+            return head + b"}"
+        from .fields import canonical
+
+        return b'%s,"fields":%s,"fields_crc32":%d}' % (
+            head,
+            canonical(self.fields),
+            self.fields_crc32,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The header as a document (what a MongoDB record holds beside its image)."""
+        d = asdict(self)
+        if self.fields is None:
+            del d["fields"], d["fields_crc32"]
+        return d
 
     @classmethod
     def from_json(cls, raw: bytes | memoryview | str, where: str = "record") -> RecordHeader:
@@ -130,7 +153,16 @@ class RecordHeader:
                 and size >= 0
                 and 0 <= crc < 1 << 32
             ):
-                return cls(name, label, size, crc, fmt, bool(repaired))
+                values = d.get("fields")
+                if values is None:
+                    return cls(name, label, size, crc, fmt, bool(repaired))
+                fcrc = d.get("fields_crc32")
+                if type(values) is dict and type(fcrc) is int and 0 <= fcrc < 1 << 32:
+                    return cls(name, label, size, crc, fmt, bool(repaired), values, fcrc)
+                raise RecordError(
+                    f"{where}: malformed record header ('fields' or 'fields_crc32'); run "
+                    "`fastdata verify` on the store"
+                )
         if not isinstance(d, dict):
             raise RecordError(f"{where}: malformed record header (not an object)")
         types = {"name": str, "label": int, "size": int, "crc32": int, "format": str}
@@ -143,6 +175,14 @@ class RecordHeader:
                 )
         if d["size"] < 0 or not 0 <= d["crc32"] < 1 << 32:
             raise RecordError(f"{where}: malformed record header (size or crc32 out of range)")
+        values, fcrc = d.get("fields"), d.get("fields_crc32", -1)
+        if values is not None and not (
+            isinstance(values, dict) and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32
+        ):
+            raise RecordError(
+                f"{where}: malformed record header ('fields' or 'fields_crc32'); run "
+                "`fastdata verify` on the store"
+            )
         return cls(
             name=d["name"],
             label=d["label"],
@@ -150,6 +190,8 @@ class RecordHeader:
             crc32=d["crc32"],
             format=d["format"],
             repaired=bool(d.get("repaired", False)),
+            fields=values,
+            fields_crc32=int(fcrc) if values is not None else -1,
         )
 
 
@@ -373,6 +415,15 @@ class StoreMeta:
     layout: str = "folder"
     copied_from: str = ""
     updated: str = ""
+    fields: list[dict[str, Any]] = field(default_factory=list)
+    """The field schema (``fastdata.fields.Schema.to_list``): name, type and shape of each
+    field every record carries; empty in a store of images and classes only."""
+    sidecars: list[str] = field(default_factory=list)
+    """For a store converted from a folder with sidecar files: their extensions (``json``,
+    ``txt``), so that ``export`` writes them back."""
+    labelled: bool = True
+    """Whether records have classes; a store converted from a manifest without labels (an
+    image-text set) has none: ``classes`` is empty and every label is -1."""
     written: list[list[Any]] = field(default_factory=list)
     """When the records were written: ``[first index, ISO time]`` for the conversion and for
     each append that added records, in order (an append compares a file's modification time
@@ -387,6 +438,13 @@ class StoreMeta:
         starts = np.array([int(r[0]) for r in runs], dtype=np.int64)
         times = np.array([_timestamp(str(r[1])) for r in runs], dtype=np.float64)
         return starts, times
+
+    @property
+    def schema(self) -> Any:
+        """The field schema as a :class:`fastdata.fields.Schema`."""
+        from .fields import Schema
+
+        return Schema.from_list(self.fields, "store metadata")
 
     @property
     def ids(self) -> frozenset[str]:
@@ -463,7 +521,21 @@ class StoreMeta:
             for r in written
         ):
             raise _damaged(where, "written")
+        schema = d.get("fields", [])
+        if schema:
+            from .fields import Schema
+
+            Schema.from_list(schema, where)
+        labelled = d.get("labelled", True)
+        if type(labelled) is not bool:
+            raise _damaged(where, "labelled")
+        sidecars = d.get("sidecars", [])
+        if not isinstance(sidecars, list) or not all(isinstance(x, str) for x in sidecars):
+            raise _damaged(where, "sidecars")
         return cls(
+            sidecars=list(sidecars),
+            fields=list(schema),
+            labelled=labelled,
             count=count,
             classes=list(classes),
             repairs=d.get("repairs", 0),
@@ -538,6 +610,15 @@ def check_labels(raw: bytes | memoryview | None, meta: StoreMeta, where: str) ->
             "see what else is, and convert it again (with --overwrite)"
         )
     labels = np.frombuffer(data, dtype="<i4").astype(np.int64)
+    if not meta.labelled:
+        if len(labels) and (labels != -1).any():
+            bad = int(np.flatnonzero(labels != -1)[0])
+            raise StoreError(
+                f"{where}: record {bad} has label {int(labels[bad])} in a store without classes "
+                "(every label is -1); the store is damaged, run `fastdata verify` on it"
+            )
+        labels.setflags(write=False)
+        return labels
     if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
         bad = int(np.flatnonzero((labels < 0) | (labels >= len(meta.classes)))[0])
         raise StoreError(

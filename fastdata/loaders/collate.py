@@ -26,7 +26,7 @@ def _hwc(image: Any) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
-def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+def fast_collate(batch: Sequence[Any], *, schema: Any = None, pad: bool = False) -> Any:
     """``[(image, label), ...]`` -> ``(uint8 N x C x H x W tensor, int64 labels)``.
 
     Images may be ``H x W x C`` uint8 arrays (what the pipelines produce), PIL images or
@@ -34,12 +34,26 @@ def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.
     an ``N x H x W x C`` buffer; the batch is that buffer seen as ``N x C x H x W`` (the
     ``channels_last`` layout). Nothing is converted to float on the CPU. In a ``DataLoader``
     worker the buffer is shared memory reused batch after batch (:mod:`fastdata.loaders.slots`).
+
+    Samples with fields (a dataset read with ``fields=``) batch them too (:func:`collate_fields`):
+    ``[(image, label, {name: value}), ...]`` -> ``(images, labels, {name: batched})``, and dict
+    samples ``[{"image", "target", name...}, ...]`` -> one dict of the same keys. ``schema``
+    (the dataset's :class:`fastdata.fields.Schema`) decides which fields are tensors; ``pad``
+    pads variable-length ones (see :func:`collate_fields`).
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
-    images = [_hwc(image) for image, _ in batch]
+    first_sample = batch[0]
+    as_dict = isinstance(first_sample, dict)
+    if as_dict:
+        pairs = [(s["image"], s["target"]) for s in batch]
+    elif len(first_sample) == 3:
+        pairs = [(s[0], s[1]) for s in batch]
+    else:
+        pairs = batch  # type: ignore[assignment]
+    images = [_hwc(image) for image, _ in pairs]
     first = images[0]
-    out, owner = batch_buffer((len(images), *first.shape))
+    out, owner = batch_buffer((len(images), *first.shape), slots=not as_dict)
     for i, image in enumerate(images):
         if image.shape != first.shape:
             raise ValueError(
@@ -47,8 +61,66 @@ def fast_collate(batch: Sequence[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.
                 f"{tuple(image.shape)} (H x W x C); resize or crop them first"
             )
         out[i].copy_(image)
-    labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)
-    return finish(out.permute(0, 3, 1, 2), labels, owner)
+    labels = torch.as_tensor([int(label) for _, label in pairs], dtype=torch.int64)
+    chw = out.permute(0, 3, 1, 2)
+    if as_dict:
+        values = [{k: v for k, v in s.items() if k not in ("image", "target")} for s in batch]
+        return {"image": chw, "target": labels, **collate_fields(values, schema, pad)}
+    if len(first_sample) == 3:
+        fields = collate_fields([s[2] for s in batch], schema, pad)
+        return finish(chw, labels, owner, fields)
+    return finish(chw, labels, owner)
+
+
+def collate_fields(
+    samples: Sequence[dict[str, Any]], schema: Any = None, pad: bool = False
+) -> dict[str, Any]:
+    """A batch's field values, by name: numbers of one shape (a fixed-shape field of the
+    schema) as one tensor; numbers whose first dimension varies as a list of tensors, or, with
+    ``pad``, one tensor padded with zeros to the longest and ``<name>_mask`` (bool, N x L: True
+    where a value is); strings and JSON as lists. Without a schema, numbers whose shapes agree in
+    this batch are one tensor."""
+    if not samples:
+        return {}
+    out: dict[str, Any] = {}
+    for name in samples[0]:
+        values = [s[name] for s in samples]
+        field = schema.get(name) if schema is not None else None
+        kind = field.type if field is not None else _kind_of(values)
+        if kind not in ("int", "float", "bool"):
+            out[name] = values
+            continue
+        tensors = [torch.as_tensor(v) for v in values]
+        fixed = field.fixed if field is not None else len({t.shape for t in tensors}) == 1
+        if fixed:
+            out[name] = torch.stack(tensors)
+        elif pad:
+            out[name], out[f"{name}_mask"] = _padded(tensors)
+        else:
+            out[name] = tensors
+    return out
+
+
+def _kind_of(values: list[Any]) -> str:
+    first = values[0]
+    if isinstance(first, np.ndarray) and first.dtype.kind in "biuf":
+        return {"b": "bool", "i": "int", "u": "int", "f": "float"}[first.dtype.kind]
+    if isinstance(first, (bool, int, float)) and all(
+        isinstance(v, (bool, int, float)) for v in values
+    ):
+        return "float" if any(isinstance(v, float) for v in values) else "int"
+    return "json"
+
+
+def _padded(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(t.shape[0] for t in tensors)
+    rest = tensors[0].shape[1:]
+    out = torch.zeros((len(tensors), longest, *rest), dtype=tensors[0].dtype)
+    mask = torch.zeros((len(tensors), longest), dtype=torch.bool)
+    for i, t in enumerate(tensors):
+        out[i, : t.shape[0]] = t
+        mask[i, : t.shape[0]] = True
+    return out, mask
 
 
 class EncodedBatch(NamedTuple):

@@ -112,7 +112,7 @@ class SlotBatch(tuple):
     slot: _Slot
 
     def __reduce__(self) -> tuple[Any, ...]:
-        images, labels = self
+        images, labels, *extra = self
         handle = None if self.slot.sent else DupFd(self.slot.fd)
         self.slot.sent = True
         return (
@@ -126,6 +126,7 @@ class SlotBatch(tuple):
                 tuple(images.shape),
                 tuple(images.stride()),
                 labels.tolist(),  # a few ints: cheaper as a list than as shared memory
+                extra[0] if extra else None,
             ),
         )
 
@@ -133,7 +134,7 @@ class SlotBatch(tuple):
 Owner = tuple[_Pool, _Slot]
 
 
-def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Owner | None]:
+def batch_buffer(shape: tuple[int, ...], slots: bool = True) -> tuple[torch.Tensor, Owner | None]:
     """A uint8 buffer of ``shape`` for a batch, and what :func:`finish` needs to send it.
 
     In a ``DataLoader`` worker the buffer is a free shared-memory slot when there is one, else
@@ -142,7 +143,7 @@ def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Owner | None]:
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8), None
     nbytes = math.prod(shape)
-    pool = _worker_pool()
+    pool = _worker_pool() if slots else None
     slot = pool.acquire(nbytes) if pool is not None else None
     if pool is None or slot is None:
         # fresh shared memory, which PyTorch then sends without a copy (public API only)
@@ -150,11 +151,15 @@ def batch_buffer(shape: tuple[int, ...]) -> tuple[torch.Tensor, Owner | None]:
     return slot.view(shape), (pool, slot)
 
 
-def finish(images: torch.Tensor, labels: torch.Tensor, owner: Owner | None) -> tuple[Any, Any]:
-    """The batch ``(images, labels)``; a :class:`SlotBatch` when ``images`` is in a slot."""
+def finish(
+    images: torch.Tensor, labels: torch.Tensor, owner: Owner | None, fields: Any = None
+) -> tuple[Any, ...]:
+    """The batch ``(images, labels)`` (``(images, labels, fields)`` when the samples carry
+    fields); a :class:`SlotBatch` when ``images`` is in a slot."""
+    parts = (images, labels) if fields is None else (images, labels, fields)
     if owner is None:
-        return images, labels
-    batch = SlotBatch((images, labels))
+        return parts
+    batch = SlotBatch(parts)
     batch.pool, batch.slot = owner
     return batch
 
@@ -202,7 +207,8 @@ def _rebuild(
     shape: tuple[int, ...],
     stride: tuple[int, ...],
     labels: list[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
+    fields: Any = None,
+) -> tuple[Any, ...]:
     key = (token, number)
     with _lock:
         entry = _mapped.get(key)
@@ -224,4 +230,5 @@ def _rebuild(
     array = np.frombuffer(mapping, dtype=np.uint8, count=math.prod(shape), offset=_HEADER)
     weakref.finalize(array, _release, _state(mapping), os.getpid()).atexit = False
     flat = torch.from_numpy(array)
-    return flat.as_strided(shape, stride), torch.tensor(labels, dtype=torch.int64)
+    images, targets = flat.as_strided(shape, stride), torch.tensor(labels, dtype=torch.int64)
+    return (images, targets) if fields is None else (images, targets, fields)

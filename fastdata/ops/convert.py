@@ -10,6 +10,7 @@ interrupted run resumes where its last commit ended. The source is only ever rea
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptImageError, SourceError, UsageError
+from ..fields import parse_field_specs
 from ..images.validate import validate_image
 from ..loaders.malloc import tune_malloc, tuned_malloc
 from ..packed import PackedStrings
@@ -64,6 +66,9 @@ class _Loaded:
     data: bytes
 
 
+_decode_json = json.JSONDecoder().decode
+
+
 def _loader(
     scan: FolderScan, verify_decode: bool, max_file_bytes: int
 ) -> Callable[[list[Sample]], list[tuple[Sample, _Loaded | SkippedFile]]]:
@@ -86,6 +91,7 @@ def _loader(
             checked = validate_image(data, sample.name, decode=verify_decode)
         except CorruptImageError as exc:
             return skip(sample, path, exc.reason)
+        encoded = sample.fields
         header = RecordHeader(
             name=sample.name,
             label=sample.label,
@@ -93,6 +99,8 @@ def _loader(
             crc32=checksum(checked.data),
             format=checked.format,
             repaired=checked.repaired,
+            fields=None if encoded is None else _decode_json(encoded.decode("utf-8")),
+            fields_crc32=-1 if encoded is None else checksum(encoded),
         )
         return _Loaded(header, checked.data)
 
@@ -167,6 +175,8 @@ def convert(
     classes: Sequence[str] | None = None,
     check_content: bool = False,
     drop_unlisted: bool = False,
+    fields: str | Sequence[str] | None = None,
+    sidecars: Sequence[str] | str | None = None,
 ) -> ConvertReport:
     """Pack an image folder (``source/<class>/<image>``), or the images a CSV or JSON Lines
     manifest lists (see :mod:`fastdata.sources.manifest`), into a store.
@@ -208,6 +218,13 @@ def convert(
         check_content: with ``append``, read every source file the store holds and compare
             it with its record by checksum (by default only the size is compared, and the bytes
             of files modified since the store was written).
+        fields: per-image fields beyond the class (see :mod:`fastdata.fields`), as ``--fields``
+            writes them: ``"caption,score:float,boxes:float[-1,4]"``. For a CSV manifest, the
+            columns to keep (``"*"``: all, as strings unless typed); for JSON Lines, where every
+            key beside ``path`` and ``label`` is a field, the types of those named; for a folder
+            with ``sidecars``, the types of the sidecar fields named.
+        sidecars: for an image folder, the sidecar files read beside each image (``"json,txt"``:
+            ``x.json``'s keys and ``x.txt``'s text become fields of ``x.jpg``).
 
     Returns:
         A :class:`ConvertReport`.
@@ -223,7 +240,7 @@ def convert(
     if tune_allocator:
         tune_malloc()
     with tuned_malloc() if tune_allocator is None else nullcontext():
-        scan = _scan(source, classes, strict, drop_unlisted)
+        scan = _scan(source, classes, strict, drop_unlisted, fields, sidecars)
         mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
         writer = open_writer(
             destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
@@ -252,14 +269,37 @@ def _scan(
     classes: Sequence[str] | None,
     strict: bool,
     drop_unlisted: bool = False,
+    fields: str | Sequence[str] | None = None,
+    sidecars: Sequence[str] | str | None = None,
 ) -> FolderScan:
     """The samples of a folder or a manifest; with ``strict``, none may be unusable."""
+    declared, star = parse_field_specs(fields) if fields else ([], False)
+    side = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
+    side = [ext for item in side for ext in item.split(",") if ext.strip()]
     if is_manifest(source):
-        scan = scan_manifest(source, classes, drop_unlisted=drop_unlisted)
+        if side:
+            raise UsageError(
+                f"{source}: --sidecars reads files beside a folder's images; a manifest gives "
+                "its fields in its own rows (JSON Lines keys, or CSV columns with --fields)"
+            )
+        if star and not str(source).lower().endswith(".csv"):
+            raise UsageError(
+                f"{source}: --fields '*' picks CSV columns; in JSON Lines every key is a field"
+            )
+        scan = scan_manifest(
+            source, classes, drop_unlisted=drop_unlisted, fields=declared, all_fields=star
+        )
     elif classes is not None:
         raise UsageError(f"{source}: a class list applies to manifests, not to image folders")
     else:
-        scan = scan_folder(source)
+        if (declared or star) and not side:
+            raise UsageError(
+                f"{source}: --fields types a manifest's fields or a folder's sidecar fields; "
+                "give --sidecars json,txt (the files beside each image) for a folder"
+            )
+        if star:
+            raise UsageError(f"{source}: --fields '*' picks CSV columns, not sidecar fields")
+        scan = scan_folder(source, sidecars=side, fields=declared)
     if strict and scan.unusable:
         first = scan.unusable[0]
         where = (
@@ -435,6 +475,9 @@ class _Run:
             layout=self.scan.layout,
             updated=now,
             written=[[0, now]],
+            fields=self.scan.schema.to_list(),
+            labelled=self.scan.labelled,
+            sidecars=list(self.scan.sidecars),
         )
 
     def report(self) -> ConvertReport:

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
 from ..errors import SourceError
+from ..fields import Field, Schema, SchemaBuilder, check_name
 from ..packed import PackedStrings
 from ..records import SkippedFile
 
@@ -50,10 +52,13 @@ class Sample:
     Attributes:
         name: the path relative to the root, with ``/`` separators (``cat/0001.jpg``).
         label: the index of the image's class.
+        fields: the canonical encoding of the sample's field values (``fastdata.fields``), or
+            None when the source has no fields.
     """
 
     name: str
     label: int
+    fields: bytes | None = None
 
 
 def _encode(name: str) -> bytes:
@@ -66,9 +71,14 @@ class Samples(Sequence[Sample]):
     object. Indexing gives a :class:`Sample`; slicing gives a view."""
 
     def __init__(
-        self, names: PackedStrings, labels: np.ndarray, start: int = 0, stop: int | None = None
+        self,
+        names: PackedStrings,
+        labels: np.ndarray,
+        start: int = 0,
+        stop: int | None = None,
+        fields: PackedStrings | None = None,
     ) -> None:
-        self._names, self._labels = names, labels
+        self._names, self._labels, self._fields = names, labels, fields
         self._start, self._stop = start, len(labels) if stop is None else stop
 
     def __len__(self) -> int:
@@ -86,12 +96,19 @@ class Samples(Sequence[Sample]):
             if step != 1:
                 raise ValueError("Samples slices take no step")
             return Samples(
-                self._names, self._labels, self._start + start, self._start + max(start, stop)
+                self._names,
+                self._labels,
+                self._start + start,
+                self._start + max(start, stop),
+                self._fields,
             )
         if not -len(self) <= index < len(self):
             raise IndexError(index)
         i = self._start + index % len(self)
-        return Sample(self._names[i].decode("utf-8", "surrogateescape"), int(self._labels[i]))
+        name = self._names[i].decode("utf-8", "surrogateescape")
+        if self._fields is None:
+            return Sample(name, int(self._labels[i]))
+        return Sample(name, int(self._labels[i]), self._fields[i])
 
     def __iter__(self) -> Iterator[Sample]:
         for i in range(len(self)):
@@ -123,7 +140,22 @@ class Samples(Sequence[Sample]):
         kept = np.zeros(int(np.count_nonzero(keep)) + 1, dtype=np.int64)
         np.cumsum(lengths[keep], out=kept[1:])
         names = PackedStrings.from_buffer(data[np.repeat(keep, lengths)].tobytes(), kept)
-        return Samples(names, self.labels[keep].copy())
+        fields = None
+        if self._fields is not None:
+            fields = PackedStrings(
+                [v for v, k in zip(self.field_bytes(), keep.tolist(), strict=True) if k]
+            )
+        return Samples(names, self.labels[keep].copy(), fields=fields)
+
+    @property
+    def has_fields(self) -> bool:
+        return self._fields is not None
+
+    def field_bytes(self) -> list[bytes]:
+        """Every sample's encoded field values, in order (empty without fields)."""
+        if self._fields is None:
+            return []
+        return self._fields.slice_list(self._start, self._stop)
 
     def joined_names(self, keep: np.ndarray | None = None) -> bytes:
         """The names (those ``keep`` marks, a bool per sample), UTF-8, joined by NUL bytes,
@@ -152,11 +184,16 @@ class _SampleBuilder:
         self._data = bytearray()
         self._ends = array("q")
         self._labels = array("i")
+        self._fields: list[bytes] | None = None
 
-    def add(self, name: str, label: int) -> None:
+    def add(self, name: str, label: int, fields: bytes | None = None) -> None:
         self._data += _encode(name)
         self._ends.append(len(self._data))
         self._labels.append(label)
+        if fields is not None:
+            if self._fields is None:
+                self._fields = []
+            self._fields.append(fields)
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -166,7 +203,12 @@ class _SampleBuilder:
         offsets[1:] = np.frombuffer(self._ends, dtype=np.int64)
         names = PackedStrings.from_buffer(bytes(self._data), offsets)
         labels = np.frombuffer(self._labels, dtype=np.int32).copy()
-        return Samples(names, labels)
+        fields = None
+        if self._fields is not None:
+            if len(self._fields) != len(self._labels):
+                raise ValueError("some samples were added with fields and some without")
+            fields = PackedStrings(self._fields)
+        return Samples(names, labels, fields=fields)
 
 
 @dataclass(frozen=True)
@@ -195,6 +237,13 @@ class FolderScan:
     non_image_names: list[str] = field(default_factory=list)
     layout: str = "folder"
     source: str = ""
+    schema: Schema = field(default_factory=Schema)
+    """The fields every sample carries (manifest columns or keys, sidecar files); empty
+    without."""
+    sidecars: tuple[str, ...] = ()
+    """The sidecar extensions read beside each image (``json``, ``txt``, ...)."""
+    labelled: bool = True
+    """Whether samples have classes (a manifest without labels has none: every label -1)."""
     class_to_idx: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -221,6 +270,10 @@ class FolderScan:
             digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
         for sample in self.samples:
             digest.update(f"{sample.label}\0".encode() + _encode(sample.name) + b"\0")
+        if self.schema:
+            digest.update(repr(self.schema.to_list()).encode() + b"\0")
+            for values in self.samples.field_bytes():
+                digest.update(values + b"\0")
         return digest.hexdigest()
 
 
@@ -302,8 +355,9 @@ class _Walk:
     """An iterative walk of class folders: links to folders are followed, every folder is
     scanned once (by device and inode), any depth; what cannot be used is listed, not dropped."""
 
-    def __init__(self, root: Path, classes: list[str]) -> None:
+    def __init__(self, root: Path, classes: list[str], sidecars: Sequence[str] = ()) -> None:
         self.root = root
+        self.sidecar_suffixes = tuple(f".{ext}" for ext in sidecars)
         self.unusable: list[SkippedFile] = []
         self.non_images = 0
         self.non_image_names: list[str] = []
@@ -362,6 +416,8 @@ class _Walk:
         """Whether ``entry`` is an image to convert; a non-image is counted, an image that is not
         a regular file (a FIFO, a device, a broken link, directly or through a link) is listed."""
         if not entry.name.lower().endswith(IMG_EXTENSIONS):
+            if self.sidecar_suffixes and entry.name.endswith(self.sidecar_suffixes):
+                return False  # read with its image
             self.non_images += 1
             if len(self.non_image_names) < NAMED_NON_IMAGES:
                 self.non_image_names.append(f"{rel}/{entry.name}")
@@ -378,8 +434,20 @@ class _Walk:
         return False
 
 
-def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
+def scan_folder(
+    root: str | os.PathLike[str],
+    *,
+    sidecars: Sequence[str] = (),
+    fields: Sequence[Field] = (),
+) -> FolderScan:
     """Scan ``root/<class>/...`` for images.
+
+    With ``sidecars`` (extensions: ``json``, ``txt``, ...), each image ``x.jpg`` carries fields
+    from the files beside it, WebDataset's way: ``x.json`` holds an object whose keys are fields,
+    ``x.txt`` (any other extension) a UTF-8 string, the field named by the extension. An image
+    whose sidecar is missing, unreadable or of another type than the others' is listed as
+    unusable with the reason. ``fields`` declares types (``fastdata.fields.parse_field_specs``);
+    the others come from the first image that has them.
 
     Only the folder tree is read; files are not opened. Links to folders are followed, each folder
     is scanned once (a link loop neither repeats images nor hangs), at any depth. Image files that
@@ -413,22 +481,108 @@ def scan_folder(root: str | os.PathLike[str]) -> FolderScan:
             f"{root_path}: no class folders found; images must be laid out as "
             f"{root_path}/<class>/<image>"
         )
-    walk = _Walk(root_path, classes)
+    sidecars = _sidecar_list(sidecars)
+    walk = _Walk(root_path, classes, sidecars)
     samples = _SampleBuilder()
+    side = _Sidecars(sidecars, fields) if sidecars else None
     for label, cls in enumerate(classes):
         # Sorted by folder path, then file name: the order ImageFolder produces.
         for rel, entries in sorted(walk.folders(cls), key=lambda f: f[0]):
+            names = {e.name for e in entries} if side is not None else set()
             for entry in entries:
                 if walk.image(rel, entry):
-                    samples.add(f"{rel}/{entry.name}", label)
+                    name = f"{rel}/{entry.name}"
+                    if side is None:
+                        samples.add(name, label)
+                        continue
+                    raw = side.read(entry.path, name, names)
+                    if isinstance(raw, str):
+                        walk.unusable.append(SkippedFile(name, raw))
+                    else:
+                        samples.add(name, label, raw)
     if not len(samples):
         raise SourceError(
             f"{root_path}: no images found in its {len(classes)} class folder(s); "
             f"accepted extensions: {' '.join(IMG_EXTENSIONS)}"
         )
+    built = samples.build()
+    schema = Schema()
+    if side is not None:
+        built, schema = checked_fields(built, side.builder, walk.unusable, lambda i: "")
     return FolderScan(
-        root_path, classes, samples.build(), walk.non_images, walk.unusable, walk.non_image_names
+        root_path,
+        classes,
+        built,
+        walk.non_images,
+        walk.unusable,
+        walk.non_image_names,
+        schema=schema,
+        sidecars=tuple(sidecars),
     )
+
+
+MAX_SIDECAR_BYTES = 1 << 20
+"""A sidecar file larger than this makes its image unusable (nothing larger is read)."""
+
+
+def _sidecar_list(sidecars: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for ext in sidecars:
+        ext = ext.strip().lstrip(".")
+        if not ext:
+            continue
+        if f".{ext.lower()}" in IMG_EXTENSIONS:
+            raise SourceError(f"--sidecars: {ext!r} is an image extension, not a sidecar's")
+        if ext != "json":
+            why = check_name(ext, "--sidecars")
+            if why is not None:
+                raise SourceError(why)
+        if ext not in out:
+            out.append(ext)
+    return out
+
+
+class _Sidecars:
+    """Reads the sidecar files of each image into its raw field values (JSON text, checked
+    against the schema once every image has been seen: see :func:`checked_fields`)."""
+
+    def __init__(self, sidecars: list[str], declared: Sequence[Field]) -> None:
+        self.sidecars = sidecars
+        self.builder = SchemaBuilder(declared)
+
+    def read(self, image_path: str, name: str, siblings: set[str]) -> bytes | str:
+        base = os.path.basename(image_path).rpartition(".")[0]
+        folder = os.path.dirname(image_path)
+        values: dict[str, Any] = {}
+        for ext in self.sidecars:
+            file = f"{base}.{ext}"
+            if file not in siblings:
+                return f"its sidecar {file} is missing (--sidecars {','.join(self.sidecars)})"
+            data = read_file(os.path.join(folder, file), MAX_SIDECAR_BYTES)
+            if isinstance(data, str):
+                return f"its sidecar {file}: {data}"
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"its sidecar {file} is not valid UTF-8 (byte {exc.start})"
+            if ext != "json":
+                values[ext] = text
+                continue
+            try:
+                obj = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                return f"its sidecar {file} is not valid JSON ({type(exc).__name__})"
+            if not isinstance(obj, dict):
+                return f"its sidecar {file} does not hold a JSON object"
+            for key, value in obj.items():
+                why = check_name(key, file)
+                if why is not None:
+                    return why
+                if key in values:
+                    return f"field {key!r} comes from {file} and from {base}.{key}"
+                values[key] = value
+        self.builder.see(values)
+        return json.dumps(values).encode("utf-8", "surrogatepass")
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -436,3 +590,35 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return entry.is_dir()
     except OSError:
         return False
+
+
+def checked_fields(
+    samples: Samples,
+    builder: SchemaBuilder,
+    unusable: list[SkippedFile],
+    line_of: Any,
+) -> tuple[Samples, Schema]:
+    """Every sample's raw field values checked against the schema the builder inferred, and
+    stored in their canonical encoding; samples whose values do not fit are added to
+    ``unusable`` (named by their line, ``line_of(i)``, where the source has lines)."""
+    from ..fields import canonical
+
+    schema = builder.build()
+    keep = np.ones(len(samples), dtype=bool)
+    out: list[bytes] = []
+    for i, (name, raw) in enumerate(zip(samples.name_bytes(), samples.field_bytes(), strict=True)):
+        values, why = schema.check(json.loads(raw))
+        if why is None:
+            assert values is not None
+            out.append(canonical(values))
+            continue
+        keep[i] = False
+        line = line_of(i)
+        text = os.fsdecode(name) if isinstance(name, bytes) else name
+        unusable.append(SkippedFile(text, f"line {line}: {why}" if line else why))
+    if keep.all():
+        return Samples(
+            samples.packed_names, samples.labels.copy(), fields=PackedStrings(out)
+        ), schema
+    kept = samples.select(keep)
+    return Samples(kept.packed_names, kept.labels.copy(), fields=PackedStrings(out)), schema

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
+from ..fields import Field, Schema, SchemaBuilder, canonical, check_name, parse_text_value
 from ..packed import PackedStrings
 from ..records import MAX_CLASSES, SkippedFile, name_bytes
 from .folder import FolderScan, Samples, _SampleBuilder, file_kind, os_reason
@@ -74,12 +75,23 @@ def read_class_list(path: str | os.PathLike[str]) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-class _Rows:
-    """``(line number, path, label)`` of every row, bad rows as ``(line, None, why)``."""
+NO_LABEL = object()
+"""The label of a row that gives none (a manifest without labels: an image-text set)."""
 
-    def __init__(self, path: Path) -> None:
+
+class _Rows:
+    """``(line number, path, label, fields)`` of every row, bad rows as ``(line, None, why,
+    None)``. ``fields`` are the row's other values: for JSON Lines every key beside ``path``
+    and ``label``; for CSV the columns ``declared`` names (every other one with ``star``), as
+    text. A row without a label gives ``NO_LABEL``."""
+
+    def __init__(self, path: Path, declared: Sequence[Field] = (), star: bool = False) -> None:
         self.path = path
         self.classes: list[str] | None = None
+        self.declared = list(declared)
+        self.star = star
+        self.columns: list[str] = []
+        """The CSV columns taken as fields, in order."""
 
     def _lines(self, f: Any) -> Iterator[tuple[int, str | None]]:
         """``(line number, text)``; the text is None for a line over ``MAX_ROW_BYTES`` bytes
@@ -101,14 +113,14 @@ class _Rows:
             why = os_reason(exc, "cannot read the manifest")
             raise SourceError(f"{self.path}: {why}") from None
 
-    def __iter__(self) -> Iterator[tuple[int, str | None, Any]]:
+    def __iter__(self) -> Iterator[tuple[int, str | None, Any, Any]]:
         with self._open() as f:
             if self.path.suffix.lower() == ".csv":
                 yield from self._csv(f)
             else:
                 yield from self._jsonl(f)
 
-    def _csv(self, f: Any) -> Iterator[tuple[int, str | None, Any]]:
+    def _csv(self, f: Any) -> Iterator[tuple[int, str | None, Any, Any]]:
         lines = self._lines(f)
         numbers: list[int] = []
         too_long: set[int] = set()
@@ -128,43 +140,72 @@ class _Rows:
         except csv.Error as exc:
             raise SourceError(f"{self.path}: line 1: {exc}") from None
         names = [h.strip().lower() for h in header]
-        if "path" not in names or "label" not in names:
+        if "path" not in names:
             raise SourceError(
-                f"{self.path}: line 1 must be a header row naming a 'path' and a 'label' column "
-                f"(found {', '.join(repr(h) for h in header) or 'nothing'})"
+                f"{self.path}: line 1 must be a header row naming a 'path' column (and a "
+                f"'label' column, unless the images have no classes; found "
+                f"{', '.join(repr(h) for h in header) or 'nothing'})"
             )
-        at_path, at_label = names.index("path"), names.index("label")
+        at_path = names.index("path")
+        at_label = names.index("label") if "label" in names else None
+        columns = self._field_columns([h.strip() for h in header])
+        last = max([at_path, at_label or 0, *columns.values()])
         while True:
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield numbers[-1], None, f"not a valid CSV row ({exc})"
+                yield numbers[-1], None, f"not a valid CSV row ({exc})", None
                 continue
             number = numbers[-1]
             if number in too_long:
-                yield number, None, f"longer than {MAX_ROW_BYTES} bytes"
+                yield number, None, f"longer than {MAX_ROW_BYTES} bytes", None
                 continue
             if not row or all(not c.strip() for c in row):
                 continue
-            if len(row) <= max(at_path, at_label):
-                yield number, None, f"{len(row)} column(s), the header names {len(header)}"
+            if len(row) <= last:
+                yield number, None, f"{len(row)} column(s), the header names {len(header)}", None
                 continue
             # spaces around a field are not part of it ("img/x.jpg, cat")
-            yield number, row[at_path].strip(), row[at_label].strip()
+            label = row[at_label].strip() if at_label is not None else NO_LABEL
+            fields = {name: row[at] for name, at in columns.items()} if columns else None
+            yield number, row[at_path].strip(), label, fields
 
-    def _jsonl(self, f: Any) -> Iterator[tuple[int, str | None, Any]]:
+    def _field_columns(self, header: list[str]) -> dict[str, int]:
+        """The columns taken as fields (``--fields``), by name: where each is."""
+        at = {h: i for i, h in enumerate(header)}
+        out: dict[str, int] = {}
+        for field in self.declared:
+            if field.name not in at:
+                raise SourceError(
+                    f"{self.path}: --fields names {field.name!r}, which is not a column of the "
+                    f"header ({', '.join(repr(h) for h in header)})"
+                )
+            out[field.name] = at[field.name]
+        if self.star:
+            for i, h in enumerate(header):
+                if h.lower() in ("path", "label") or h in out:
+                    continue
+                why = check_name(h, f"{self.path}: line 1")
+                if why is not None:
+                    raise SourceError(why)
+                out[h] = i
+        self.columns = list(out)
+        return out
+
+    def _jsonl(self, f: Any) -> Iterator[tuple[int, str | None, Any, Any]]:
         for number, line in self._lines(f):
             if line is None:
-                yield number, None, f"longer than {MAX_ROW_BYTES} bytes"
+                yield number, None, f"longer than {MAX_ROW_BYTES} bytes", None
                 continue
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                yield number, None, f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
+                why = f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
+                yield number, None, why, None
                 continue
             if number == 1 and isinstance(obj, dict) and set(obj) == {"classes"}:
                 order = obj["classes"]
@@ -172,13 +213,18 @@ class _Rows:
                     raise SourceError(f"{self.path}: line 1: 'classes' must be a list of names")
                 self.classes = order
                 continue
-            if not isinstance(obj, dict) or "path" not in obj or "label" not in obj:
-                yield number, None, "not an object with a 'path' and a 'label'"
+            if not isinstance(obj, dict) or "path" not in obj:
+                yield number, None, "not an object with a 'path'", None
                 continue
             if not isinstance(obj["path"], str):
-                yield number, None, "'path' is not a string"
+                yield number, None, "'path' is not a string", None
                 continue
-            yield number, obj["path"], obj["label"]
+            path, label = obj.pop("path"), obj.pop("label", NO_LABEL)
+            bad = [p for key in obj if (p := check_name(key, "key")) is not None]
+            if bad:
+                yield number, None, bad[0].split(": ", 1)[1], None
+                continue
+            yield number, path, label, obj
 
 
 def _name(raw: str) -> str | None:
@@ -231,6 +277,8 @@ def scan_manifest(
     classes: Sequence[str] | None = None,
     *,
     drop_unlisted: bool = False,
+    fields: Sequence[Field] = (),
+    all_fields: bool = False,
 ) -> FolderScan:
     """Read a CSV or JSON Lines manifest into samples and classes, checking every file.
 
@@ -248,6 +296,14 @@ def scan_manifest(
         manifest: the manifest file.
         classes: the class order (label ``k`` is ``classes[k]``). By default the order comes
             from the manifest's first line (JSON Lines), else as above.
+        fields: declared fields (``fastdata.fields.parse_field_specs``): the CSV columns to
+            keep, with their types; for JSON Lines, where every key beside ``path`` and
+            ``label`` is a field, the types of those named (the others are inferred from their
+            first value).
+        all_fields: keep every other CSV column, as a string unless declared (``--fields '*'``).
+
+    A manifest in which no row has a label makes a store without classes (an image-text set:
+    every target is -1).
 
     Raises:
         SourceError: the manifest cannot be read, lacks its header row, mixes class names and
@@ -259,15 +315,23 @@ def scan_manifest(
     if not path.is_file():
         raise SourceError(f"{path}: not a regular file; give a .csv or .jsonl manifest")
     root = path.parent
-    rows = _Rows(path)
-    # Two passes over the file, so that no row is held: the class names first, then the samples,
-    # packed as they come.
+    csv_manifest = path.suffix.lower() == ".csv"
+    rows = _Rows(path, fields, all_fields)
+    # Two passes over the file, so that no row is held: the class names (and the fields' types)
+    # first, then the samples, packed as they come.
     names_of_classes: set[str] = set()
     integers = names = False
     largest = -1
-    for _, raw, label in rows:
+    labelled_rows = 0
+    builder = SchemaBuilder(fields)
+    for _, raw, label, values in rows:
         if raw is None:
             continue
+        if values and not csv_manifest:
+            builder.see(values)
+        if label is NO_LABEL:
+            continue
+        labelled_rows += 1
         number = _as_number(label)
         if isinstance(number, int):
             integers = True
@@ -275,10 +339,19 @@ def scan_manifest(
         elif number is None and isinstance(label, str) and label.strip():
             names = True
             names_of_classes.add(label.strip())
+    labelled = labelled_rows > 0
+    if csv_manifest:
+        schema = Schema([*fields, *(Field(c, "str") for c in rows.columns[len(fields) :])])
+    else:
+        schema = builder.build()
+    if not labelled and classes is not None:
+        raise SourceError(f"{path}: a class list was given, but no row has a label")
     order = list(classes) if classes is not None else rows.classes
+    if not labelled:
+        order = []
     if order is not None and len(set(order)) != len(order):
         raise SourceError(f"{path}: the class list names a class twice")
-    if order is not None and not drop_unlisted:
+    if order is not None and labelled and not drop_unlisted:
         _refuse_unlisted(path, rows, order)
     if order is None:
         if integers and names:
@@ -289,23 +362,35 @@ def scan_manifest(
         order = [str(k) for k in range(largest + 1)] if integers else sorted(names_of_classes)
     index = {c: i for i, c in enumerate(order)}
     unusable: list[SkippedFile] = []
-    builder = _SampleBuilder()
+    samples_builder = _SampleBuilder()
     devs, inodes, lines = array("q"), array("q"), array("q")
     missing: dict[str, int] = {}  # unusable files, by absolute path: the line that named it
 
     def row_name(number: int) -> str:
         return f"{path.name}:{number}"
 
-    for number, raw, label in rows:
+    for number, raw, label, values in rows:
         name = _name(raw) if raw is not None else None
         if name is None:
             why = label if raw is None else "empty path"
             unusable.append(SkippedFile(row_name(number), f"line {number}: {why}"))
             continue
-        k = _label(label, index, len(order))
+        if not labelled:
+            k: int | str = -1
+        elif label is NO_LABEL:
+            k = "no label (other rows have one)"
+        else:
+            k = _label(label, index, len(order))
         if isinstance(k, str):
             unusable.append(SkippedFile(row_name(number), f"line {number}: {name}: {k}"))
             continue
+        encoded = None
+        if schema:
+            checked, why = _row_fields(schema, values or {}, csv_manifest)
+            if why is not None:
+                unusable.append(SkippedFile(row_name(number), f"line {number}: {name}: {why}"))
+                continue
+            encoded = canonical(checked)
         found = _file_identity(root, name)
         if isinstance(found, str):
             where = os.path.normpath(os.path.join(root, name))
@@ -319,11 +404,11 @@ def scan_manifest(
                     )
                 )
             continue
-        builder.add(name, k)
+        samples_builder.add(name, k, encoded)
         devs.append(found[0])
         inodes.append(found[1])
         lines.append(number)
-    samples = builder.build()
+    samples = samples_builder.build()
     keep = _first_of_each(samples, devs, inodes, lines, unusable, row_name, order)
     if keep is not None:
         samples = samples.select(keep)
@@ -339,7 +424,25 @@ def scan_manifest(
         unusable,
         layout="manifest",
         source=os.path.realpath(path),
+        schema=schema,
+        labelled=labelled,
     )
+
+
+def _row_fields(
+    schema: Schema, values: dict[str, Any], from_text: bool
+) -> tuple[dict[str, Any], str | None]:
+    """A row's field values checked against the schema (CSV cells parsed by their type)."""
+    if not from_text:
+        checked, why = schema.check(values)
+        return (checked or {}), why
+    out: dict[str, Any] = {}
+    for field in schema.fields:
+        value, why = parse_text_value(field, values.get(field.name, ""))
+        if why is not None:
+            return {}, why
+        out[field.name] = value
+    return out, None
 
 
 def _refuse_unlisted(path: Path, rows: _Rows, order: list[str]) -> None:
@@ -347,7 +450,7 @@ def _refuse_unlisted(path: Path, rows: _Rows, order: list[str]) -> None:
     dropped), naming the first few with their row counts."""
     listed = set(order)
     missing: dict[str, int] = {}
-    for _, raw, label in rows:
+    for _, raw, label, _ in rows:
         if raw is None or not isinstance(label, str):
             continue
         name = label.strip()
@@ -394,7 +497,7 @@ def _first_of_each(
         a, b = samples[later], samples[first]
         labels = (
             f", labelled {classes[a.label]!r} here and {classes[b.label]!r} there"
-            if a.label != b.label
+            if a.label != b.label and a.label >= 0
             else ""
         )
         unusable.append(

@@ -187,6 +187,25 @@ class StoreReader(abc.ABC):
             for start in range(0, n, batch_size):
                 yield from self.read_records(range(start, min(n, start + batch_size)))
 
+    def matching(self, where: Any) -> np.ndarray:
+        """The indices (in order, as one int64 array) of the records whose field values match
+        ``where``: a predicate called once per record with its values (a dict; empty in a
+        store without fields). Backends with a query language take theirs too (MongoDB: a
+        filter document).
+
+        Raises:
+            TypeError: ``where`` is neither a predicate nor a filter this backend runs.
+        """
+        import numpy as np
+
+        if not callable(where):
+            raise TypeError(
+                f"{self.location}: where= takes a predicate over a record's fields here (e.g. "
+                "lambda f: len(f['boxes']) > 3); query filters are for MongoDB stores"
+            )
+        found = [i for i, h in enumerate(self.iter_headers()) if where(h.fields or {})]
+        return np.asarray(found, dtype=np.int64)
+
     def check_indices(self, indices: Sequence[int]) -> list[int]:
         """Normalise negative indices and raise IndexError for any out of range."""
         n = len(self)

@@ -65,6 +65,10 @@ class StoreView(StoreReader):
             ``classes[k]``); None keeps every class with its label.
         indices: record indices to keep, in the order the view gives them (negative ones count
             from the end); None keeps every record of the kept classes, in store order.
+        where: keep only the records whose fields match, found once when the view is made (a
+            pickled view holds the records found, not ``where``): a predicate called with each
+            record's field values (a dict), or, on MongoDB, a query filter the server runs
+            (``{"fields.caption": {"$regex": "dog"}}``; see :meth:`StoreReader.matching`).
 
     Raises:
         ValueError: a class the store does not have, a class named twice.
@@ -77,6 +81,7 @@ class StoreView(StoreReader):
         *,
         classes: Sequence[str] | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
+        where: Any = None,
     ) -> None:
         self.base = reader
         self.location = reader.location
@@ -103,6 +108,12 @@ class StoreView(StoreReader):
                     f"{reader.location}: index {int(given[bad][0])} out of range for {n} records"
                 )
             self._given = np.where(given < 0, given + n, given)
+        if where is not None:
+            found = reader.matching(where)
+            if self._given is None:
+                self._given = found
+            else:
+                self._given = self._given[np.isin(self._given, found)]
         self._index: np.ndarray | None = None
         self._view_labels: np.ndarray | None = None
         self._meta_view: StoreMeta | None = None

@@ -278,6 +278,21 @@ class MongoStore(_MongoTarget, StoreReader):
                 where = f"{self.location}: record {doc['_id']}"
                 yield RecordHeader.from_dict(_names_from_bson(doc), where)
 
+    def matching(self, where: Any) -> np.ndarray:
+        """A query filter (a dict) is run by the server over this store's records; a
+        predicate as in every backend."""
+        if not isinstance(where, dict):
+            return super().matching(where)
+        n = len(self)
+        query = {"$and": [where, {"_id": {"$gte": 0, "$lt": n}}]}
+
+        def run() -> list[Any]:
+            docs = self._conn.db()[self.collection].find(query, {"_id": 1})
+            return [d["_id"] for d in docs]
+
+        found = self._run(f"selecting records with where={where!r:.200}", run)
+        return np.unique(np.asarray([int(i) for i in found if type(i) is int], dtype=np.int64))
+
     def record_names(self) -> PackedStrings:
         """The names alone, in one query that returns no image bytes."""
         n = len(self)

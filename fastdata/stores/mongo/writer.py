@@ -10,7 +10,6 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -278,7 +277,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         for rec in records:
             doc: dict[str, Any] = {
                 "_id": rec.index,
-                **_to_bson(asdict(rec.header)),
+                **_to_bson(rec.header.to_dict()),
                 "store": self._store_id,
             }
             if len(rec.data) > GRIDFS_THRESHOLD:
