@@ -157,8 +157,8 @@ class RecordHeader:
                 if values is None:
                     return cls(name, label, size, crc, fmt, bool(repaired))
                 fcrc = d.get("fields_crc32")
-                if type(values) is dict and type(fcrc) is int and 0 <= fcrc < 1 << 32:
-                    return cls(name, label, size, crc, fmt, bool(repaired), values, fcrc)
+                if type(values) is dict and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32:
+                    return cls(name, label, size, crc, fmt, bool(repaired), values, int(fcrc))
                 raise RecordError(
                     f"{where}: malformed record header ('fields' or 'fields_crc32'); run "
                     "`fastdata verify` on the store"

@@ -65,7 +65,19 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
         click.echo(f"id:         {facts['id']}")
     click.echo(f"decoder:    {facts['decoder']}; CRC-32: {facts['checksum_implementation']}")
     counts = facts["images_per_class"]
-    click.echo(f"classes:    {facts['classes']}")
+    if facts.get("fields"):
+        from ..fields import Schema
+
+        schema = Schema.from_list(facts["fields"], facts["location"])
+        where = " (in MongoDB: fields.<name> of each document)" if "://" in store else ""
+        click.echo(f"fields:     {len(schema)}{where}")
+        for f in schema.fields:
+            click.echo(f"  {f.name:<16} {f.spec.split(':', 1)[1]}")
+    if not facts.get("labelled", True):
+        click.echo("classes:    none (the manifest gave no labels: every target is -1)")
+        counts = {}
+    else:
+        click.echo(f"classes:    {facts['classes']}")
     if facts.get("class_order") == "appended":
         click.echo("            (in the order they were added, not sorted: --append added some)")
     if facts.get("appends"):

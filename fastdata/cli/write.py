@@ -70,6 +70,18 @@ if TYPE_CHECKING:
     help="For a manifest SRC: the class order, one name a line (integer labels index it).",
 )
 @click.option(
+    "--fields",
+    help="Per-image fields beyond the class: for a CSV manifest the columns to keep ('*': all), "
+    "for JSON Lines (every key is a field) or --sidecars the types of those named; "
+    "NAME[:TYPE] separated by commas, TYPE str (default), int, float, bool or json, a list "
+    "of numbers as float[4] or float[-1,4] (-1: any length), e.g. caption,boxes:float[-1,4].",
+)
+@click.option(
+    "--sidecars",
+    help="For an image folder: the files beside each image that give its fields, by extension "
+    "(json,txt: x.json's keys and x.txt's text become fields of x.jpg).",
+)
+@click.option(
     "--collection", "-c", help="Mongo collection, when DST is a URI (default: SRC's name)."
 )
 @click.option(
@@ -93,6 +105,8 @@ def convert(
     check_content: bool,
     drop_unlisted: bool,
     classes_file: str | None,
+    fields: str | None,
+    sidecars: str | None,
     max_file_size: int | None,
     timeout: float | None,
     quiet: bool,
@@ -110,12 +124,19 @@ def convert(
     of the class list), readers that have DST open go on reading what they opened, and files
     that changed since they were stored are reported, not stored twice.
 
+    Images may carry fields beyond their class (captions, multi-labels, boxes, any JSON): the
+    keys of a JSON Lines row, the CSV columns --fields names, or sidecar files (--sidecars). A
+    manifest without labels makes a store without classes (every target is -1).
+
     \b
     Example:
       fastdata convert ~/data/imagenet/train train.lmdb --workers 8
       fastdata convert ~/data/imagenet/train mongodb://db1:27017/images -c train
       fastdata convert ~/data/imagenet/train train.lmdb --append
       fastdata convert ~/data/imagenet/val.csv val.lmdb --classes synsets.txt
+      fastdata convert captions.jsonl captions.lmdb
+      fastdata convert boxes.csv boxes.lmdb --fields 'boxes:float[-1,4],source'
+      fastdata convert ~/data/shards/train train.lmdb --sidecars json,txt
     """
     from ..ops.convert import convert as run_convert
     from ..sources.manifest import read_class_list
@@ -139,6 +160,8 @@ def convert(
             classes=read_class_list(classes_file) if classes_file else None,
             check_content=check_content,
             drop_unlisted=drop_unlisted,
+            fields=fields,
+            sidecars=sidecars,
         )
     _render_convert(report)
 
@@ -223,10 +246,12 @@ def _counted(what: str, count: int, names: list[str]) -> None:
 
 def _render_convert(report: ConvertReport) -> None:
     """What a conversion or an append did, as the CLI prints it."""
+    classes = f"{len(report.classes)} classes" if report.labelled else "no classes (targets -1)"
     click.echo(
-        f"{report.destination}: {report.count} images in {len(report.classes)} classes, "
-        f"{_human(report.total_bytes)}"
+        f"{report.destination}: {report.count} images in {classes}, {_human(report.total_bytes)}"
     )
+    if report.fields:
+        click.echo(f"fields: {', '.join(report.fields)}")
     if report.appended:
         added = report.converted + report.resumed_from - len(report.skipped)
         if report.converted + report.resumed_from == 0:

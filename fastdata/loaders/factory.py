@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import weakref
@@ -235,6 +236,7 @@ def create_loader(
     multiprocessing_context: str | None = None,
     decode: str = "cpu",
     decode_backend: str = "auto",
+    pad_fields: bool = False,
 ) -> Loader:
     """A loader that yields ``(images, labels)`` batches on the device, normalised there.
 
@@ -264,6 +266,8 @@ def create_loader(
             process group.
         pipeline: a pipeline to use instead of the built-in ones.
         collate_fn: instead of ``fast_collate``.
+        pad_fields: for a dataset read with ``fields=``: batch variable-length number fields
+            as one zero-padded tensor with a ``<name>_mask``, not as a list of tensors.
         pin_memory: default: when batches go to an accelerator.
         persistent_workers: keep the workers between epochs.
         prefetch_factor: batches each worker prepares ahead (default: 4 for up to 2 workers,
@@ -324,7 +328,7 @@ def create_loader(
             "the partial batch"
         )
     pin = target.type == "cuda" if pin_memory is None else pin_memory
-    collate = collate_fn or fast_collate
+    collate = collate_fn or _collate_for(dataset, pad_fields)
 
     def build(workers: int, batch_sampler_source: Any, persistent: bool) -> DataLoader[Any]:
         extra: dict[str, Any] = {}
@@ -386,3 +390,12 @@ def create_loader(
         "the workers" if decoder is None else decoder,
     )
     return Loader(dataloader, sampler, device_loader, seed=seed, worker_rates=rates)
+
+
+def _collate_for(dataset: Any, pad: bool) -> Callable[[list[Any]], Any]:
+    """``fast_collate``, told the dataset's field schema when it reads fields (so a field is a
+    tensor in every batch or in none), padding variable-length ones with ``pad``."""
+    schema = getattr(dataset, "field_schema", None)
+    if not getattr(dataset, "fields", None) or schema is None:
+        return fast_collate
+    return functools.partial(fast_collate, schema=schema, pad=pad)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import stat
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -202,6 +204,7 @@ def plan_append(
             f"{scan.root}: a {scan.layout} source cannot be appended to a store converted from a "
             f"{base.layout}; append a {base.layout}"
         )
+    scan = _with_store_fields(scan, base)
     reader = writer.open_reader()
     try:
         look = _Look(scan, base, reader, max_file_bytes)
@@ -210,6 +213,52 @@ def plan_append(
     finally:
         reader.close()
     return look.plan(verify_decode)
+
+
+def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
+    """``scan`` with its samples' fields checked against the store's schema (an ``int`` where
+    the store has ``float`` becomes a float; other types make the sample unusable), refused
+    when the source gives other fields than the store holds, or labels where it has none."""
+    from dataclasses import replace as replaced
+
+    from ..fields import Schema, canonical
+    from ..sources.folder import Samples
+
+    schema = base.schema
+    if scan.labelled != base.labelled:
+        has = "has classes" if base.labelled else "has no classes (its manifest had no labels)"
+        raise SourceError(f"{scan.source}: the store {has}; the source must be the same")
+    if scan.schema.names != schema.names:
+        given = scan.schema.describe() or "none"
+        hint = (
+            f"--sidecars {','.join(base.sidecars)}"
+            if base.sidecars
+            else f"--fields '{schema.describe()}'"
+        )
+        raise SourceError(
+            f"{scan.source}: the store's fields are {schema.describe() or 'none'}, the source "
+            f"gives {given}: an append carries the same fields"
+            + (f" (give them again: {hint})" if schema else "")
+        )
+    if scan.schema == schema or not schema:
+        return scan
+    unusable = list(scan.unusable)
+    keep = np.ones(len(scan.samples), dtype=bool)
+    out: list[bytes] = []
+    for i, (name, raw) in enumerate(
+        zip(scan.samples.name_bytes(), scan.samples.field_bytes(), strict=True)
+    ):
+        values, why = schema.check(json.loads(raw))
+        if why is None and values is not None:
+            out.append(canonical(values))
+        else:
+            keep[i] = False
+            unusable.append(
+                SkippedFile(name.decode("utf-8", "surrogateescape"), f"{why} (the store's type)")
+            )
+    kept = scan.samples.select(keep) if not keep.all() else scan.samples
+    samples = Samples(kept.packed_names, kept.labels.copy(), fields=PackedStrings(out))
+    return replaced(scan, samples=samples, unusable=unusable, schema=Schema(schema.fields))
 
 
 class _Look:
@@ -249,23 +298,27 @@ class _Look:
         labels = scan.samples.labels
         prefix = os.fsencode(os.path.join(root, ""))
         step = 1 << 16  # a slice of names at a time: no object per name held for long
+        mapped = self.remap[labels] if self.base.labelled else labels.astype(np.int64)
+        values: Any = scan.samples.field_bytes() or itertools.repeat(None, len(source))
         rows = (
             zip(
                 source.slice_list(lo, min(len(source), lo + step)),
                 held[lo : lo + step].tolist(),
-                self.remap[labels[lo : lo + step]].tolist(),
+                mapped[lo : lo + step].tolist(),
                 strict=True,
             )
             for lo in range(0, len(source), step)
         )
-        for raw, at, label in itertools.chain.from_iterable(rows):
+        for (raw, at, label), fields in zip(
+            itertools.chain.from_iterable(rows), values, strict=True
+        ):
             path = raw if raw[:1] == b"/" else prefix + raw
             if at < 0:
-                self._new(raw, path, label)
+                self._new(raw, path, label, fields)
             else:
                 self._held(raw, path, label, at)
 
-    def _new(self, raw: bytes, path: bytes, label: int) -> None:
+    def _new(self, raw: bytes, path: bytes, label: int, fields: bytes | None = None) -> None:
         name = raw.decode("utf-8", "surrogateescape")
         same = self.files.holder(path) if self.files is not None else None
         if same is not None:  # another name for a file the store holds
@@ -275,7 +328,7 @@ class _Look:
         elif _unchanged_skip(self.earlier.get(raw), path, self.max_file_bytes):
             self.unchanged_skips += 1  # skipped before, unchanged: not read again
         else:
-            self.todo.add(name, label)
+            self.todo.add(name, label, fields)
 
     def _held(self, raw: bytes, path: bytes, label: int, at: int) -> None:
         self.already += 1
@@ -352,6 +405,9 @@ class _Look:
             unusable,
             layout=scan.layout,
             source=scan.source,
+            schema=scan.schema,
+            sidecars=scan.sidecars,
+            labelled=scan.labelled,
         )
         ordered = base.class_order == "sorted" and classes == sorted(classes)
         progress = Progress(

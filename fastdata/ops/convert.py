@@ -508,6 +508,8 @@ class _Run:
             resumed_from=resumed_from,
             converted=len(self.scan.samples) - resumed_from,
             classes=list(meta.classes),
+            labelled=meta.labelled,
+            fields=[f.spec for f in meta.schema.fields],
         )
 
 

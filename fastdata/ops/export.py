@@ -10,6 +10,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
 from ..records import Record, checksum
@@ -149,17 +150,37 @@ def export_store(
     total = len(reader)
     meta = reader.meta
     rows: list[bytes] | None = None
+    schema = meta.schema
     if meta.layout == "manifest":  # the images under their paths, and the manifest
-        rows = [json.dumps({"classes": meta.classes}).encode() + b"\n"]
+        head: dict[str, Any] = {"classes": meta.classes} if meta.labelled else {}
+        if schema:  # the types, so that converting the manifest back gives the same schema
+            head["fields"] = [f.spec for f in schema.fields]
+        rows = [json.dumps(head).encode() + b"\n"] if head else []
     for done, rec in enumerate(reader.iter_records(batch_size), 1):
         data = _checked(reader, rec, skip_damaged, report)
         name = rec.header.name
+        values = rec.header.fields or {}
         if rows is not None:
             name = export_name(name)
-            row = {"path": name, "label": meta.classes[int(rec.header.label)]}
-            rows.append(json.dumps(row).encode() + b"\n")
+            row: dict[str, Any] = {"path": name}
+            if meta.labelled:
+                row["label"] = meta.classes[int(rec.header.label)]
+            row.update(values)
+            rows.append(json.dumps(row, ensure_ascii=False).encode() + b"\n")
         if data is not None:
             _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
+            if meta.sidecars and rows is None:
+                for side, content in _sidecar_files(name, meta.sidecars, values):
+                    _write(
+                        destination,
+                        side,
+                        content,
+                        overwrite=overwrite,
+                        resume=resume,
+                        report=report,
+                    )
+                    report.files -= 1  # (sidecars go with their image; not counted as one)
+                    report.total_bytes -= len(content)
         if progress is not None and (done % 64 == 0 or done == total):
             progress(done, total)
     if rows is not None:
@@ -171,6 +192,21 @@ def export_store(
         report.total_bytes -= len(manifest)
         report.manifest = str(out / EXPORTED_MANIFEST)
     return report
+
+
+def _sidecar_files(
+    name: str, sidecars: list[str], values: dict[str, Any]
+) -> list[tuple[str, bytes]]:
+    """The sidecar files of the image ``name``: ``x.txt`` (any extension but json) with its
+    field's text as it was read, ``x.json`` with the other fields as one object."""
+    base = name.rpartition(".")[0] or name
+    out, rest = [], dict(values)
+    for ext in sidecars:
+        if ext != "json" and ext in rest:
+            out.append((f"{base}.{ext}", str(rest.pop(ext)).encode("utf-8")))
+    if "json" in sidecars:
+        out.append((f"{base}.json", json.dumps(rest, ensure_ascii=False).encode("utf-8")))
+    return out
 
 
 def _checked(

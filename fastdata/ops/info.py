@@ -18,7 +18,8 @@ def store_info(reader: StoreReader, *, list_skipped: bool = False) -> dict[str, 
     ``list_skipped`` also the list, under ``skipped_files``), format version and the store's id
     (new for every conversion: it changes when the store is replaced)."""
     meta = reader.meta
-    per_class = np.bincount(reader.labels, minlength=len(meta.classes))
+    labels = reader.labels if meta.labelled else np.zeros(0, dtype=np.int64)
+    per_class = np.bincount(labels, minlength=len(meta.classes))
     facts: dict[str, Any] = {
         "location": reader.location,
         "format": meta.format,
@@ -38,6 +39,9 @@ def store_info(reader: StoreReader, *, list_skipped: bool = False) -> dict[str, 
         "appends": len(meta.appended_from),
         "layout": meta.layout,
         "copied_from": meta.copied_from,
+        "labelled": meta.labelled,
+        "fields": list(meta.fields),
+        "sidecars": list(meta.sidecars),
         "checksums": reader.has_checksums,
         "decoder": decoder_name(),
         "checksum_implementation": CHECKSUM_IMPLEMENTATION,

@@ -29,6 +29,8 @@ class ConvertReport:
         resumed_from: samples already handled by an earlier run (0 for a fresh one).
         converted: samples handled by this run.
         classes: the class names, in label order.
+        labelled: whether the records have classes (a manifest without labels: no).
+        fields: the store's fields, as ``--fields`` writes them (``boxes:float[-1,4]``).
         reader_threads: the reader-thread counts used: the one given, or each one the
             conversion chose by measurement (1: reading in the writing thread).
         appended: the run added to a store (``append``); then ``count`` is the store's new
@@ -60,6 +62,8 @@ class ConvertReport:
     resumed_from: int = 0
     converted: int = 0
     classes: list[str] = field(default_factory=list)
+    labelled: bool = True
+    fields: list[str] = field(default_factory=list)
     reader_threads: list[int] = field(default_factory=list)
     non_image_names: list[str] = field(default_factory=list)
     repaired_names: list[str] = field(default_factory=list)

@@ -30,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from ..fields import Field, Schema, SchemaBuilder, canonical, check_name, parse_text_value
+from ..fields import (
+    Field,
+    Schema,
+    SchemaBuilder,
+    canonical,
+    check_name,
+    parse_field_specs,
+    parse_text_value,
+)
 from ..packed import PackedStrings
 from ..records import MAX_CLASSES, SkippedFile, name_bytes
 from .folder import FolderScan, Samples, _SampleBuilder, file_kind, os_reason
@@ -120,6 +128,27 @@ class _Rows:
             else:
                 yield from self._jsonl(f)
 
+    def _head(self, obj: dict[str, Any]) -> None:
+        """A JSON Lines manifest's first line: the class order, and the fields' types (what
+        ``export`` writes); types given with ``--fields`` win."""
+        if "classes" in obj:
+            order = obj["classes"]
+            if not isinstance(order, list) or not all(isinstance(c, str) for c in order):
+                raise SourceError(f"{self.path}: line 1: 'classes' must be a list of names")
+            self.classes = order
+        if "fields" in obj:
+            specs = obj["fields"]
+            if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
+                raise SourceError(
+                    f"{self.path}: line 1: 'fields' must be a list like [\"caption:str\"]"
+                )
+            try:
+                given, _ = parse_field_specs(specs)
+            except SourceError as exc:
+                raise SourceError(f"{self.path}: line 1: {exc}") from None
+            named = {f.name for f in self.declared}
+            self.declared += [f for f in given if f.name not in named]
+
     def _csv(self, f: Any) -> Iterator[tuple[int, str | None, Any, Any]]:
         lines = self._lines(f)
         numbers: list[int] = []
@@ -142,8 +171,8 @@ class _Rows:
         names = [h.strip().lower() for h in header]
         if "path" not in names:
             raise SourceError(
-                f"{self.path}: line 1 must be a header row naming a 'path' column (and a "
-                f"'label' column, unless the images have no classes; found "
+                f"{self.path}: line 1 must be a header row naming a 'path' and a 'label' column "
+                f"(images without classes need no 'label'; found "
                 f"{', '.join(repr(h) for h in header) or 'nothing'})"
             )
         at_path = names.index("path")
@@ -207,11 +236,8 @@ class _Rows:
                 why = f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
                 yield number, None, why, None
                 continue
-            if number == 1 and isinstance(obj, dict) and set(obj) == {"classes"}:
-                order = obj["classes"]
-                if not isinstance(order, list) or not all(isinstance(c, str) for c in order):
-                    raise SourceError(f"{self.path}: line 1: 'classes' must be a list of names")
-                self.classes = order
+            if number == 1 and isinstance(obj, dict) and obj and set(obj) <= {"classes", "fields"}:
+                self._head(obj)
                 continue
             if not isinstance(obj, dict) or "path" not in obj:
                 yield number, None, "not an object with a 'path'", None
@@ -323,10 +349,12 @@ def scan_manifest(
     integers = names = False
     largest = -1
     labelled_rows = 0
-    builder = SchemaBuilder(fields)
+    builder: SchemaBuilder | None = None
     for _, raw, label, values in rows:
         if raw is None:
             continue
+        if builder is None:  # (after the first line, which may declare types)
+            builder = SchemaBuilder(rows.declared)
         if values and not csv_manifest:
             builder.see(values)
         if label is NO_LABEL:
@@ -343,7 +371,7 @@ def scan_manifest(
     if csv_manifest:
         schema = Schema([*fields, *(Field(c, "str") for c in rows.columns[len(fields) :])])
     else:
-        schema = builder.build()
+        schema = (builder or SchemaBuilder(rows.declared)).build()
     if not labelled and classes is not None:
         raise SourceError(f"{path}: a class list was given, but no row has a label")
     order = list(classes) if classes is not None else rows.classes

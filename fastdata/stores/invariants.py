@@ -26,15 +26,18 @@ def invariant_failures(
     are checked when given). Costs one sort of the names by hash: O(n log n), no object per
     record held.
 
-    1. one label per record; 2. every label a class index; 3. one name per record; 4. no name
-    twice (no image stored twice); 5. no skipped entry twice; 6. no skipped entry also stored;
-    7. the metadata counts the skipped entries.
+    1. one label per record; 2. every label a class index (-1 in a store without classes);
+    3. one name per record; 4. no name twice (no image stored twice); 5. no skipped entry
+    twice; 6. no skipped entry also stored; 7. the metadata counts the skipped entries.
     """
     import numpy as np
 
     out = []
     if len(labels) != meta.count:
         out.append(f"one label per record: {len(labels)} labels for {meta.count} records")
+    elif not meta.labelled:
+        if len(labels) and (np.asarray(labels) != -1).any():
+            out.append("every label -1 in a store without classes: a record has a label")
     elif len(labels) and (int(np.min(labels)) < 0 or int(np.max(labels)) >= len(meta.classes)):
         out.append(
             f"every label a class index: a label lies outside the {len(meta.classes)} classes"
