@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import RecordError, StoreError
+from .fields import canonical
 
 try:  # the same CRC-32 as zlib's, 4x as fast (measured); installed with fastdata
     from isal.isal_zlib import crc32 as _crc32
@@ -114,8 +115,6 @@ class RecordHeader:
         ).encode("ascii")
         if self.fields is None:
             return head + b"}"
-        from .fields import canonical
-
         return b'%s,"fields":%s,"fields_crc32":%d}' % (
             head,
             canonical(self.fields),

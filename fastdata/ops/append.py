@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import stat
@@ -221,8 +220,8 @@ def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
     when the source gives other fields than the store holds, or labels where it has none."""
     from dataclasses import replace as replaced
 
-    from ..fields import Schema, canonical
-    from ..sources.folder import Samples
+    from ..fields import Schema
+    from ..sources.folder import checked_fields
 
     schema = base.schema
     if scan.labelled != base.labelled:
@@ -243,21 +242,7 @@ def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
     if scan.schema == schema or not schema:
         return scan
     unusable = list(scan.unusable)
-    keep = np.ones(len(scan.samples), dtype=bool)
-    out: list[bytes] = []
-    for i, (name, raw) in enumerate(
-        zip(scan.samples.name_bytes(), scan.samples.field_bytes(), strict=True)
-    ):
-        values, why = schema.check(json.loads(raw))
-        if why is None and values is not None:
-            out.append(canonical(values))
-        else:
-            keep[i] = False
-            unusable.append(
-                SkippedFile(name.decode("utf-8", "surrogateescape"), f"{why} (the store's type)")
-            )
-    kept = scan.samples.select(keep) if not keep.all() else scan.samples
-    samples = Samples(kept.packed_names, kept.labels.copy(), fields=PackedStrings(out))
+    samples = checked_fields(scan.samples, schema, unusable, " (the store's type)")
     return replaced(scan, samples=samples, unusable=unusable, schema=Schema(schema.fields))
 
 

@@ -23,7 +23,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import SourceError
-from ..fields import Field, Schema, SchemaBuilder, check_name
+from ..fields import Field, Schema, SchemaBuilder, canonical, check_name
 from ..packed import PackedStrings
 from ..records import SkippedFile
 
@@ -508,7 +508,8 @@ def scan_folder(
     built = samples.build()
     schema = Schema()
     if side is not None:
-        built, schema = checked_fields(built, side.builder, walk.unusable, lambda i: "")
+        schema = side.builder.build()
+        built = checked_fields(built, schema, walk.unusable)
     return FolderScan(
         root_path,
         classes,
@@ -593,32 +594,19 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
 
 
 def checked_fields(
-    samples: Samples,
-    builder: SchemaBuilder,
-    unusable: list[SkippedFile],
-    line_of: Any,
-) -> tuple[Samples, Schema]:
-    """Every sample's raw field values checked against the schema the builder inferred, and
-    stored in their canonical encoding; samples whose values do not fit are added to
-    ``unusable`` (named by their line, ``line_of(i)``, where the source has lines)."""
-    from ..fields import canonical
-
-    schema = builder.build()
+    samples: Samples, schema: Schema, unusable: list[SkippedFile], note: str = ""
+) -> Samples:
+    """Every sample's field values (JSON) checked against ``schema`` and kept in their
+    canonical encoding; samples whose values do not fit are left out and added to ``unusable``,
+    the reason followed by ``note``."""
     keep = np.ones(len(samples), dtype=bool)
     out: list[bytes] = []
     for i, (name, raw) in enumerate(zip(samples.name_bytes(), samples.field_bytes(), strict=True)):
         values, why = schema.check(json.loads(raw))
-        if why is None:
-            assert values is not None
+        if why is None and values is not None:
             out.append(canonical(values))
             continue
         keep[i] = False
-        line = line_of(i)
-        text = os.fsdecode(name) if isinstance(name, bytes) else name
-        unusable.append(SkippedFile(text, f"line {line}: {why}" if line else why))
-    if keep.all():
-        return Samples(
-            samples.packed_names, samples.labels.copy(), fields=PackedStrings(out)
-        ), schema
-    kept = samples.select(keep)
-    return Samples(kept.packed_names, kept.labels.copy(), fields=PackedStrings(out)), schema
+        unusable.append(SkippedFile(name.decode("utf-8", "surrogateescape"), f"{why}{note}"))
+    kept = samples if keep.all() else samples.select(keep)
+    return Samples(kept.packed_names, kept.labels.copy(), fields=PackedStrings(out))
