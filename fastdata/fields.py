@@ -41,6 +41,9 @@ NUMERIC = ("int", "float", "bool")
 MAX_DEPTH = 64
 """JSON nested deeper than this (objects and lists) is refused."""
 MAX_RANK = 8
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_ITEMS = 1 << 19
+"""The most numbers a fixed shape may hold (a row is at most 1 MiB, two bytes a number)."""
 INT64 = (-(1 << 63), (1 << 63) - 1)
 RESERVED = frozenset({"path", "label", "image", "target", "classes"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,127}")
@@ -156,7 +159,7 @@ class Schema:
                 and isinstance(item.get("name"), str)
                 and item.get("type") in TYPES
                 and isinstance(item.get("shape", []), list)
-                and all(type(d) is int and (d > 0 or d == -1) for d in item.get("shape", []))
+                and (not item.get("shape") or _shape_problem(tuple(item["shape"])) is None)
             )
             if not ok:
                 raise StoreError(f"{where}: the store's field schema is damaged ({item!r:.80})")
@@ -183,33 +186,78 @@ class Schema:
             return None, f"field {extra!r} is not in the schema ({', '.join(self.names)})"
         return out, None
 
-    def describe(self) -> str:
-        return ", ".join(f.spec for f in self.fields)
+    def describe(self, sep: str = ", ") -> str:
+        """The fields as ``--fields`` takes them (with ``sep=","``)."""
+        return sep.join(f.spec for f in self.fields)
 
 
 class SchemaBuilder:
     """Infers a schema from the values a source gives, in order: each field's type and shape
     come from its first value that says (an empty list says nothing about its numbers), or from
-    the declared fields (``--fields``), which come first and win."""
+    the declared fields (``--fields``), which come first and win. An ``int`` field (or list of
+    ints) whose later values hold a float becomes a ``float`` one, its ints read as floats (JSON
+    writes ``1.0`` as ``1``); no other type is widened.
+
+    A field the source gives in some rows only is not guessed at: :meth:`build` refuses the
+    source, naming the field and a row without it (declared fields are checked row by row
+    instead, and a row without one is unusable)."""
 
     def __init__(self, declared: Sequence[Field] = ()) -> None:
         self.declared = {f.name: f for f in declared}
         self.found: dict[str, Field | None] = {f.name: f for f in declared}
         self.pending_lists: set[str] = set()
+        self.rows = 0
+        self.seen: dict[str, int] = {}
+        """Inferred fields: how many rows have each."""
+        self.first_without: dict[str, str] = {}
+        """Inferred fields: the first row without each (when some row has none)."""
+        self._first_row = ""
 
-    def see(self, values: Mapping[str, Any]) -> None:
+    def see(self, values: Mapping[str, Any], where: str = "") -> None:
+        """Take one row's values; ``where`` names the row in :meth:`build`'s refusal."""
+        self.rows += 1
+        if self.rows == 1:
+            self._first_row = where
+        inferred = 0
         for name, value in values.items():
-            if name in self.declared or self.found.get(name) is not None:
+            if name in self.declared:
                 continue
-            field = infer(name, value)
-            if field is None:  # an empty list, or null: its type comes later
-                self.found.setdefault(name, None)
-                if isinstance(value, list):
-                    self.pending_lists.add(name)
+            inferred += 1
+            count = self.seen.get(name)
+            if count is None:
+                self.seen[name] = 1
+                if self.rows > 1:
+                    self.first_without[name] = self._first_row
+                self._infer(name, value)
                 continue
-            self.found[name] = field
+            self.seen[name] = count + 1
+            known = self.found[name]
+            if known is None or known.type == "int":
+                self._infer(name, value)
+        if inferred < len(self.seen):
+            for name in self.seen:
+                if name not in values:
+                    self.first_without.setdefault(name, where)
 
-    def build(self) -> Schema:
+    def _infer(self, name: str, value: Any) -> None:
+        field = infer(name, value)
+        known = self.found.get(name)
+        if field is None:  # an empty list, or null: its type comes later
+            self.found.setdefault(name, None)
+            if isinstance(value, list):
+                self.pending_lists.add(name)
+            return
+        if known is None:
+            self.found[name] = field
+        elif known.type == "int" and field.type == "float" and field.shape == known.shape:
+            self.found[name] = field  # ints so far, a float now: a float field
+
+    def build(self, where: str = "the source") -> Schema:
+        """The schema of every row seen.
+
+        Raises:
+            SourceError: a field that only some rows have (``where`` names the source).
+        """
         out = []
         for name, field in self.found.items():
             if field is None:
@@ -217,7 +265,18 @@ class SchemaBuilder:
                 field = Field(name, "float", (-1,)) if name in self.pending_lists else None
             if field is not None:
                 out.append(field)
-        return Schema(out)
+        schema = Schema(out)
+        for name, count in self.seen.items():
+            if count < self.rows:
+                got = schema.get(name)
+                spec = got.spec if got is not None else f"{name}:json"
+                raise SourceError(
+                    f"{where}: field {name!r} is in {count:,} of {self.rows:,} rows "
+                    f"({self.first_without.get(name, 'a row')} has none). A field must be in "
+                    f"every row: add it where it is missing, or declare it (--fields '{spec}') "
+                    "to list the rows without it as unusable"
+                )
+        return schema
 
 
 def infer(name: str, value: Any) -> Field | None:
@@ -267,12 +326,21 @@ def _list_shape(value: list[Any]) -> tuple[tuple[int, ...] | None, str | None]:
 
 def _numbers(value: Any, kind: str, shape: tuple[int, ...], depth: int) -> tuple[Any, str | None]:
     if not shape:
-        return _scalar(value, kind)
+        out, why = _scalar(value, kind)
+        if depth and kind == "float" and why is None and abs(out) > FLOAT32_MAX:
+            # a list of floats is read as a float32 array: nothing may become infinite there
+            return (
+                None,
+                f"{out!r} is outside float32, which lists of floats are read as (declare json)",
+            )
+        return out, why
     if not isinstance(value, list):
         return None, f"{_kind(value)}, not a list ({_spec(kind, shape)})"
     want = shape[0]
     if want != -1 and len(value) != want:
         return None, f"a list of {len(value)}, not {want} ({_spec(kind, shape)})"
+    if len(shape) == 1 and _plain(value, kind):
+        return value, None  # (the common case, checked in one pass; kept as it is)
     out = []
     for item in value:
         got, why = _numbers(item, kind, shape[1:], depth + 1)
@@ -280,6 +348,16 @@ def _numbers(value: Any, kind: str, shape: tuple[int, ...], depth: int) -> tuple
             return None, why
         out.append(got)
     return out, None
+
+
+def _plain(items: list[Any], kind: str) -> bool:
+    """Whether every item is a value of ``kind`` as stored, nothing to convert or refuse (a
+    float: finite, inside float32; NaN fails the comparison)."""
+    if kind == "float":
+        return all(type(v) is float and -FLOAT32_MAX <= v <= FLOAT32_MAX for v in items)
+    if kind == "int":
+        return all(type(v) is int and INT64[0] <= v <= INT64[1] for v in items)
+    return all(type(v) is bool for v in items)
 
 
 def _scalar(value: Any, kind: str) -> tuple[Any, str | None]:
@@ -379,8 +457,8 @@ def check_name(name: str, where: str) -> str | None:
         return f"{where}: {name!r} cannot name a field (it names the image or its class)"
     if not _NAME.fullmatch(name):
         return (
-            f"{where}: {name[:40]!r} cannot name a field: letters, digits, '_' and '-', starting "
-            "with a letter or '_', at most 128"
+            f"{where}: {name[:40]!r} cannot name a field: ASCII letters, digits, '_' and '-', "
+            "starting with a letter or '_', at most 128 (rename the key or column)"
         )
     return None
 
@@ -397,6 +475,8 @@ def parse_field_specs(text: str | Sequence[str]) -> tuple[list[Field], bool]:
     parts: list[str] = []
     for item in items:
         parts.extend(_split_specs(item))
+    if not parts:
+        raise SourceError("--fields: no field named; give NAME[:TYPE],... or '*'")
     out: list[Field] = []
     star = False
     for part in parts:
@@ -423,19 +503,24 @@ def parse_field_specs(text: str | Sequence[str]) -> tuple[list[Field], bool]:
                 shape = tuple(-1 if d.strip() == "*" else int(d) for d in dims.split(","))
             except ValueError:
                 raise SourceError(f"--fields: {name}: cannot read the shape [{dims}]") from None
-            if (
-                not shape
-                or len(shape) > MAX_RANK
-                or any(d == 0 or d < -1 for d in shape)
-                or -1 in shape[1:]
-            ):
-                raise SourceError(
-                    f"--fields: {name}: shape [{dims}]: positive sizes, -1 (any length) first only"
-                )
+            why = _shape_problem(shape)
+            if why is not None:
+                raise SourceError(f"--fields: {name}: shape [{dims}]: {why}")
         if any(f.name == name for f in out):
             raise SourceError(f"--fields: {name!r} is named twice")
         out.append(Field(name, kind, shape))
     return out, star
+
+
+def _shape_problem(shape: tuple[Any, ...]) -> str | None:
+    """Why ``shape`` cannot be a field's shape, or None."""
+    if not shape or len(shape) > MAX_RANK:
+        return f"1 to {MAX_RANK} dimensions"
+    if any(type(d) is not int or d == 0 or d < -1 for d in shape) or -1 in shape[1:]:
+        return "positive sizes, -1 (any length) first only"
+    if math.prod(d for d in shape if d != -1) > MAX_ITEMS:
+        return f"at most {MAX_ITEMS:,} numbers a row"
+    return None
 
 
 def _split_specs(text: str) -> list[str]:

@@ -102,6 +102,9 @@ class RecordHeader:
     repaired: bool = False
     fields: dict[str, Any] | None = None
     fields_crc32: int = -1
+    encoded_fields: bytes | None = field(default=None, repr=False, compare=False)
+    """``canonical(fields)`` where it is at hand already (a conversion has it from the scan),
+    so that it is not encoded again; not part of the header's value."""
 
     def to_json(self) -> bytes:
         """Compact JSON (non-ASCII names are escaped, so any name round-trips; field values
@@ -115,15 +118,17 @@ class RecordHeader:
         ).encode("ascii")
         if self.fields is None:
             return head + b"}"
+        encoded = self.encoded_fields
         return b'%s,"fields":%s,"fields_crc32":%d}' % (
             head,
-            canonical(self.fields),
+            canonical(self.fields) if encoded is None else encoded,
             self.fields_crc32,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The header as a document (what a MongoDB record holds beside its image)."""
         d = asdict(self)
+        del d["encoded_fields"]
         if self.fields is None:
             del d["fields"], d["fields_crc32"]
         return d

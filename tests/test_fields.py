@@ -114,7 +114,9 @@ def test_bad_rows_are_listed_by_line_and_nothing_is_coerced(tmp_path: Path) -> N
     )
     manifest = tmp_path / "m.jsonl"
     manifest.write_bytes(raw + b"\n")
-    report = convert(manifest, tmp_path / "s.lmdb")
+    # declared: a row without one of them is listed (a field inferred from some rows only makes
+    # the whole source refused instead: see the test below)
+    report = convert(manifest, tmp_path / "s.lmdb", fields="caption,n:int")
     reasons = {s.reason.split(":")[0]: s.reason for s in report.skipped}
     assert "line 2" in reasons and "'n'" in reasons["line 2"] and "string" in reasons["line 2"]
     assert "nan" in reasons["line 3"].lower()
@@ -125,7 +127,40 @@ def test_bad_rows_are_listed_by_line_and_nothing_is_coerced(tmp_path: Path) -> N
     kept = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
     assert [v["caption"] for _, _, v in kept.__getitems__(range(len(kept)))] == ["c0", "c6", "c8"]
     with pytest.raises(SourceError, match="line 2"):
-        convert(manifest, tmp_path / "strict.lmdb", strict=True)
+        convert(manifest, tmp_path / "strict.lmdb", strict=True, fields="caption,n:int")
+
+
+def test_a_field_only_some_rows_have_is_refused_and_ints_widen_to_floats(tmp_path: Path) -> None:
+    make_images(tmp_path, 4)
+    rows = [
+        {"path": "img/0.jpg", "score": 1, "box": [1, 2]},
+        {"path": "img/1.jpg", "score": 2.5, "box": [1.5, 2], "note": "only here"},
+        {"path": "img/2.jpg", "score": 3, "box": [3, 4]},
+        {"path": "img/3.jpg", "score": 4, "box": [5, 6]},
+    ]
+    manifest = write_jsonl(tmp_path / "m.jsonl", [json.dumps(r) for r in rows])
+    # 'note' is in one row of four: not a guess, a refusal naming it, a row without it, and
+    # the flag that makes the rows without it unusable instead
+    with pytest.raises(SourceError) as info:
+        convert(manifest, tmp_path / "s.lmdb")
+    text = str(info.value)
+    assert "'note' is in 1 of 4 rows" in text and "line 1 has none" in text
+    assert "--fields 'note:str'" in text
+    assert not (tmp_path / "s.lmdb").exists()
+    report = convert(manifest, tmp_path / "s.lmdb", fields="note")
+    assert report.count == 1 and len(report.skipped) == 3
+    assert all("'note' is missing" in s.reason for s in report.skipped)
+    # without it, ints then a float make a float field: every row kept, the ints as floats
+    del rows[1]["note"]
+    manifest = write_jsonl(tmp_path / "m2.jsonl", [json.dumps(r) for r in rows])
+    report = convert(manifest, tmp_path / "t.lmdb")
+    assert report.count == 4 and not report.skipped
+    ds = LMDBImageDataset(tmp_path / "t.lmdb", output="bytes", fields="*")
+    assert ds.field_schema.describe() == "score:float, box:float[-1]"
+    values = [v for _, _, v in ds.__getitems__(range(4))]
+    assert [v["score"] for v in values] == [1.0, 2.5, 3.0, 4.0]
+    assert type(values[0]["score"]) is float
+    assert values[1]["box"].tolist() == [1.5, 2.0]
 
 
 def test_deep_json_and_infinity_in_a_json_field(tmp_path: Path) -> None:
@@ -331,3 +366,158 @@ def test_converting_fields_straight_into_mongodb(tmp_path: Path, mongo_uri: str)
     ds = MongoImageDataset(mongo_uri, "caps", output="bytes", fields="*", as_dict=True)
     assert ds[1]["caption"] == "c 1" and ds[1]["labels"].tolist() == [1, 2]
     assert ds[1]["target"] == -1 and ds.classes == []
+
+
+def printed_command(text: str, prefix: str) -> list[str]:
+    """The arguments of the ``fastdata ...`` command a message printed after ``prefix``."""
+    import re
+    import shlex
+
+    line = next(line for line in text.splitlines() if prefix in line)
+    command = line.split(prefix, 1)[1].strip()
+    found = re.search(r"`(fastdata [^`]*)`", command)
+    return shlex.split(found.group(1) if found else command)[1:]
+
+
+def test_a_folder_export_converts_back_with_its_types_as_printed(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for i in range(3):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+        # keys in the source's order (not sorted); values that would infer other types
+        side = {"zone": [1.0, 2.0, 3.0, 4.0], "extra": [i, i], "b": 1.0}
+        (root / "a" / f"{i}.json").write_text(json.dumps(side), encoding="utf-8")
+        (root / "a" / f"{i}.txt").write_text(f"t{i}", encoding="utf-8")
+    done = cli(
+        "convert", str(root), str(tmp_path / "s.lmdb"), "--sidecars", "json,txt",
+        "--fields", "zone:float[4],extra:json", "-q",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    sidecar = (tmp_path / "out" / "a" / "1.json").read_text(encoding="utf-8")
+    assert list(json.loads(sidecar)) == ["zone", "extra", "b"]
+    again = cli(*printed_command(out.stdout, "convert back with:"), "-q")
+    assert again.returncode == 0, again.stderr
+    a = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    b = LMDBImageDataset(tmp_path / "out.lmdb", output="bytes")
+    assert b.reader.meta.schema == a.reader.meta.schema
+    assert str(a.reader.meta.schema) == "Schema(zone:float[4], extra:json, b:float, txt:str)"
+    assert [h.to_json() for h in all_headers(a)] == [h.to_json() for h in all_headers(b)]
+
+
+def test_append_refusal_prints_a_command_that_runs(tmp_path: Path) -> None:
+    make_images(tmp_path, 4)
+    (tmp_path / "m.csv").write_text(
+        "path,label,caption,score\nimg/0.jpg,a,x,1\nimg/1.jpg,b,y,2\n", encoding="utf-8"
+    )
+    store = str(tmp_path / "s.lmdb")
+    first = cli("convert", str(tmp_path / "m.csv"), store, "--fields", "caption,score:float")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "m.csv").write_text(
+        "path,label,caption,score\nimg/0.jpg,a,x,1\nimg/1.jpg,b,y,2\nimg/2.jpg,a,z,3\n",
+        encoding="utf-8",
+    )
+    refused = cli("convert", str(tmp_path / "m.csv"), store, "--append")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "the store's fields are caption:str, score:float" in refused.stderr
+    done = cli(*printed_command(refused.stderr, "give them again:"))
+    assert done.returncode == 0, done.stderr
+    ds = LMDBImageDataset(store, output="bytes", fields="*")
+    assert len(ds) == 3 and ds[2][2] == {"caption": "z", "score": 3.0}
+
+
+def test_csv_quotes_and_columns_are_read_by_the_rules(tmp_path: Path) -> None:
+    make_images(tmp_path, 4)
+    (tmp_path / "m.csv").write_text(
+        "path,label,caption\n"
+        'img/0.jpg,a,"two\nlines"\n'
+        "img/1.jpg,a,fine\n"
+        'img/2.jpg,a,"never closed\n'
+        "img/3.jpg,a,swallowed\n",
+        encoding="utf-8",
+    )
+    report = convert(tmp_path / "m.csv", tmp_path / "s.lmdb", fields="caption")
+    assert report.count == 2
+    (skipped,) = report.skipped
+    assert skipped.reason.startswith("line 5: a quoted field opens on this line and never closes")
+    assert "lines 5-6" in skipped.reason
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
+    assert ds[0][2] == {"caption": "two\nlines"}
+    # a column named twice is refused, not half dropped
+    (tmp_path / "d.csv").write_text("path,label,x,x\nimg/0.jpg,a,1,2\n", encoding="utf-8")
+    with pytest.raises(SourceError, match="names the column 'x' twice"):
+        convert(tmp_path / "d.csv", tmp_path / "d.lmdb", fields="*")
+    for bad, why in [
+        ("", "no field named"),
+        ("x:float[100000000]", "at most"),
+        ("légende", "ASCII letters"),
+    ]:
+        with pytest.raises(SourceError, match=why):
+            convert(tmp_path / "m.csv", tmp_path / "e.lmdb", fields=bad)
+
+
+def test_sidecar_conflicts_and_limits_are_named(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    write(root / "a" / "0.jpg", jpeg_bytes(seed=0))
+    (root / "a" / "0.json").write_text('{"txt": "from json"}', encoding="utf-8")
+    (root / "a" / "0.txt").write_text("from txt", encoding="utf-8")
+    write(root / "a" / "1.jpg", jpeg_bytes(seed=1))
+    (root / "a" / "1.json").mkdir()
+    (root / "a" / "1.txt").write_text("x", encoding="utf-8")
+    write(root / "a" / "2.jpg", jpeg_bytes(seed=2))
+    (root / "a" / "2.json").write_bytes(b'{"k": "' + b"x" * (1 << 20) + b'"}')
+    (root / "a" / "2.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(SourceError) as info:
+        convert(root, tmp_path / "s.lmdb", sidecars="json,txt")
+    text = str(info.value)
+    assert "no usable image" in text
+    assert "field 'txt' comes from 0.txt and from 0.json" in text
+    assert "1.json is a folder" in text
+    assert "a sidecar holds at most 1 MiB" in text and "--max-file-size" not in text
+
+
+def test_float_lists_stay_inside_float32_and_where_errors_name_the_record(
+    tmp_path: Path,
+) -> None:
+    make_images(tmp_path, 3)
+    rows = [{"path": f"img/{i}.jpg", "box": [1.0, 2.0 if i != 1 else 1e300]} for i in range(3)]
+    report = convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
+    assert report.count == 2 and "outside float32" in report.skipped[0].reason
+    # as json, the value is kept exactly
+    report = convert(
+        write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "j.lmdb", fields="box:json"
+    )
+    ds = LMDBImageDataset(tmp_path / "j.lmdb", output="bytes", fields="*")
+    assert report.count == 3 and ds[1][2]["box"] == [1.0, 1e300]
+    with pytest.raises(KeyError) as info:
+        LMDBImageDataset(tmp_path / "j.lmdb", output="bytes", where=lambda f: f["nope"])
+    assert "record 0 (img/0.jpg; its fields: box)" in "".join(info.value.__notes__)
+
+
+@pytest.mark.mongo
+def test_append_and_export_carry_fields_exactly_on_mongodb(tmp_path: Path, mongo_uri: str) -> None:
+    make_images(tmp_path, 6)
+    rows = detection_rows(6)
+    manifest = write_jsonl(tmp_path / "m.jsonl", rows[:4])
+    convert(manifest, mongo_uri, collection="app")
+    write_jsonl(manifest, [*rows[:4], {**rows[4], "score": 7}, rows[5]])
+    report = convert(manifest, mongo_uri, collection="app", append=True)
+    assert report.count == 6
+    # the same rows into LMDB in one go: what the MongoDB store must export back to
+    convert(manifest, tmp_path / "direct.lmdb")
+    refused = cli(
+        "convert", str(write_jsonl(tmp_path / "o.jsonl", [{"path": "img/5.jpg", "label": "cat"}])),
+        mongo_uri, "--collection", "app", "--append",
+    )  # fmt: skip
+    assert refused.returncode != 0 and "an append carries the same fields" in refused.stderr
+    out = cli("export", mongo_uri, "--collection", "app", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    again = cli(*printed_command(out.stdout, "convert back with:"), "-q")
+    assert again.returncode == 0, again.stderr
+    a = LMDBImageDataset(tmp_path / "direct.lmdb", output="bytes", fields="*")
+    b = LMDBImageDataset(tmp_path / "out.lmdb", output="bytes", fields="*")
+    assert [h.fields for h in all_headers(b)] == [h.fields for h in all_headers(a)]
+    assert [h.fields_crc32 for h in all_headers(b)] == [h.fields_crc32 for h in all_headers(a)]
+    assert b.reader.meta.schema == a.reader.meta.schema
+    assert b[4][2]["score"] == 7.0 and type(b[4][2]["score"]) is float
+    assert cli("verify", mongo_uri, "--collection", "app").returncode == 0

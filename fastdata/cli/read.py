@@ -207,7 +207,8 @@ def export(
         )
     click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
     if report.manifest:
-        click.echo(f"manifest: {report.manifest} (converts back to the same store)")
+        click.echo(f"manifest: {report.manifest}")
+    click.echo(f"convert back with: {report.convert_back}")
     if report.kept:
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:

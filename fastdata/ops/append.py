@@ -203,7 +203,7 @@ def plan_append(
             f"{scan.root}: a {scan.layout} source cannot be appended to a store converted from a "
             f"{base.layout}; append a {base.layout}"
         )
-    scan = _with_store_fields(scan, base)
+    scan = _with_store_fields(scan, base, writer.command_target)
     reader = writer.open_reader()
     try:
         look = _Look(scan, base, reader, max_file_bytes)
@@ -214,30 +214,34 @@ def plan_append(
     return look.plan(verify_decode)
 
 
-def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
+def _with_store_fields(scan: FolderScan, base: StoreMeta, target: str) -> FolderScan:
     """``scan`` with its samples' fields checked against the store's schema (an ``int`` where
     the store has ``float`` becomes a float; other types make the sample unusable), refused
-    when the source gives other fields than the store holds, or labels where it has none."""
+    when the source gives other fields than the store holds (with the command that gives them:
+    ``target`` is the store as command-line words), or labels where it has none."""
+    import shlex
     from dataclasses import replace as replaced
 
     from ..fields import Schema
     from ..sources.folder import checked_fields
 
     schema = base.schema
+    source = os.path.realpath(scan.source or scan.root)
     if scan.labelled != base.labelled:
         has = "has classes" if base.labelled else "has no classes (its manifest had no labels)"
-        raise SourceError(f"{scan.source}: the store {has}; the source must be the same")
-    if scan.schema.names != schema.names:
+        raise SourceError(f"{source}: the store {has}; the source must be the same")
+    if set(scan.schema.names) != set(schema.names):
         given = scan.schema.describe() or "none"
-        hint = (
+        flags = (
             f"--sidecars {','.join(base.sidecars)}"
             if base.sidecars
-            else f"--fields '{schema.describe()}'"
+            else f"--fields {shlex.quote(schema.describe(','))}"
         )
+        run = f"fastdata convert {shlex.quote(source)} {target} --append {flags}"
         raise SourceError(
-            f"{scan.source}: the store's fields are {schema.describe() or 'none'}, the source "
+            f"{source}: the store's fields are {schema.describe() or 'none'}, the source "
             f"gives {given}: an append carries the same fields"
-            + (f" (give them again: {hint})" if schema else "")
+            + (f"; give them again: `{run}`" if schema else "")
         )
     if scan.schema == schema or not schema:
         return scan

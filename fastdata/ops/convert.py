@@ -101,6 +101,7 @@ def _loader(
             repaired=checked.repaired,
             fields=None if encoded is None else _decode_json(encoded.decode("utf-8")),
             fields_crc32=-1 if encoded is None else checksum(encoded),
+            encoded_fields=encoded,
         )
         return _Loaded(header, checked.data)
 
@@ -273,7 +274,7 @@ def _scan(
     sidecars: Sequence[str] | str | None = None,
 ) -> FolderScan:
     """The samples of a folder or a manifest; with ``strict``, none may be unusable."""
-    declared, star = parse_field_specs(fields) if fields else ([], False)
+    declared, star = parse_field_specs(fields) if fields is not None else ([], False)
     side = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
     side = [ext for item in side for ext in item.split(",") if ext.strip()]
     if is_manifest(source):

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
-from ..records import Record, checksum
+from ..fields import Schema
+from ..records import Record, StoreMeta, checksum
 from ..sources.manifest import EXPORTED_MANIFEST, export_name
 from ..stores.reader import StoreReader
 
@@ -37,6 +38,9 @@ class ExportReport:
     manifest: str = ""
     """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
     its first line the class list), which converts back to the same store."""
+    convert_back: str = ""
+    """The command that converts what was written back into a store like this one (the fields'
+    types declared, so that they do not depend on what the values look like)."""
 
 
 def safe_destination(outdir: Path, name: str) -> Path:
@@ -165,12 +169,12 @@ def export_store(
             row: dict[str, Any] = {"path": name}
             if meta.labelled:
                 row["label"] = meta.classes[int(rec.header.label)]
-            row.update(values)
+            row.update(_in_order(values, schema))
             rows.append(json.dumps(row, ensure_ascii=False).encode() + b"\n")
         if data is not None:
             _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
             if meta.sidecars and rows is None:
-                for side, content in _sidecar_files(name, meta.sidecars, values):
+                for side, content in _sidecar_files(name, meta.sidecars, _in_order(values, schema)):
                     _write(
                         destination,
                         side,
@@ -191,7 +195,26 @@ def export_store(
         report.files -= 1  # the manifest is not one of the images
         report.total_bytes -= len(manifest)
         report.manifest = str(out / EXPORTED_MANIFEST)
+    report.convert_back = _convert_back(out, report.manifest, meta)
     return report
+
+
+def _in_order(values: dict[str, Any], schema: Schema) -> dict[str, Any]:
+    """A record's field values in the schema's order (the order the source gave them)."""
+    return {f.name: values[f.name] for f in schema.fields if f.name in values}
+
+
+def _convert_back(out: Path, manifest: str, meta: StoreMeta) -> str:
+    """``fastdata convert`` of what an export wrote, into ``<outdir>.lmdb``."""
+    import shlex
+
+    folder = os.path.abspath(out)
+    words = ["fastdata", "convert", manifest or folder, f"{folder.rstrip(os.sep)}.lmdb"]
+    if not manifest and meta.sidecars:
+        words += ["--sidecars", ",".join(meta.sidecars)]
+        if meta.schema:
+            words += ["--fields", meta.schema.describe(",")]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _sidecar_files(

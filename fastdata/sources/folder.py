@@ -306,12 +306,13 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_file(path: str, limit: int) -> bytes | str:
+def read_file(path: str, limit: int, raise_with: str = "--max-file-size") -> bytes | str:
     """The bytes of the regular file at ``path``, or why it cannot be used.
 
     The file is opened without blocking (a FIFO would wait forever for a writer) and checked with
     ``fstat`` before anything is read: FIFOs, sockets and devices, directly or through a link, are
-    refused, and so is a file over ``limit`` bytes; no more than ``limit`` bytes are ever read.
+    refused, and so is a file over ``limit`` bytes (the reason ends with ``raise_with``, what
+    raises the limit); no more than ``limit`` bytes are ever read.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -322,7 +323,7 @@ def read_file(path: str, limit: int) -> bytes | str:
         if not stat.S_ISREG(st.st_mode):
             return f"not a regular file ({file_kind(st.st_mode)})"
         if st.st_size > limit:
-            return _too_large(st.st_size, limit)
+            return _too_large(st.st_size, limit, raise_with)
         # One read of what fstat said plus one byte: a regular file that gives exactly its size
         # has ended (os.read allocates what it asks for, so never more than the limit + 1).
         data = os.read(fd, st.st_size + 1)
@@ -333,7 +334,7 @@ def read_file(path: str, limit: int) -> bytes | str:
     finally:
         os.close(fd)
     if len(data) > limit:
-        return _too_large(len(data), limit)
+        return _too_large(len(data), limit, raise_with)
     return data
 
 
@@ -347,8 +348,8 @@ def _read_rest(fd: int, first: bytes, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _too_large(size: int, limit: int) -> str:
-    return f"too large ({size} bytes; the limit is {limit}: --max-file-size)"
+def _too_large(size: int, limit: int, raise_with: str) -> str:
+    return f"too large ({size} bytes; the limit is {limit}: {raise_with})"
 
 
 class _Walk:
@@ -500,16 +501,21 @@ def scan_folder(
                         walk.unusable.append(SkippedFile(name, raw))
                     else:
                         samples.add(name, label, raw)
-    if not len(samples):
+    if not len(samples) and not walk.unusable:
         raise SourceError(
             f"{root_path}: no images found in its {len(classes)} class folder(s); "
             f"accepted extensions: {' '.join(IMG_EXTENSIONS)}"
         )
     built = samples.build()
     schema = Schema()
-    if side is not None:
-        schema = side.builder.build()
+    if side is not None and len(built):
+        schema = side.builder.build(f"{root_path} (--sidecars {','.join(sidecars)})")
         built = checked_fields(built, schema, walk.unusable)
+    if not len(built):
+        reasons = "; ".join(f"{s.name}: {s.reason}" for s in walk.unusable[:3])
+        raise SourceError(
+            f"{root_path}: no usable image in its {len(classes)} class folder(s) ({reasons})"
+        )
     return FolderScan(
         root_path,
         classes,
@@ -524,6 +530,7 @@ def scan_folder(
 
 MAX_SIDECAR_BYTES = 1 << 20
 """A sidecar file larger than this makes its image unusable (nothing larger is read)."""
+SIDECAR_LIMIT = "a sidecar holds at most 1 MiB; keep larger values in files of their own"
 
 
 def _sidecar_list(sidecars: Sequence[str]) -> list[str]:
@@ -558,8 +565,10 @@ class _Sidecars:
         for ext in self.sidecars:
             file = f"{base}.{ext}"
             if file not in siblings:
+                if os.path.isdir(os.path.join(folder, file)):
+                    return f"its sidecar {file} is a folder, not a file"
                 return f"its sidecar {file} is missing (--sidecars {','.join(self.sidecars)})"
-            data = read_file(os.path.join(folder, file), MAX_SIDECAR_BYTES)
+            data = read_file(os.path.join(folder, file), MAX_SIDECAR_BYTES, SIDECAR_LIMIT)
             if isinstance(data, str):
                 return f"its sidecar {file}: {data}"
             try:
@@ -567,6 +576,8 @@ class _Sidecars:
             except UnicodeDecodeError as exc:
                 return f"its sidecar {file} is not valid UTF-8 (byte {exc.start})"
             if ext != "json":
+                if ext in values:
+                    return f"field {ext!r} comes from {file} and from {base}.json"
                 values[ext] = text
                 continue
             try:
@@ -582,7 +593,7 @@ class _Sidecars:
                 if key in values:
                     return f"field {key!r} comes from {file} and from {base}.{key}"
                 values[key] = value
-        self.builder.see(values)
+        self.builder.see(values, name)
         return json.dumps(values).encode("utf-8", "surrogatepass")
 
 

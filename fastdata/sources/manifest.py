@@ -143,7 +143,7 @@ class _Rows:
                     f"{self.path}: line 1: 'fields' must be a list like [\"caption:str\"]"
                 )
             try:
-                given, _ = parse_field_specs(specs)
+                given, _ = parse_field_specs(specs) if specs else ([], False)
             except SourceError as exc:
                 raise SourceError(f"{self.path}: line 1: {exc}") from None
             named = {f.name for f in self.declared}
@@ -161,7 +161,9 @@ class _Rows:
                     too_long.add(number)
                 yield "\n" if line is None else line
 
-        reader = csv.reader(texts())
+        # strict: a quote out of place is an error of that row, and a quoted field still open at
+        # the end of the file is named (not read as one row holding every later line)
+        reader = csv.reader(texts(), strict=True)
         try:
             header = next(reader)
         except StopIteration:
@@ -180,15 +182,21 @@ class _Rows:
         columns = self._field_columns([h.strip() for h in header])
         last = max([at_path, at_label or 0, *columns.values()])
         while True:
+            number = numbers[-1] + 1  # the row's first line (a quoted field may span lines)
             try:
                 row = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield numbers[-1], None, f"not a valid CSV row ({exc})", None
+                why = f"not a valid CSV row ({exc})"
+                if str(exc) == "unexpected end of data":
+                    why = (
+                        f"a quoted field opens on this line and never closes (lines {number}-"
+                        f"{numbers[-1]}, the end of the file, were read as one row)"
+                    )
+                yield number, None, why, None
                 continue
-            number = numbers[-1]
-            if number in too_long:
+            if too_long and any(n in too_long for n in range(number, numbers[-1] + 1)):
                 yield number, None, f"longer than {MAX_ROW_BYTES} bytes", None
                 continue
             if not row or all(not c.strip() for c in row):
@@ -204,6 +212,14 @@ class _Rows:
     def _field_columns(self, header: list[str]) -> dict[str, int]:
         """The columns taken as fields (``--fields``), by name: where each is."""
         at = {h: i for i, h in enumerate(header)}
+        used = {"path", "label", *(f.name for f in self.declared)}
+        keys = [h.lower() if h.lower() in ("path", "label") else h for h in header]
+        twice = [h for i, h in enumerate(keys) if h in keys[:i] and (self.star or h in used)]
+        if twice:
+            raise SourceError(
+                f"{self.path}: line 1: the header names the column {twice[0]!r} twice; give each "
+                "column its own name"
+            )
         out: dict[str, int] = {}
         for field in self.declared:
             if field.name not in at:
@@ -350,13 +366,13 @@ def scan_manifest(
     largest = -1
     labelled_rows = 0
     builder: SchemaBuilder | None = None
-    for _, raw, label, values in rows:
+    for line, raw, label, values in rows:
         if raw is None:
             continue
         if builder is None:  # (after the first line, which may declare types)
             builder = SchemaBuilder(rows.declared)
-        if values and not csv_manifest:
-            builder.see(values)
+        if not csv_manifest:
+            builder.see(values or {}, f"line {line}")
         if label is NO_LABEL:
             continue
         labelled_rows += 1
@@ -371,7 +387,7 @@ def scan_manifest(
     if csv_manifest:
         schema = Schema([*fields, *(Field(c, "str") for c in rows.columns[len(fields) :])])
     else:
-        schema = (builder or SchemaBuilder(rows.declared)).build()
+        schema = (builder or SchemaBuilder(rows.declared)).build(str(path))
     if not labelled and classes is not None:
         raise SourceError(f"{path}: a class list was given, but no row has a label")
     order = list(classes) if classes is not None else rows.classes

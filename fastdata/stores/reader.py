@@ -203,7 +203,18 @@ class StoreReader(abc.ABC):
                 f"{self.location}: where= takes a predicate over a record's fields here (e.g. "
                 "lambda f: len(f['boxes']) > 3); query filters are for MongoDB stores"
             )
-        found = [i for i, h in enumerate(self.iter_headers()) if where(h.fields or {})]
+        found = []
+        for i, h in enumerate(self.iter_headers()):
+            try:
+                if where(h.fields or {}):
+                    found.append(i)
+            except Exception as exc:
+                fields = ", ".join(h.fields or {}) or "none"
+                exc.add_note(
+                    f"{self.location}: where= raised this on record {i} ({h.name}; its fields: "
+                    f"{fields})"
+                )
+                raise
         return np.asarray(found, dtype=np.int64)
 
     def check_indices(self, indices: Sequence[int]) -> list[int]:
