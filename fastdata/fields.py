@@ -42,6 +42,8 @@ MAX_DEPTH = 64
 """JSON nested deeper than this (objects and lists) is refused."""
 MAX_RANK = 8
 FLOAT32_MAX = 3.4028234663852886e38
+EXACT = 1 << 53
+"""The largest int a float holds exactly (an int read into a float field is at most this)."""
 MAX_ITEMS = 1 << 19
 """The most numbers a fixed shape may hold (a row is at most 1 MiB, two bytes a number)."""
 INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -59,6 +61,23 @@ def canonical(values: Mapping[str, Any]) -> bytes:
     return json.dumps(
         values, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (``json.loads``'s ``object_pairs_hook``): an
+    object that gives a key twice is refused, not read with its last value only.
+
+    Raises:
+        ValueError: a key given twice, named.
+    """
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {key!r} is given twice in one object")
+            seen.add(key)
+    return out
 
 
 @dataclass(frozen=True)
@@ -183,7 +202,7 @@ class Schema:
             out[field.name] = value
         if len(values) != len(out):
             extra = next(k for k in values if k not in self._by_name)
-            return None, f"field {extra!r} is not in the schema ({', '.join(self.names)})"
+            return None, f"field {extra!r} is not one of the fields ({', '.join(self.names)})"
         return out, None
 
     def describe(self, sep: str = ", ") -> str:
@@ -200,9 +219,11 @@ class SchemaBuilder:
 
     A field the source gives in some rows only is not guessed at: :meth:`build` refuses the
     source, naming the field and a row without it (declared fields are checked row by row
-    instead, and a row without one is unusable)."""
+    instead, and a row without one is unusable). ``closed``: the declared fields are all there
+    are (an append's, the store's); a row with another is unusable, not a new field."""
 
-    def __init__(self, declared: Sequence[Field] = ()) -> None:
+    def __init__(self, declared: Sequence[Field] = (), closed: bool = False) -> None:
+        self.closed = closed
         self.declared = {f.name: f for f in declared}
         self.found: dict[str, Field | None] = {f.name: f for f in declared}
         self.pending_lists: set[str] = set()
@@ -220,7 +241,7 @@ class SchemaBuilder:
             self._first_row = where
         inferred = 0
         for name, value in values.items():
-            if name in self.declared:
+            if name in self.declared or self.closed:
                 continue
             inferred += 1
             count = self.seen.get(name)
@@ -234,7 +255,8 @@ class SchemaBuilder:
             known = self.found[name]
             if known is None or known.type == "int":
                 self._infer(name, value)
-        if inferred < len(self.seen):
+        if inferred < len(self.seen) and len(self.first_without) < len(self.seen):
+            # (once every field has been missing somewhere, nothing is left to note)
             for name in self.seen:
                 if name not in values:
                     self.first_without.setdefault(name, where)
@@ -363,25 +385,25 @@ def _plain(items: list[Any], kind: str) -> bool:
 def _scalar(value: Any, kind: str) -> tuple[Any, str | None]:
     t = type(value)
     if kind == "bool":
-        return (value, None) if t is bool else (None, f"{_kind(value)} where bool is declared")
+        return (value, None) if t is bool else (None, f"{_kind(value)} where the field is a bool")
     if kind == "int":
         if t is int:
             if not INT64[0] <= value <= INT64[1]:
                 return None, f"{str(value)[:24]} is outside 64-bit integers"
             return value, None
         if t is float:
-            return None, f"{value!r} is a float where int is declared (--fields can declare float)"
-        return None, f"{_kind(value)} where int is declared"
+            return None, f"{value!r} is a float where the field is an int"
+        return None, f"{_kind(value)} where the field is an int"
     # float
     if t is float:
         if not math.isfinite(value):
-            return None, f"{value!r} where a finite number is declared"
+            return None, f"{value!r} where the field holds finite numbers"
         return value, None
     if t is int:
-        if not INT64[0] <= value <= INT64[1]:
-            return None, f"{str(value)[:24]} is outside 64-bit integers"
+        if not -EXACT <= value <= EXACT:
+            return None, f"{str(value)[:24]} is too large for a float to hold exactly (declare int)"
         return float(value), None
-    return None, f"{_kind(value)} where float is declared"
+    return None, f"{_kind(value)} where the field is a float"
 
 
 def _text_problem(text: str) -> str | None:

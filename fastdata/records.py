@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import RecordError, StoreError
-from .fields import canonical
+from .fields import Schema, canonical
 
 try:  # the same CRC-32 as zlib's, 4x as fast (measured); installed with fastdata
     from isal.isal_zlib import crc32 as _crc32
@@ -654,3 +654,21 @@ def class_count(labels: Any, where: str) -> int:
             "the store or its index is damaged"
         )
     return high + 1
+
+
+def fields_problem(h: RecordHeader, schema: Schema | None) -> str | None:
+    """What is wrong with a record's field values: missing, not matching the schema (a value
+    of another type, a field too many or too few), or not those its checksum was computed
+    over; None when nothing is. Whatever reads fields out of a store to write them elsewhere
+    (``copy``, ``export``) checks this first, as ``verify`` does."""
+    if h.fields is None:
+        return "its fields are missing" if schema else None
+    if not schema:
+        return "it has fields, but the store's schema lists none"
+    values, why = schema.check(h.fields)
+    if why is not None:
+        return f"fields: {why}"
+    assert values is not None
+    if checksum(canonical(values)) != h.fields_crc32:
+        return "fields checksum mismatch"
+    return None

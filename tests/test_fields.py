@@ -15,7 +15,7 @@ import torch
 
 from fastdata import LMDBImageDataset, convert
 from fastdata.errors import SourceError
-from fastdata.loaders.collate import fast_collate
+from fastdata.loaders.collate import collate_fields, fast_collate
 
 from .conftest import jpeg_bytes, write
 
@@ -300,9 +300,9 @@ def test_append_and_export_carry_fields_exactly(tmp_path: Path) -> None:
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
     assert ds[4][2]["score"] == 7.0 and isinstance(ds[4][2]["score"], float)
     write_jsonl(manifest, [*rows[:6], {"path": "img/0.jpg", "label": "cat"}])
-    # a manifest with other fields than the store's is refused as a whole
+    # a manifest without the store's fields is refused as a whole (read with the store's)
     other = write_jsonl(tmp_path / "other.jsonl", [{"path": "img/5.jpg", "label": "cat", "x": 1}])
-    with pytest.raises(SourceError, match="the store's fields are"):
+    with pytest.raises(SourceError, match="field 'caption' is missing"):
         convert(other, tmp_path / "s.lmdb", append=True)
     # export writes every field and the types; converting it back gives the same store
     assert cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out")).returncode == 0
@@ -405,8 +405,8 @@ def test_a_folder_export_converts_back_with_its_types_as_printed(tmp_path: Path)
     assert [h.to_json() for h in all_headers(a)] == [h.to_json() for h in all_headers(b)]
 
 
-def test_append_refusal_prints_a_command_that_runs(tmp_path: Path) -> None:
-    make_images(tmp_path, 4)
+def test_an_append_reads_the_source_with_the_stores_fields(tmp_path: Path) -> None:
+    make_images(tmp_path, 5)
     (tmp_path / "m.csv").write_text(
         "path,label,caption,score\nimg/0.jpg,a,x,1\nimg/1.jpg,b,y,2\n", encoding="utf-8"
     )
@@ -417,13 +417,38 @@ def test_append_refusal_prints_a_command_that_runs(tmp_path: Path) -> None:
         "path,label,caption,score\nimg/0.jpg,a,x,1\nimg/1.jpg,b,y,2\nimg/2.jpg,a,z,3\n",
         encoding="utf-8",
     )
-    refused = cli("convert", str(tmp_path / "m.csv"), store, "--append")
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "the store's fields are caption:str, score:float" in refused.stderr
-    done = cli(*printed_command(refused.stderr, "give them again:"))
+    # no --fields: the store's (its columns, its types)
+    (tmp_path / "m.csv").write_text(
+        (tmp_path / "m.csv").read_text(encoding="utf-8") + "img/9.jpg,a,gone,1\n",
+        encoding="utf-8",
+    )  # a row whose file is missing: listed, and not counted as appended
+    done = cli("convert", str(tmp_path / "m.csv"), store, "--append")
     assert done.returncode == 0, done.stderr
+    assert "appended 1 new image(s); 2 of the source's were in the store already" in done.stdout
     ds = LMDBImageDataset(store, output="bytes", fields="*")
     assert len(ds) == 3 and ds[2][2] == {"caption": "z", "score": 3.0}
+    # other types than the store's: refused, with the flags that fit
+    refused = cli("convert", str(tmp_path / "m.csv"), store, "--append", "--fields", "caption")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "leave --fields out (or give --fields caption:str,score:float)" in refused.stderr
+    # a store of ints: ints stay ints, a float in a new row is that row's problem only
+    rows = [{"path": f"img/{i}.jpg", "n": i} for i in range(3)]
+    manifest = write_jsonl(tmp_path / "n.jsonl", rows)
+    convert(manifest, tmp_path / "n.lmdb")
+    write_jsonl(manifest, [*rows, {"path": "img/3.jpg", "n": 0.5}, {"path": "img/4.jpg", "n": 4}])
+    report = convert(manifest, tmp_path / "n.lmdb", append=True)
+    assert report.count == 4 and not report.changed and not report.gone
+    (skipped,) = report.skipped
+    assert "line 4" in skipped.reason and "0.5 is a float where the field is an int" in skipped.reason
+    n = LMDBImageDataset(tmp_path / "n.lmdb", output="bytes", fields="*")
+    assert [v["n"] for _, _, v in n.__getitems__(range(4))] == [0, 1, 2, 4]
+    assert all(type(v["n"]) is int for _, _, v in n.__getitems__(range(4)))
+    # a key the store does not have: that row is unusable, the key named
+    write_jsonl(manifest, [*rows, {"path": "img/3.jpg", "n": 3, "extra": "x"}])
+    report = convert(manifest, tmp_path / "n.lmdb", append=True)
+    assert [s.reason for s in report.skipped] == [
+        "line 4: img/3.jpg: field 'extra' is not one of the fields (n)"
+    ]
 
 
 def test_csv_quotes_and_columns_are_read_by_the_rules(tmp_path: Path) -> None:
@@ -509,7 +534,7 @@ def test_append_and_export_carry_fields_exactly_on_mongodb(tmp_path: Path, mongo
         "convert", str(write_jsonl(tmp_path / "o.jsonl", [{"path": "img/5.jpg", "label": "cat"}])),
         mongo_uri, "--collection", "app", "--append",
     )  # fmt: skip
-    assert refused.returncode != 0 and "an append carries the same fields" in refused.stderr
+    assert refused.returncode != 0 and "field 'caption' is missing" in refused.stderr
     out = cli("export", mongo_uri, "--collection", "app", str(tmp_path / "out"))
     assert out.returncode == 0, out.stderr
     again = cli(*printed_command(out.stdout, "convert back with:"), "-q")
@@ -521,3 +546,71 @@ def test_append_and_export_carry_fields_exactly_on_mongodb(tmp_path: Path, mongo
     assert b.reader.meta.schema == a.reader.meta.schema
     assert b[4][2]["score"] == 7.0 and type(b[4][2]["score"]) is float
     assert cli("verify", mongo_uri, "--collection", "app").returncode == 0
+
+
+def test_nothing_a_hostile_row_holds_is_kept_in_part(tmp_path: Path) -> None:
+    make_images(tmp_path, 6)
+    rows = [
+        '{"path": "img/0.jpg", "caption": "a", "caption": "b", "n": 1}',  # a key twice
+        '{"path": "img/1.jpg", "caption": "ok", "n": 9007199254740993}',  # over 2**53
+        '{"path": "img/2.jpg", "caption": "ok", "n": 0.5}',  # a float: the field is a float
+        '{"path": "img/3.jpg", "caption": "ok", "n": 3}',
+    ]
+    report = convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
+    reasons = sorted(s.reason for s in report.skipped)
+    assert report.count == 2 and len(reasons) == 2
+    assert "line 1" in reasons[0] and "'caption' is given twice" in reasons[0]
+    assert "line 2" in reasons[1] and "too large for a float to hold exactly" in reasons[1]
+    # CSV: a cell too many is the row's problem, not dropped; a cell over the csv module's
+    # limit neither stops a row early nor turns the rest of its text into rows
+    big = "x" * 150_000 + "\nimg/4.jpg,a,INJECTED\n" + "y" * 10
+    (tmp_path / "m.csv").write_text(
+        f'path,label,caption\nimg/0.jpg,a,hello, world\nimg/1.jpg,a,fine\nimg/2.jpg,a,"{big}"\n'
+        "img/5.jpg,a,after\n",
+        encoding="utf-8",
+    )
+    report = convert(tmp_path / "m.csv", tmp_path / "c.lmdb", fields="caption")
+    ds = LMDBImageDataset(tmp_path / "c.lmdb", output="bytes", fields="*")
+    captions = [v["caption"] for _, _, v in ds.__getitems__(range(len(ds)))]
+    assert "INJECTED" not in captions and captions[0] == "fine" and big in captions
+    assert "3 cells, the header names 3" not in report.skipped[0].reason
+    assert report.skipped[0].reason.startswith("line 2: 4 cells, the header names 3")
+
+
+def test_damaged_fields_are_never_copied_or_exported(tmp_path: Path) -> None:
+    import lmdb
+
+    make_images(tmp_path, 3)
+    rows = [{"path": f"img/{i}.jpg", "s": f"v{i}", "b": [1.0, 2.0]} for i in range(3)]
+    convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
+    env = lmdb.open(str(tmp_path / "s.lmdb"), subdir=True)
+    with env.begin(write=True) as txn:
+        key = b"#0000000001"
+        txn.put(key, txn.get(key).replace(b'"s":"v1"', b'"s":"EVIL"'))
+        key = b"#0000000002"
+        txn.put(key, txn.get(key).replace(b'"b":[1.0,2.0]', b'"b":[1e999,2.0]'))
+    env.close()
+    copied = cli("copy", str(tmp_path / "s.lmdb"), str(tmp_path / "c.lmdb"))
+    assert copied.returncode != 0 and "Traceback" not in copied.stderr
+    assert "record 1 (img/1.jpg) fails its fields check" in copied.stderr
+    exported = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out"))
+    assert exported.returncode != 0 and "Traceback" not in exported.stderr
+    assert "fields checksum mismatch" in exported.stderr
+    kept = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out2"), "--skip-damaged")
+    assert kept.returncode != 0 or "left out 2" in kept.stdout + kept.stderr
+    manifest = (tmp_path / "out2" / "manifest.jsonl").read_text(encoding="utf-8")
+    assert "EVIL" not in manifest and "img/1.jpg" not in manifest and "img/0.jpg" in manifest
+
+
+def test_sidecars_shared_by_two_images_and_mask_names(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    write(root / "a" / "x.jpg", jpeg_bytes(seed=1))
+    write(root / "a" / "x.jpeg", jpeg_bytes(seed=2))
+    (root / "a" / "x.json").write_text('{"boxes": [[1, 2, 3, 4]], "boxes_mask": 7}')
+    convert(root, tmp_path / "s.lmdb", sidecars="json")
+    out = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    assert "wrote 2 files" in out.stdout and "(and 1 sidecar files)" in out.stdout
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
+    with pytest.raises(ValueError, match="boxes_mask, which is a field of the store too"):
+        collate_fields([ds[0][2], ds[1][2]], schema=ds.field_schema, pad=True)

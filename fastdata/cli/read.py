@@ -205,7 +205,8 @@ def export(
             skip_damaged=skip_damaged,
             progress=progress,
         )
-    click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}")
+    sidecars = f" (and {report.sidecars} sidecar files)" if report.sidecars else ""
+    click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}{sidecars}")
     if report.manifest:
         click.echo(f"manifest: {report.manifest}")
     click.echo(f"convert back with: {report.convert_back}")

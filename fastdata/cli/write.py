@@ -253,7 +253,6 @@ def _render_convert(report: ConvertReport) -> None:
     if report.fields:
         click.echo(f"fields: {', '.join(report.fields)}")
     if report.appended:
-        added = report.converted + report.resumed_from - len(report.skipped)
         if report.converted + report.resumed_from == 0:
             click.echo(
                 f"nothing to add: the store holds all {report.already_stored} usable images of "
@@ -261,7 +260,7 @@ def _render_convert(report: ConvertReport) -> None:
             )
         else:
             click.echo(
-                f"appended {max(0, added)} new image(s); {report.already_stored} of the source's "
+                f"appended {report.added} new image(s); {report.already_stored} of the source's "
                 "were in the store already"
             )
         if report.skipped_unchanged:

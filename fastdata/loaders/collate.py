@@ -95,6 +95,12 @@ def collate_fields(
         if fixed:
             out[name] = torch.stack(tensors)
         elif pad:
+            if f"{name}_mask" in samples[0]:
+                raise ValueError(
+                    f"fields: padding {name!r} makes its mask {name}_mask, which is a field of "
+                    "the store too: read the fields without padding (pad_fields=False), or "
+                    "leave one of them out of fields="
+                )
             out[name], out[f"{name}_mask"] = _padded(tensors)
         else:
             out[name] = tensors

@@ -203,7 +203,7 @@ def plan_append(
             f"{scan.root}: a {scan.layout} source cannot be appended to a store converted from a "
             f"{base.layout}; append a {base.layout}"
         )
-    scan = _with_store_fields(scan, base, writer.command_target)
+    scan = _with_store_fields(scan, base)
     reader = writer.open_reader()
     try:
         look = _Look(scan, base, reader, max_file_bytes)
@@ -214,12 +214,12 @@ def plan_append(
     return look.plan(verify_decode)
 
 
-def _with_store_fields(scan: FolderScan, base: StoreMeta, target: str) -> FolderScan:
+def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
     """``scan`` with its samples' fields checked against the store's schema (an ``int`` where
     the store has ``float`` becomes a float; other types make the sample unusable), refused
-    when the source gives other fields than the store holds (with the command that gives them:
-    ``target`` is the store as command-line words), or labels where it has none."""
-    import shlex
+    when the source gives other fields than the store holds, or labels where it has none. (A
+    conversion scans an append's source with the store's fields declared, so only other
+    names are left to refuse here.)"""
     from dataclasses import replace as replaced
 
     from ..fields import Schema
@@ -231,17 +231,11 @@ def _with_store_fields(scan: FolderScan, base: StoreMeta, target: str) -> Folder
         has = "has classes" if base.labelled else "has no classes (its manifest had no labels)"
         raise SourceError(f"{source}: the store {has}; the source must be the same")
     if set(scan.schema.names) != set(schema.names):
-        given = scan.schema.describe() or "none"
-        flags = (
-            f"--sidecars {','.join(base.sidecars)}"
-            if base.sidecars
-            else f"--fields {shlex.quote(schema.describe(','))}"
-        )
-        run = f"fastdata convert {shlex.quote(source)} {target} --append {flags}"
+        other = sorted(set(scan.schema.names) ^ set(schema.names))
         raise SourceError(
-            f"{source}: the store's fields are {schema.describe() or 'none'}, the source "
-            f"gives {given}: an append carries the same fields"
-            + (f"; give them again: `{run}`" if schema else "")
+            f"{source}: the store's fields are {schema.describe() or 'none'}, the source gives "
+            f"{scan.schema.describe() or 'none'}: an append carries the same fields (not "
+            f"{', '.join(repr(n) for n in other)}); give the new rows the store's fields"
         )
     if scan.schema == schema or not schema:
         return scan

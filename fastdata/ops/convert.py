@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -241,8 +242,18 @@ def convert(
     if tune_allocator:
         tune_malloc()
     with tuned_malloc() if tune_allocator is None else nullcontext():
-        scan = _scan(source, classes, strict, drop_unlisted, fields, sidecars)
         mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
+        stored = None
+        if append and not isinstance(destination, StoreWriter):
+            stored = _stored_meta(destination, collection, source, mongo)
+
+        def scanned(base: StoreMeta | None) -> FolderScan | None:
+            """For an append: the source scanned with ``base``'s fields (None: not needed)."""
+            if base is None or not (base.schema or base.sidecars):
+                return None
+            return _scan_for_store(base, source, classes, strict, drop_unlisted, fields, sidecars)
+
+        scan = scanned(stored) or _scan(source, classes, strict, drop_unlisted, fields, sidecars)
         writer = open_writer(
             destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
         )
@@ -255,7 +266,7 @@ def convert(
         with writer:
             run = _Run(scan, writer, options, started)
             if append:
-                done = run.start_append(resume=resume)
+                done = run.start_append(resume=resume, rescan=scanned)
             else:
                 done = run.start(resume=resume, overwrite=overwrite)
             if done is not None:
@@ -265,6 +276,83 @@ def convert(
         return run.report()
 
 
+def _stored_meta(
+    destination: str | os.PathLike[str],
+    collection: str | None,
+    source: str | os.PathLike[str],
+    mongo: dict[str, Any],
+) -> StoreMeta | None:
+    """The metadata of the store an append goes to, or None where none can be read (the writer
+    says why, under its lock)."""
+    from ..errors import FastdataError
+    from ..stores import open_store
+
+    given = Path(source).expanduser()
+    root = given.parent if is_manifest(source) else given
+    try:
+        if str(destination).startswith("mongodb"):
+            reader = open_store(destination, collection=collection or root.resolve().name, **mongo)
+        else:
+            reader = open_store(destination)
+    except (FastdataError, OSError, ValueError):
+        return None
+    try:
+        return reader.meta
+    except (FastdataError, OSError):
+        return None
+    finally:
+        reader.close()
+
+
+def _scan_for_store(
+    base: StoreMeta,
+    source: str | os.PathLike[str],
+    classes: Sequence[str] | None,
+    strict: bool,
+    drop_unlisted: bool,
+    fields: str | Sequence[str] | None,
+    sidecars: Sequence[str] | str | None,
+) -> FolderScan:
+    """For an append to a store with fields: the source scanned with the store's fields as its
+    declared types (and its sidecars), which an append keeps; no other field is taken.
+    Inferred from the new rows alone, a type could differ (ints where the store has floats, or
+    the other way round) and values would be refused or changed.
+
+    Raises:
+        UsageError: ``--fields`` or ``--sidecars`` given, other than the store's.
+    """
+    schema = base.schema
+    flags = f"--fields {shlex.quote(schema.describe(','))}" if schema else ""
+    if base.sidecars:
+        flags = f"--sidecars {','.join(base.sidecars)} {flags}".strip()
+    if fields is not None:
+        declared, star = parse_field_specs(fields)
+        if star or sorted(declared, key=lambda f: f.name) != sorted(
+            schema.fields, key=lambda f: f.name
+        ):
+            raise UsageError(
+                f"{source}: the store's fields are {schema.describe() or 'none'}; an append "
+                f"keeps them: leave --fields out (or give {flags})"
+            )
+    given = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
+    given = [ext.strip().lstrip(".") for item in given for ext in item.split(",") if ext.strip()]
+    if given and given != list(base.sidecars):
+        raise UsageError(
+            f"{source}: the store's sidecars are {','.join(base.sidecars) or 'none'}; an append "
+            "reads the same: leave --sidecars out"
+            + (f" (or give {flags})" if base.sidecars else "")
+        )
+    return _scan(
+        source,
+        classes,
+        strict,
+        drop_unlisted,
+        schema.describe(",") if schema else None,
+        list(base.sidecars) or None,
+        closed=True,
+    )
+
+
 def _scan(
     source: str | os.PathLike[str],
     classes: Sequence[str] | None,
@@ -272,8 +360,10 @@ def _scan(
     drop_unlisted: bool = False,
     fields: str | Sequence[str] | None = None,
     sidecars: Sequence[str] | str | None = None,
+    closed: bool = False,
 ) -> FolderScan:
-    """The samples of a folder or a manifest; with ``strict``, none may be unusable."""
+    """The samples of a folder or a manifest; with ``strict``, none may be unusable;
+    ``closed``: the declared fields are all there are (an append's)."""
     declared, star = parse_field_specs(fields) if fields is not None else ([], False)
     side = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
     side = [ext for item in side for ext in item.split(",") if ext.strip()]
@@ -288,7 +378,12 @@ def _scan(
                 f"{source}: --fields '*' picks CSV columns; in JSON Lines every key is a field"
             )
         scan = scan_manifest(
-            source, classes, drop_unlisted=drop_unlisted, fields=declared, all_fields=star
+            source,
+            classes,
+            drop_unlisted=drop_unlisted,
+            fields=declared,
+            all_fields=star,
+            closed=closed,
         )
     elif classes is not None:
         raise UsageError(f"{source}: a class list applies to manifests, not to image folders")
@@ -300,7 +395,7 @@ def _scan(
             )
         if star:
             raise UsageError(f"{source}: --fields '*' picks CSV columns, not sidecar fields")
-        scan = scan_folder(source, sidecars=side, fields=declared)
+        scan = scan_folder(source, sidecars=side, fields=declared, closed=closed)
     if strict and scan.unusable:
         first = scan.unusable[0]
         where = (
@@ -349,11 +444,19 @@ class _Run:
         self._began(state, fresh)
         return None
 
-    def start_append(self, *, resume: bool) -> ConvertReport | None:
-        """Plan and start (or resume) an append; the report when there is nothing to add."""
+    def start_append(
+        self, *, resume: bool, rescan: Callable[[StoreMeta], FolderScan | None] | None = None
+    ) -> ConvertReport | None:
+        """Plan and start (or resume) an append; the report when there is nothing to add.
+        ``rescan`` gives the source scanned again for the store found, where it must be."""
         writer, options = self.writer, self.options
 
         def make_plan(base: StoreMeta) -> Progress:
+            scan = self.scan
+            if rescan is not None and (
+                scan.schema != base.schema or scan.sidecars != tuple(base.sidecars)
+            ):
+                self.scan = rescan(base) or scan  # (the store changed since it was looked at)
             self.plan = plan_append(
                 self.scan,
                 writer,
@@ -491,6 +594,8 @@ class _Run:
         report.discarded = self.writer.discarded
         report.repaired_now = self.state.repairs
         report.repaired_names = list(self.repaired_names)
+        if plan is not None and self.writer.base is not None:
+            report.added = self.meta.count - self.writer.base.count
         return plan.completed(report) if plan is not None else report
 
     def _report(

@@ -26,6 +26,7 @@ from ..records import (
     Record,
     StoreMeta,
     checksum,
+    fields_problem,
     name_bytes,
 )
 from ..stores import open_store, open_writer
@@ -60,15 +61,23 @@ class CopyReport:
 
 
 def _checked(reader: StoreReader, records: list[Record]) -> list[Record]:
-    """``records``, each checked against its header's size and checksum."""
+    """``records``, each checked against its header's size and checksum, and its fields
+    against the store's schema and their checksum."""
     if not reader.has_checksums:
         return records
+    schema = reader.meta.schema
     for rec in records:
-        if len(rec.data) != rec.header.size or checksum(rec.data) != rec.header.crc32:
+        h = rec.header
+        why = None
+        if len(rec.data) != h.size or checksum(rec.data) != h.crc32:
+            why = "fails its checksum"
+        elif schema or h.fields is not None:
+            problem = fields_problem(h, schema)
+            why = None if problem is None else f"fails its fields check ({problem})"
+        if why is not None:
             raise RecordError(
-                f"{reader.location}: record {rec.index} ({rec.header.name}) fails its checksum; "
-                "nothing damaged is copied: run `fastdata verify` on the source to see every "
-                "damaged record"
+                f"{reader.location}: record {rec.index} ({h.name}) {why}; nothing damaged is "
+                "copied: run `fastdata verify` on the source to see every damaged record"
             )
     return records
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
 from ..fields import Schema
-from ..records import Record, StoreMeta, checksum
+from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.manifest import EXPORTED_MANIFEST, export_name
 from ..stores.reader import StoreReader
 
@@ -38,6 +38,8 @@ class ExportReport:
     manifest: str = ""
     """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
     its first line the class list), which converts back to the same store."""
+    sidecars: int = 0
+    """Sidecar files written beside the images (a folder store's fields)."""
     convert_back: str = ""
     """The command that converts what was written back into a store like this one (the fields'
     types declared, so that they do not depend on what the values look like)."""
@@ -160,11 +162,14 @@ def export_store(
         if schema:  # the types, so that converting the manifest back gives the same schema
             head["fields"] = [f.spec for f in schema.fields]
         rows = [json.dumps(head).encode() + b"\n"] if head else []
+    sidecars_written: dict[str, tuple[str, bytes]] = {}
     for done, rec in enumerate(reader.iter_records(batch_size), 1):
-        data = _checked(reader, rec, skip_damaged, report)
+        data = _checked(reader, rec, skip_damaged, report, schema)
         name = rec.header.name
         values = rec.header.fields or {}
-        if rows is not None:
+        if data is None:
+            pass  # (damaged, listed in the report: neither written nor in the manifest)
+        elif rows is not None:
             name = export_name(name)
             row: dict[str, Any] = {"path": name}
             if meta.labelled:
@@ -175,6 +180,16 @@ def export_store(
             _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
             if meta.sidecars and rows is None:
                 for side, content in _sidecar_files(name, meta.sidecars, _in_order(values, schema)):
+                    # x.jpg and x.png share x.json: written once (the same values) or refused
+                    first = sidecars_written.setdefault(side, (name, content))
+                    if first[0] != name:
+                        if first[1] != content:
+                            raise StoreError(
+                                f"{reader.location}: {first[0]} and {name} share the sidecar "
+                                f"{side} but hold other fields; nothing can write both"
+                            )
+                        continue
+                    files, size, kept = report.files, report.total_bytes, report.kept
                     _write(
                         destination,
                         side,
@@ -183,8 +198,9 @@ def export_store(
                         resume=resume,
                         report=report,
                     )
-                    report.files -= 1  # (sidecars go with their image; not counted as one)
-                    report.total_bytes -= len(content)
+                    # (sidecars go with their image: counted apart)
+                    report.files, report.total_bytes, report.kept = files, size, kept
+                    report.sidecars += 1
         if progress is not None and (done % 64 == 0 or done == total):
             progress(done, total)
     if rows is not None:
@@ -233,12 +249,23 @@ def _sidecar_files(
 
 
 def _checked(
-    reader: StoreReader, rec: Record, skip_damaged: bool, report: ExportReport
+    reader: StoreReader, rec: Record, skip_damaged: bool, report: ExportReport, schema: Schema
 ) -> bytes | None:
-    """The bytes to write for ``rec``, after its size and checksum are checked."""
+    """The bytes to write for ``rec``, after its size and checksum are checked, and its fields
+    against the schema and their checksum."""
     h = rec.header
     if len(rec.data) == h.size and checksum(rec.data) == h.crc32:
-        return rec.data if report.repaired else rec.original_bytes()
+        why = fields_problem(h, schema) if schema or h.fields is not None else None
+        if why is None:
+            return rec.data if report.repaired else rec.original_bytes()
+        if skip_damaged:
+            log.warning("%s: record %d (%s): %s; skipped", reader.location, rec.index, h.name, why)
+            report.damaged.append(h.name)
+            return None
+        raise RecordError(
+            f"{reader.location}: record {rec.index} ({h.name}): {why}; nothing was written for "
+            "it: run `fastdata verify` on the store, or pass --skip-damaged to export the rest"
+        )
     if skip_damaged:
         log.warning(
             "%s: record %d (%s) fails its checksum; skipped", reader.location, rec.index, h.name

@@ -36,6 +36,7 @@ class ConvertReport:
         appended: the run added to a store (``append``); then ``count`` is the store's new
             size, ``converted`` what this run handled, and:
         already_stored: samples of the source the store held already (not stored again).
+        added: records the append added (the store's count before it, less its count now).
         new_classes: classes the store did not have, added at the end of its class list.
         class_order: ``"sorted"`` (ImageFolder's) or ``"appended"`` (new classes at the end).
         changed: files the store holds that changed since they were stored (reported, not
@@ -70,6 +71,7 @@ class ConvertReport:
     """The first images this run repaired, by name."""
     appended: bool = False
     already_stored: int = 0
+    added: int = 0
     new_classes: list[str] = field(default_factory=list)
     class_order: str = "sorted"
     changed: list[SkippedFile] = field(default_factory=list)

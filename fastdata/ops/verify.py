@@ -6,9 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import CorruptImageError, FastdataError
-from ..fields import Schema, canonical
 from ..images.decode import decode_check
-from ..records import RecordHeader, checksum
+from ..records import checksum, fields_problem
 from ..stores.reader import StoreReader
 
 __all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
@@ -98,7 +97,7 @@ def verify_store(
                     report.failures.append(Failure(rec.index, h.name, "checksum mismatch"))
                     continue
                 if schema or h.fields is not None:
-                    why = _fields_problem(h, schema)
+                    why = fields_problem(h, schema)
                     if why is not None:
                         report.failures.append(Failure(rec.index, h.name, why))
                         continue
@@ -113,22 +112,6 @@ def verify_store(
     if reader.has_checksums:
         _check_invariants(reader, report)
     return report
-
-
-def _fields_problem(h: RecordHeader, schema: Schema | None) -> str | None:
-    """What is wrong with a record's field values: missing, not matching the schema (a value
-    of another type, a field too many), or not those its checksum was computed over."""
-    if h.fields is None:
-        return "its fields are missing" if schema else None
-    if not schema:
-        return "it has fields, but the store's schema lists none"
-    values, why = schema.check(h.fields)
-    if why is not None:
-        return f"fields: {why}"
-    assert values is not None
-    if checksum(canonical(values)) != h.fields_crc32:
-        return "fields checksum mismatch"
-    return None
 
 
 def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:

@@ -23,7 +23,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import SourceError
-from ..fields import Field, Schema, SchemaBuilder, canonical, check_name
+from ..fields import Field, Schema, SchemaBuilder, canonical, check_name, unique_keys
 from ..packed import PackedStrings
 from ..records import SkippedFile
 
@@ -440,6 +440,7 @@ def scan_folder(
     *,
     sidecars: Sequence[str] = (),
     fields: Sequence[Field] = (),
+    closed: bool = False,
 ) -> FolderScan:
     """Scan ``root/<class>/...`` for images.
 
@@ -448,7 +449,8 @@ def scan_folder(
     ``x.txt`` (any other extension) a UTF-8 string, the field named by the extension. An image
     whose sidecar is missing, unreadable or of another type than the others' is listed as
     unusable with the reason. ``fields`` declares types (``fastdata.fields.parse_field_specs``);
-    the others come from the first image that has them.
+    the others come from the first image that has them (with ``closed``, there are no others:
+    an image whose sidecar gives another field is unusable).
 
     Only the folder tree is read; files are not opened. Links to folders are followed, each folder
     is scanned once (a link loop neither repeats images nor hangs), at any depth. Image files that
@@ -485,7 +487,7 @@ def scan_folder(
     sidecars = _sidecar_list(sidecars)
     walk = _Walk(root_path, classes, sidecars)
     samples = _SampleBuilder()
-    side = _Sidecars(sidecars, fields) if sidecars else None
+    side = _Sidecars(sidecars, fields, closed) if sidecars else None
     for label, cls in enumerate(classes):
         # Sorted by folder path, then file name: the order ImageFolder produces.
         for rel, entries in sorted(walk.folders(cls), key=lambda f: f[0]):
@@ -554,9 +556,9 @@ class _Sidecars:
     """Reads the sidecar files of each image into its raw field values (JSON text, checked
     against the schema once every image has been seen: see :func:`checked_fields`)."""
 
-    def __init__(self, sidecars: list[str], declared: Sequence[Field]) -> None:
+    def __init__(self, sidecars: list[str], declared: Sequence[Field], closed: bool) -> None:
         self.sidecars = sidecars
-        self.builder = SchemaBuilder(declared)
+        self.builder = SchemaBuilder(declared, closed)
 
     def read(self, image_path: str, name: str, siblings: set[str]) -> bytes | str:
         base = os.path.basename(image_path).rpartition(".")[0]
@@ -581,9 +583,9 @@ class _Sidecars:
                 values[ext] = text
                 continue
             try:
-                obj = json.loads(text)
+                obj = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=unique_keys)
             except (ValueError, RecursionError) as exc:
-                return f"its sidecar {file} is not valid JSON ({type(exc).__name__})"
+                return f"its sidecar {file} is not valid JSON ({type(exc).__name__}: {exc})"
             if not isinstance(obj, dict):
                 return f"its sidecar {file} does not hold a JSON object"
             for key, value in obj.items():

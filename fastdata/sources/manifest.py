@@ -38,6 +38,7 @@ from ..fields import (
     check_name,
     parse_field_specs,
     parse_text_value,
+    unique_keys,
 )
 from ..packed import PackedStrings
 from ..records import MAX_CLASSES, SkippedFile, name_bytes
@@ -164,6 +165,10 @@ class _Rows:
         # strict: a quote out of place is an error of that row, and a quoted field still open at
         # the end of the file is named (not read as one row holding every later line)
         reader = csv.reader(texts(), strict=True)
+        # a cell may be as long as a row; past the csv module's own limit (128 KiB) it would
+        # stop mid-cell and read the rest of the cell as rows (raising the limit is harmless
+        # to anyone else in the process: it only refuses less)
+        csv.field_size_limit(max(csv.field_size_limit(), MAX_ROW_BYTES))
         try:
             header = next(reader)
         except StopIteration:
@@ -188,6 +193,13 @@ class _Rows:
             except StopIteration:
                 return
             except csv.Error as exc:
+                if "field larger than field limit" in str(exc):
+                    # what follows is the rest of that cell, not rows: nothing more is read
+                    raise SourceError(
+                        f"{self.path}: line {number}: a cell over {MAX_ROW_BYTES} bytes; the "
+                        "rows after it cannot be told apart from its text: shorten it (keep "
+                        "large values in files of their own)"
+                    ) from None
                 why = f"not a valid CSV row ({exc})"
                 if str(exc) == "unexpected end of data":
                     why = (
@@ -203,6 +215,13 @@ class _Rows:
                 continue
             if len(row) <= last:
                 yield number, None, f"{len(row)} column(s), the header names {len(header)}", None
+                continue
+            if len(row) > len(header) and any(c.strip() for c in row[len(header) :]):
+                # (a cell too many: a comma in an unquoted value, most often)
+                why = (
+                    f"{len(row)} cells, the header names {len(header)} (quote a cell with a comma)"
+                )
+                yield number, None, why, None
                 continue
             # spaces around a field are not part of it ("img/x.jpg, cat")
             label = row[at_label].strip() if at_label is not None else NO_LABEL
@@ -230,8 +249,8 @@ class _Rows:
             out[field.name] = at[field.name]
         if self.star:
             for i, h in enumerate(header):
-                if h.lower() in ("path", "label") or h in out:
-                    continue
+                if h.lower() in ("path", "label") or h in out or not h:
+                    continue  # (an empty name: a trailing comma)
                 why = check_name(h, f"{self.path}: line 1")
                 if why is not None:
                     raise SourceError(why)
@@ -247,7 +266,7 @@ class _Rows:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, object_pairs_hook=unique_keys)
             except (ValueError, RecursionError) as exc:
                 why = f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
                 yield number, None, why, None
@@ -321,6 +340,7 @@ def scan_manifest(
     drop_unlisted: bool = False,
     fields: Sequence[Field] = (),
     all_fields: bool = False,
+    closed: bool = False,
 ) -> FolderScan:
     """Read a CSV or JSON Lines manifest into samples and classes, checking every file.
 
@@ -343,6 +363,8 @@ def scan_manifest(
             ``label`` is a field, the types of those named (the others are inferred from their
             first value).
         all_fields: keep every other CSV column, as a string unless declared (``--fields '*'``).
+        closed: ``fields`` are all the fields there are (an append's: the store's); a JSON
+            Lines row with another key is unusable.
 
     A manifest in which no row has a label makes a store without classes (an image-text set:
     every target is -1).
@@ -370,7 +392,7 @@ def scan_manifest(
         if raw is None:
             continue
         if builder is None:  # (after the first line, which may declare types)
-            builder = SchemaBuilder(rows.declared)
+            builder = SchemaBuilder(rows.declared, closed)
         if not csv_manifest:
             builder.see(values or {}, f"line {line}")
         if label is NO_LABEL:
@@ -387,7 +409,7 @@ def scan_manifest(
     if csv_manifest:
         schema = Schema([*fields, *(Field(c, "str") for c in rows.columns[len(fields) :])])
     else:
-        schema = (builder or SchemaBuilder(rows.declared)).build(str(path))
+        schema = (builder or SchemaBuilder(rows.declared, closed)).build(str(path))
     if not labelled and classes is not None:
         raise SourceError(f"{path}: a class list was given, but no row has a label")
     order = list(classes) if classes is not None else rows.classes
