@@ -443,6 +443,12 @@ def test_an_append_reads_the_source_with_the_stores_fields(tmp_path: Path) -> No
     n = LMDBImageDataset(tmp_path / "n.lmdb", output="bytes", fields="*")
     assert [v["n"] for _, _, v in n.__getitems__(range(4))] == [0, 1, 2, 4]
     assert all(type(v["n"]) is int for _, _, v in n.__getitems__(range(4)))
+    # fields changed since they were stored: reported, the store keeps its own
+    write_jsonl(manifest, [{**rows[0], "n": 100}, *rows[1:]])
+    report = convert(manifest, tmp_path / "n.lmdb", append=True)
+    assert [(c.name, c.reason) for c in report.changed] == [
+        ("img/0.jpg", "its fields differ from the store's now (the store keeps its own)")
+    ]
     # a key the store does not have: that row is unusable, the key named
     write_jsonl(manifest, [*rows, {"path": "img/3.jpg", "n": 3, "extra": "x"}])
     report = convert(manifest, tmp_path / "n.lmdb", append=True)
@@ -614,3 +620,14 @@ def test_sidecars_shared_by_two_images_and_mask_names(tmp_path: Path) -> None:
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
     with pytest.raises(ValueError, match="boxes_mask, which is a field of the store too"):
         collate_fields([ds[0][2], ds[1][2]], schema=ds.field_schema, pad=True)
+
+
+def test_device_decoding_refuses_fields_up_front(tmp_path: Path) -> None:
+    from fastdata import create_loader
+
+    make_images(tmp_path, 2)
+    rows = [{"path": f"img/{i}.jpg", "boxes": [[1.0, 2.0, 3.0, 4.0]]} for i in range(2)]
+    convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", fields=["boxes"])
+    with pytest.raises(ValueError, match="reads the fields boxes: decode on the CPU"):
+        create_loader(ds, batch_size=2, image_size=32, num_workers=0, decode="device")

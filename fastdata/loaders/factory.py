@@ -300,6 +300,12 @@ def create_loader(
 
             if collate_fn is not None:
                 raise ValueError("decode='device' batches the encoded images itself: no collate_fn")
+            if dataset.field_schema:
+                raise ValueError(
+                    f"decode='device' batches images and targets only, and this dataset reads "
+                    f"the fields {', '.join(dataset.field_schema.names)}: decode on the CPU "
+                    "(decode='cpu', the default) to batch them, or leave fields= out"
+                )
             fast = bool(getattr(chosen, "fast_decode", False))
             decoder = DeviceDecoder(target, backend=decode_backend, fast=fast)
             chosen, collate_fn = Planned(chosen), collate_encoded

@@ -266,6 +266,7 @@ class _Look:
         self.changed: list[SkippedFile] = []
         self.duplicates: list[SkippedFile] = []
         self.suspects: list[int] = []
+        self.field_crcs: np.ndarray | None = None
 
     def walk(self, *, check_changed: bool, check_content: bool) -> None:
         """Sort every sample of the source: new, held (and checked), or skipped before."""
@@ -283,6 +284,10 @@ class _Look:
         step = 1 << 16  # a slice of names at a time: no object per name held for long
         mapped = self.remap[labels] if self.base.labelled else labels.astype(np.int64)
         values: Any = scan.samples.field_bytes() or itertools.repeat(None, len(source))
+        # the stored fields' checksums, to tell which held images' fields changed since
+        if scan.samples.has_fields and (held >= 0).any():
+            crcs = [h.fields_crc32 for h in self.reader.iter_headers()]
+            self.field_crcs = np.array(crcs, dtype=np.int64)
         rows = (
             zip(
                 source.slice_list(lo, min(len(source), lo + step)),
@@ -299,7 +304,7 @@ class _Look:
             if at < 0:
                 self._new(raw, path, label, fields)
             else:
-                self._held(raw, path, label, at)
+                self._held(raw, path, label, at, fields)
 
     def _new(self, raw: bytes, path: bytes, label: int, fields: bytes | None = None) -> None:
         name = raw.decode("utf-8", "surrogateescape")
@@ -313,9 +318,13 @@ class _Look:
         else:
             self.todo.add(name, label, fields)
 
-    def _held(self, raw: bytes, path: bytes, label: int, at: int) -> None:
+    def _held(self, raw: bytes, path: bytes, label: int, at: int, fields: bytes | None) -> None:
         self.already += 1
         name = raw.decode("utf-8", "surrogateescape")
+        crcs = self.field_crcs
+        if fields is not None and crcs is not None and checksum(fields) != crcs[at]:
+            why = "its fields differ from the store's now (the store keeps its own)"
+            self.changed.append(SkippedFile(name, why))
         was = int(self.base_labels[at])
         if label != was:
             self.changed.append(
