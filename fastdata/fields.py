@@ -128,7 +128,7 @@ class Field:
 
 
 class Schema:
-    """A store's fields, in order; built from a source's first values (:meth:`infer`) or
+    """A store's fields, in order; inferred from a source's values (:class:`SchemaBuilder`) or
     declared, and the rule every row's values are checked by (:meth:`check`)."""
 
     def __init__(self, fields: Iterable[Field] = ()) -> None:
@@ -211,11 +211,12 @@ class Schema:
 
 
 class SchemaBuilder:
-    """Infers a schema from the values a source gives, in order: each field's type and shape
-    come from its first value that says (an empty list says nothing about its numbers), or from
-    the declared fields (``--fields``), which come first and win. An ``int`` field (or list of
-    ints) whose later values hold a float becomes a ``float`` one, its ints read as floats (JSON
-    writes ``1.0`` as ``1``); no other type is widened.
+    """Infers a schema from the values a source gives: each field's type is the one most of
+    its rows give (one odd row, first or not, is that row's problem, listed as unusable, not
+    every other row's), its shape that of the first value of that type that says (an empty
+    list says nothing about its numbers). Declared fields (``--fields``) come first and win.
+    Ints and floats count as one: a field with both is a ``float`` one, its ints read as floats
+    (JSON writes ``1.0`` as ``1``); no other type is widened.
 
     A field the source gives in some rows only is not guessed at: :meth:`build` refuses the
     source, naming the field and a row without it (declared fields are checked row by row
@@ -225,8 +226,8 @@ class SchemaBuilder:
     def __init__(self, declared: Sequence[Field] = (), closed: bool = False) -> None:
         self.closed = closed
         self.declared = {f.name: f for f in declared}
-        self.found: dict[str, Field | None] = {f.name: f for f in declared}
-        self.pending_lists: set[str] = set()
+        self.kinds: dict[str, dict[type, list[Any]]] = {}
+        """Inferred fields: per Python type of their values, ``[rows, field or None]``."""
         self.rows = 0
         self.seen: dict[str, int] = {}
         """Inferred fields: how many rows have each."""
@@ -247,46 +248,57 @@ class SchemaBuilder:
             count = self.seen.get(name)
             if count is None:
                 self.seen[name] = 1
+                self.kinds[name] = {}
                 if self.rows > 1:
                     self.first_without[name] = self._first_row
-                self._infer(name, value)
+            else:
+                self.seen[name] = count + 1
+            kinds = self.kinds[name]
+            slot = kinds.get(type(value))
+            if slot is None:
+                kinds[type(value)] = [1, infer(name, value)]
                 continue
-            self.seen[name] = count + 1
-            known = self.found[name]
-            if known is None or known.type == "int":
-                self._infer(name, value)
+            slot[0] += 1
+            known = slot[1]
+            if known is None or (known.type == "int" and known.shape):
+                # an empty list so far, or a list of ints that may hold a float later
+                field = infer(name, value)
+                if field is not None and (known is None or field.shape == known.shape):
+                    slot[1] = field if known is None or field.type == "float" else known
         if inferred < len(self.seen) and len(self.first_without) < len(self.seen):
             # (once every field has been missing somewhere, nothing is left to note)
             for name in self.seen:
                 if name not in values:
                     self.first_without.setdefault(name, where)
 
-    def _infer(self, name: str, value: Any) -> None:
-        field = infer(name, value)
-        known = self.found.get(name)
-        if field is None:  # an empty list, or null: its type comes later
-            self.found.setdefault(name, None)
-            if isinstance(value, list):
-                self.pending_lists.add(name)
-            return
-        if known is None:
-            self.found[name] = field
-        elif known.type == "int" and field.type == "float" and field.shape == known.shape:
-            self.found[name] = field  # ints so far, a float now: a float field
+    def _chosen(self, name: str) -> Field | None:
+        """The field most of ``name``'s rows agree on (None: only nulls)."""
+        kinds = {t: list(slot) for t, slot in self.kinds[name].items() if t is not type(None)}
+        if int in kinds and float in kinds:  # one kind, numbers: a float field
+            kinds[float][0] += kinds.pop(int)[0]
+        if not kinds:
+            return None
+        _, field = max(kinds.values(), key=lambda slot: slot[0])  # (the first of equals)
+        if field is None:  # only empty lists: a list of floats of any length
+            return Field(name, "float", (-1,))
+        return field
 
     def build(self, where: str = "the source") -> Schema:
         """The schema of every row seen.
 
         Raises:
-            SourceError: a field that only some rows have (``where`` names the source).
+            SourceError: a field that only some rows have, or that is null in every row
+                (``where`` names the source).
         """
-        out = []
-        for name, field in self.found.items():
+        out = list(self.declared.values())
+        for name in self.seen:
+            field = self._chosen(name)
             if field is None:
-                # only empty lists (or nulls) ever: a list of floats of any length
-                field = Field(name, "float", (-1,)) if name in self.pending_lists else None
-            if field is not None:
-                out.append(field)
+                raise SourceError(
+                    f"{where}: field {name!r} is null in every row, which says nothing of its "
+                    "type (and null is no value of any): leave it out of the rows"
+                )
+            out.append(field)
         schema = Schema(out)
         for name, count in self.seen.items():
             if count < self.rows:
@@ -415,10 +427,11 @@ def _text_problem(text: str) -> str | None:
 
 
 def _json_problem(value: Any, depth: int) -> str | None:
-    """Why ``value`` cannot be stored as JSON on both backends, or None."""
-    if depth > MAX_DEPTH:
-        return f"JSON nested deeper than {MAX_DEPTH}"
+    """Why ``value`` cannot be stored as JSON on both backends, or None (``depth``: how many
+    lists and objects hold it, itself included if it is one)."""
     t = type(value)
+    if (t is list or t is dict) and depth > MAX_DEPTH:
+        return f"JSON nested deeper than {MAX_DEPTH}"
     if t is str:
         return _text_problem(value)
     if t is float:

@@ -178,6 +178,13 @@ def test_deep_json_and_infinity_in_a_json_field(tmp_path: Path) -> None:
     assert any("line 2" in r and "deeper than 64" in r for r in reasons)
     assert any("line 3" in r and "inf" in r for r in reasons)
     assert report.count == 1
+    # 64 lists around a number are 64 deep: kept
+    at_limit: Any = 1
+    for _ in range(64):
+        at_limit = [at_limit]
+    rows[1] = json.dumps({"path": "img/1.jpg", "label": "a", "meta": at_limit, "x": 2.5})
+    report = convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "t.lmdb")
+    assert report.count == 2
 
 
 def test_csv_columns_opt_in_with_types(tmp_path: Path) -> None:
@@ -631,3 +638,18 @@ def test_device_decoding_refuses_fields_up_front(tmp_path: Path) -> None:
     ds = LMDBImageDataset(tmp_path / "s.lmdb", fields=["boxes"])
     with pytest.raises(ValueError, match="reads the fields boxes: decode on the CPU"):
         create_loader(ds, batch_size=2, image_size=32, num_workers=0, decode="device")
+
+
+def test_a_fields_type_is_the_one_most_rows_give(tmp_path: Path) -> None:
+    make_images(tmp_path, 5)
+    rows: list[dict[str, Any]] = [
+        {"path": "img/9.jpg", "score": "n/a"},  # odd, first (and its file is missing)
+        *({"path": f"img/{i}.jpg", "score": i} for i in range(4)),
+        {"path": "img/4.jpg", "score": 4.5},
+    ]
+    report = convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
+    assert report.count == 5 and report.fields == ["score:float"]
+    assert len(report.skipped) == 1 and "line 1" in report.skipped[0].reason
+    nulls = [{"path": f"img/{i}.jpg", "note": None} for i in range(2)]
+    with pytest.raises(SourceError, match="'note' is null in every row"):
+        convert(write_jsonl(tmp_path / "n.jsonl", nulls), tmp_path / "n.lmdb")

@@ -449,8 +449,8 @@ def scan_folder(
     ``x.txt`` (any other extension) a UTF-8 string, the field named by the extension. An image
     whose sidecar is missing, unreadable or of another type than the others' is listed as
     unusable with the reason. ``fields`` declares types (``fastdata.fields.parse_field_specs``);
-    the others come from the first image that has them (with ``closed``, there are no others:
-    an image whose sidecar gives another field is unusable).
+    the others are inferred from the values (``fastdata.fields.SchemaBuilder``; with
+    ``closed`` there are no others: an image whose sidecar gives another field is unusable).
 
     Only the folder tree is read; files are not opened. Links to folders are followed, each folder
     is scanned once (a link loop neither repeats images nor hangs), at any depth. Image files that

@@ -360,8 +360,8 @@ def scan_manifest(
             from the manifest's first line (JSON Lines), else as above.
         fields: declared fields (``fastdata.fields.parse_field_specs``): the CSV columns to
             keep, with their types; for JSON Lines, where every key beside ``path`` and
-            ``label`` is a field, the types of those named (the others are inferred from their
-            first value).
+            ``label`` is a field, the types of those named (the others are inferred:
+            ``fastdata.fields.SchemaBuilder``).
         all_fields: keep every other CSV column, as a string unless declared (``--fields '*'``).
         closed: ``fields`` are all the fields there are (an append's: the store's); a JSON
             Lines row with another key is unusable.
