@@ -41,7 +41,8 @@ NUMERIC = ("int", "float", "bool")
 MAX_DEPTH = 64
 """JSON nested deeper than this (objects and lists) is refused."""
 MAX_RANK = 8
-FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MAX = 3.4028235677973362e38
+"""Floats up to this round to a finite float32 (its largest, 3.4028235e38, included)."""
 EXACT = 1 << 53
 """The largest int a float holds exactly (an int read into a float field is at most this)."""
 MAX_ITEMS = 1 << 19
@@ -361,7 +362,7 @@ def _list_shape(value: list[Any]) -> tuple[tuple[int, ...] | None, str | None]:
 def _numbers(value: Any, kind: str, shape: tuple[int, ...], depth: int) -> tuple[Any, str | None]:
     if not shape:
         out, why = _scalar(value, kind)
-        if depth and kind == "float" and why is None and abs(out) > FLOAT32_MAX:
+        if depth and kind == "float" and why is None and abs(out) >= FLOAT32_MAX:
             # a list of floats is read as a float32 array: nothing may become infinite there
             return (
                 None,
@@ -388,7 +389,7 @@ def _plain(items: list[Any], kind: str) -> bool:
     """Whether every item is a value of ``kind`` as stored, nothing to convert or refuse (a
     float: finite, inside float32; NaN fails the comparison)."""
     if kind == "float":
-        return all(type(v) is float and -FLOAT32_MAX <= v <= FLOAT32_MAX for v in items)
+        return all(type(v) is float and -FLOAT32_MAX < v < FLOAT32_MAX for v in items)
     if kind == "int":
         return all(type(v) is int and INT64[0] <= v <= INT64[1] for v in items)
     return all(type(v) is bool for v in items)
@@ -587,10 +588,12 @@ def parse_text_value(field: Field, text: str) -> tuple[Any, str | None]:
             if low in ("true", "false"):
                 return low == "true", None
             return None, f"field {field.name!r}: {cell[:24]!r} is not true or false"
+        kind = "an int" if field.type == "int" else "a number"
+        if not cell.isascii() or "_" in cell:  # (int() and float() take both: JSON does not)
+            return None, f"field {field.name!r}: {cell[:24]!r} is not {kind}"
         try:
             value: Any = int(cell) if field.type == "int" else float(cell)
         except ValueError:
-            kind = "an int" if field.type == "int" else "a number"
             return None, f"field {field.name!r}: {cell[:24]!r} is not {kind}"
         return field.check(value)
     try:
