@@ -214,7 +214,7 @@ def export(
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:
         _listing(
-            f"left out {len(report.damaged)} damaged record(s) (checksum mismatch):",
+            f"left out {len(report.damaged)} damaged record(s) (checksum or fields check failed):",
             report.damaged,
         )
         sys.exit(1)

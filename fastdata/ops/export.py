@@ -33,7 +33,7 @@ class ExportReport:
     kept: int = 0
     """Files that existed with the right bytes (``resume``) and were left as they were."""
     damaged: list[str] = field(default_factory=list)
-    """Records left out because they fail their checksum (``skip_damaged``)."""
+    """Records left out because they fail their checksum or fields check (``skip_damaged``)."""
     repaired: bool = False
     manifest: str = ""
     """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
