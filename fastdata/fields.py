@@ -9,8 +9,8 @@ Types:
 - ``int`` (64-bit signed), ``float`` (64-bit, finite), ``bool``: a scalar, or with a shape a
   list of them: ``float[4]`` (4 numbers), ``int[-1]`` (any number of them), ``float[-1,4]``
   (any number of rows of 4: boxes); only the first dimension may vary;
-- ``json``: any JSON value (objects, lists, strings, numbers), nested at most
-  :data:`MAX_DEPTH` deep.
+- ``json``: any JSON value (objects, lists, strings, numbers, null), nested at most
+  :data:`MAX_DEPTH` deep. No other type takes null.
 
 A field's type never changes between rows: a value of another type, NaN or infinity, a row
 without a field of the schema, a string that is not valid UTF-8 and JSON nested too deep each make
@@ -19,6 +19,7 @@ the row unusable, with the reason (:meth:`Schema.check`).
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -114,7 +115,7 @@ class Field:
         """``(value as stored, None)``, or ``(None, why it is not a value of this field)``.
         An ``int`` given for a ``float`` becomes a float (the type says so); nothing else is
         converted."""
-        if value is None:
+        if value is None and self.type != "json":
             return None, f"field {self.name!r} is null"
         if self.type == "str":
             if type(value) is not str:
@@ -125,7 +126,10 @@ class Field:
             why = _json_problem(value, 1)
             return (value, None) if why is None else (None, f"field {self.name!r}: {why}")
         out, why = _numbers(value, self.type, self.shape, 0)
-        return (out, None) if why is None else (None, f"field {self.name!r}: {why}")
+        if why is None:
+            return out, None
+        kind = f" ({_spec(self.type, self.shape)})" if self.shape else ""
+        return None, f"field {self.name!r}{kind}: {why}"
 
 
 class Schema:
@@ -227,13 +231,16 @@ class SchemaBuilder:
     def __init__(self, declared: Sequence[Field] = (), closed: bool = False) -> None:
         self.closed = closed
         self.declared = {f.name: f for f in declared}
-        self.kinds: dict[str, dict[type, list[Any]]] = {}
-        """Inferred fields: per Python type of their values, ``[rows, field or None]``."""
+        self.kinds: dict[str, dict[Any, list[Any]]] = {}
+        """Inferred fields: per kind of their values (:func:`_kind_key`), ``[rows, field or None,
+        whether an int there is too large for a float]``."""
         self.rows = 0
         self.seen: dict[str, int] = {}
         """Inferred fields: how many rows have each."""
         self.first_without: dict[str, str] = {}
         """Inferred fields: the first row without each (when some row has none)."""
+        self.first_with: dict[str, str] = {}
+        """Inferred fields: the first row with each."""
         self._first_row = ""
 
     def see(self, values: Mapping[str, Any], where: str = "") -> None:
@@ -250,16 +257,20 @@ class SchemaBuilder:
             if count is None:
                 self.seen[name] = 1
                 self.kinds[name] = {}
+                self.first_with[name] = where
                 if self.rows > 1:
                     self.first_without[name] = self._first_row
             else:
                 self.seen[name] = count + 1
             kinds = self.kinds[name]
-            slot = kinds.get(type(value))
+            key = _kind_key(value)
+            slot = kinds.get(key)
             if slot is None:
-                kinds[type(value)] = [1, infer(name, value)]
-                continue
-            slot[0] += 1
+                kinds[key] = slot = [1, infer(name, value), False]
+            else:
+                slot[0] += 1
+            if key is int and not -EXACT <= value <= EXACT:
+                slot[2] = True  # (ints no float holds: they do not make a float field)
             known = slot[1]
             if known is None or (known.type == "int" and known.shape):
                 # an empty list so far, or a list of ints that may hold a float later
@@ -272,39 +283,45 @@ class SchemaBuilder:
                 if name not in values:
                     self.first_without.setdefault(name, where)
 
-    def _chosen(self, name: str) -> Field | None:
-        """The field most of ``name``'s rows agree on (None: only nulls)."""
-        kinds = {t: list(slot) for t, slot in self.kinds[name].items() if t is not type(None)}
-        if int in kinds and float in kinds:  # one kind, numbers: a float field
-            kinds[float][0] += kinds.pop(int)[0]
-        if not kinds:
-            return None
-        _, field = max(kinds.values(), key=lambda slot: slot[0])  # (the first of equals)
-        if field is None:  # only empty lists: a list of floats of any length
-            return Field(name, "float", (-1,))
-        return field
+    def _chosen(self, name: str) -> Field:
+        """The field most of ``name``'s rows agree on (only nulls: a ``json`` one, which holds
+        null)."""
+        kinds = {k: list(slot) for k, slot in self.kinds[name].items() if k is not type(None)}
+        for whole, real in ((int, float), ((list, int, -1), (list, float, -1))):
+            if whole in kinds and real in kinds and not kinds[whole][2]:
+                kinds[real][0] += kinds.pop(whole)[0]  # numbers, ints among them: floats
+        empty = kinds.pop((list, None, -1), None)  # empty lists: any list kind's
+        if not kinds and empty is None:
+            return Field(name, "json")
+        lists = [k for k in kinds if type(k) is tuple]
+        if empty is not None:
+            if not lists:
+                return Field(name, "float", (-1,))  # only empty lists: floats of any length
+            kinds[max(lists, key=lambda k: kinds[k][0])][0] += empty[0]
+        _, field, _ = max(kinds.values(), key=lambda slot: slot[0])  # (the first of equals)
+        return field if field is not None else Field(name, "float", (-1,))
 
     def build(self, where: str = "the source") -> Schema:
         """The schema of every row seen.
 
         Raises:
-            SourceError: a field that only some rows have, or that is null in every row
-                (``where`` names the source).
+            SourceError: a field that only some rows have (``where`` names the source).
         """
-        out = list(self.declared.values())
-        for name in self.seen:
-            field = self._chosen(name)
-            if field is None:
-                raise SourceError(
-                    f"{where}: field {name!r} is null in every row, which says nothing of its "
-                    "type (and null is no value of any): leave it out of the rows"
-                )
-            out.append(field)
+        out = [*self.declared.values(), *(self._chosen(name) for name in self.seen)]
         schema = Schema(out)
         for name, count in self.seen.items():
             if count < self.rows:
                 got = schema.get(name)
                 spec = got.spec if got is not None else f"{name}:json"
+                rarest = min(self.seen, key=lambda k: self.seen[k])
+                like = difflib.get_close_matches(rarest, [k for k in self.seen if k != rarest], 1)
+                if like and self.seen[rarest] < self.seen[like[0]]:
+                    raise SourceError(
+                        f"{where}: {self.seen[rarest]:,} row(s) give the field {rarest!r} and "
+                        f"{self.seen[like[0]]:,} give {like[0]!r}: a misspelling? Every row "
+                        f"must give the same fields (the first row with {rarest!r}: "
+                        f"{self.first_with.get(rarest, 'a row')})"
+                    )
                 raise SourceError(
                     f"{where}: field {name!r} is in {count:,} of {self.rows:,} rows "
                     f"({self.first_without.get(name, 'a row')} has none). A field must be in "
@@ -312,6 +329,18 @@ class SchemaBuilder:
                     "to list the rows without it as unusable"
                 )
         return schema
+
+
+def _kind_key(value: Any) -> Any:
+    """What a value is, for counting which type most rows give: its Python type, or for a list
+    ``(list, its first item's type, that item's length if a list, else -1)``: a list of
+    numbers, of bools, of rows of 4 are told apart at the cost of a look at one item."""
+    if type(value) is not list:
+        return type(value)
+    if not value:
+        return (list, None, -1)
+    first = value[0]
+    return (list, type(first), len(first) if type(first) is list else -1)
 
 
 def infer(name: str, value: Any) -> Field | None:
@@ -592,7 +621,8 @@ def parse_text_value(field: Field, text: str) -> tuple[Any, str | None]:
         if not cell.isascii() or "_" in cell:  # (int() and float() take both: JSON does not)
             return None, f"field {field.name!r}: {cell[:24]!r} is not {kind}"
         try:
-            value: Any = int(cell) if field.type == "int" else float(cell)
+            whole = cell.lstrip("+-").isdigit()  # (an int in a float column: checked as one)
+            value: Any = int(cell) if field.type == "int" or whole else float(cell)
         except ValueError:
             return None, f"field {field.name!r}: {cell[:24]!r} is not {kind}"
         return field.check(value)

@@ -138,8 +138,9 @@ class RecordHeader:
         try:
             text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
             d = _decode_json(text)  # (json.loads, less its checks of the encoding)
-        except ValueError as exc:
-            raise RecordError(f"{where}: record header is not valid JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deep" if isinstance(exc, RecursionError) else exc
+            raise RecordError(f"{where}: record header is not valid JSON ({why})") from None
         return cls.from_dict(d, where)
 
     @classmethod
@@ -273,6 +274,10 @@ class Progress:
     first_index: int = 0
     base_id: str = ""
     max_file_bytes: int = 0
+    fields: str = ""
+    """The run's fields as ``--fields`` declares them (its resume gives them again)."""
+    sidecars: str = ""
+    """The run's ``--sidecars``, comma-separated."""
 
     @property
     def next_index(self) -> int:
@@ -315,8 +320,11 @@ class Progress:
             progress.total_bytes,
             progress.first_index,
         )
-        if not all(type(v) is int and v >= 0 for v in ints) or not (
-            progress.count <= progress.next_sample <= progress.total
+        if (
+            not all(type(v) is int and v >= 0 for v in ints)
+            or not (progress.count <= progress.next_sample <= progress.total)
+            or not isinstance(progress.fields, str)
+            or not isinstance(progress.sidecars, str)
         ):
             raise StoreError(
                 f"{where}: damaged conversion progress (counts out of range); convert again "
@@ -334,6 +342,8 @@ class Progress:
             *(["--append"] if self.base_id else []),
             *(["--verify-decode"] if self.verify_decode else []),
             *([f"--max-file-size {self.max_file_bytes}"] if self.max_file_bytes else []),
+            *([f"--sidecars {shlex.quote(self.sidecars)}"] if self.sidecars else []),
+            *([f"--fields {shlex.quote(self.fields)}"] if self.fields else []),
         ]
 
     def resume_command(self, destination: str) -> str:
@@ -373,6 +383,10 @@ class Progress:
         if os.path.realpath(self.source) != os.path.realpath(other.source):
             return f"it was started from {self.source}, not {other.source}"
         if self.fingerprint != other.fingerprint:
+            mine = (self.fields, self.sidecars)
+            if any(mine) and mine != (other.fields, other.sidecars):
+                flags = [f for f in self.options() if f.startswith(("--fields", "--sidecars"))]
+                return f"it was started with {' '.join(flags)}"
             return f"the source {other.source} changed since it started"
         given = other.max_file_bytes
         if given and given != (self.max_file_bytes or given):
@@ -562,8 +576,9 @@ class StoreMeta:
     def from_json(cls, raw: bytes | str | memoryview, where: str) -> StoreMeta:
         try:
             d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
-        except ValueError as exc:
-            raise StoreError(f"{where}: metadata is not valid JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deep" if isinstance(exc, RecursionError) else exc
+            raise StoreError(f"{where}: metadata is not valid JSON ({why})") from None
         return cls.from_dict(d, where)
 
 

@@ -4,6 +4,7 @@ stored, read, selected, batched and moved exactly, on both backends."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -353,6 +354,9 @@ def test_fields_on_mongodb_are_queryable_and_copy_round_trips(
         mongo_uri, "det", output="bytes", where={"fields.caption": {"$regex": "thing 5"}}
     )
     assert len(text) == 1
+    # a field named without "fields.": refused, not an empty selection
+    with pytest.raises(ValueError, match="use 'fields.boxes.2': the fields are under 'fields'"):
+        MongoImageDataset(mongo_uri, "det", output="bytes", where={"boxes.2": {"$exists": True}})
     # and back: the same headers, byte for byte
     copy_store(mongo_uri, str(tmp_path / "back.lmdb"), source_collection="det")
     a = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
@@ -566,14 +570,16 @@ def test_nothing_a_hostile_row_holds_is_kept_in_part(tmp_path: Path) -> None:
     rows = [
         '{"path": "img/0.jpg", "caption": "a", "caption": "b", "n": 1}',  # a key twice
         '{"path": "img/1.jpg", "caption": "ok", "n": 9007199254740993}',  # over 2**53
-        '{"path": "img/2.jpg", "caption": "ok", "n": 0.5}',  # a float: the field is a float
+        '{"path": "img/2.jpg", "caption": "ok", "n": 0.5}',  # a float: ints no float holds win
         '{"path": "img/3.jpg", "caption": "ok", "n": 3}',
     ]
     report = convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
     reasons = sorted(s.reason for s in report.skipped)
     assert report.count == 2 and len(reasons) == 2
     assert "line 1" in reasons[0] and "'caption' is given twice" in reasons[0]
-    assert "line 2" in reasons[1] and "too large for a float to hold exactly" in reasons[1]
+    assert "line 3" in reasons[1] and "0.5 is a float where the field is an int" in reasons[1]
+    kept = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
+    assert kept[0][2]["n"] == 9007199254740993
     # CSV: a cell too many is the row's problem, not dropped; a cell over the csv module's
     # limit neither stops a row early nor turns the rest of its text into rows
     big = "x" * 150_000 + "\nimg/4.jpg,a,INJECTED\n" + "y" * 10
@@ -627,6 +633,13 @@ def test_sidecars_shared_by_two_images_and_mask_names(tmp_path: Path) -> None:
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
     with pytest.raises(ValueError, match="boxes_mask, which is a field of the store too"):
         collate_fields([ds[0][2], ds[1][2]], schema=ds.field_schema, pad=True)
+    from fastdata import create_loader
+
+    with pytest.raises(ValueError, match="boxes_mask, which is a field of the store too"):
+        create_loader(
+            LMDBImageDataset(tmp_path / "s.lmdb", fields="*"),
+            batch_size=2, image_size=32, num_workers=0, pad_fields=True,
+        )  # fmt: skip
 
 
 def test_device_decoding_refuses_fields_up_front(tmp_path: Path) -> None:
@@ -650,6 +663,112 @@ def test_a_fields_type_is_the_one_most_rows_give(tmp_path: Path) -> None:
     report = convert(write_jsonl(tmp_path / "m.jsonl", rows), tmp_path / "s.lmdb")
     assert report.count == 5 and report.fields == ["score:float"]
     assert len(report.skipped) == 1 and "line 1" in report.skipped[0].reason
-    nulls = [{"path": f"img/{i}.jpg", "note": None} for i in range(2)]
-    with pytest.raises(SourceError, match="'note' is null in every row"):
-        convert(write_jsonl(tmp_path / "n.jsonl", nulls), tmp_path / "n.lmdb")
+    # lists too: the kind most rows give (an odd first list, bools among ints); ids no float
+    # holds stay ints whatever one float row says
+    odd: list[dict[str, Any]] = [
+        {"path": "img/0.jpg", "xs": [[1, 2]], "flags": [1, 0], "id": 2**60},
+        *({"path": f"img/{i}.jpg", "xs": [i, 2, 3], "flags": [True], "id": 2**60 + i} for i in (1, 2, 3)),
+        {"path": "img/4.jpg", "xs": [], "flags": [False], "id": 1.5},
+    ]
+    report = convert(write_jsonl(tmp_path / "o.jsonl", odd), tmp_path / "o.lmdb")
+    assert report.fields == ["xs:int[-1]", "flags:bool[-1]", "id:int"]
+    assert report.count == 3 and sorted(s.reason[:6] for s in report.skipped) == ["line 1", "line 5"]
+    # null is a value of json fields only: a key null in every row is one; an object or null
+    nulls = [{"path": f"img/{i}.jpg", "note": None, "ann": {"k": i} if i else None} for i in range(2)]
+    report = convert(write_jsonl(tmp_path / "n.jsonl", nulls), tmp_path / "n.lmdb")
+    assert report.count == 2 and report.fields == ["note:json", "ann:json"]
+    ds = LMDBImageDataset(tmp_path / "n.lmdb", output="bytes", fields="*")
+    assert [v for _, _, v in ds.__getitems__([0, 1])] == [
+        {"note": None, "ann": None},
+        {"note": None, "ann": {"k": 1}},
+    ]
+    # a key one row misspells: named as such
+    typo = [{"path": f"img/{i}.jpg", "caption": "c"} for i in range(4)]
+    typo[2] = {"path": "img/2.jpg", "captoin": "c"}
+    with pytest.raises(SourceError, match="1 row.s. give the field 'captoin' and 3 give 'caption'"):
+        convert(write_jsonl(tmp_path / "t.jsonl", typo), tmp_path / "t.lmdb")
+
+
+def test_a_killed_conversion_with_fields_resumes_as_printed(tmp_path: Path) -> None:
+    import shlex
+    import signal
+
+    from .procs import KILLED_CONVERT, run_script
+
+    make_images(tmp_path, 8)
+    (tmp_path / "m.csv").write_text(
+        "path,label,score\n" + "".join(f"img/{i}.jpg,a,{i}\n" for i in range(8)), encoding="utf-8"
+    )
+    code = KILLED_CONVERT.replace("commit_records=2,", "commit_records=2, fields='score:float',")
+    dst = tmp_path / "s.lmdb"
+    result = run_script(code, tmp_path / "m.csv", dst, 2)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    info = cli("info", str(dst))
+    printed = info.stderr.split("`")[1]
+    assert "--fields score:float" in printed and "--resume" in printed
+    done = cli(*shlex.split(printed)[1:], "-q")
+    assert done.returncode == 0, done.stderr
+    ds = LMDBImageDataset(dst, output="bytes", fields="*")
+    assert [v["score"] for _, _, v in ds.__getitems__(range(8))] == [float(i) for i in range(8)]
+
+
+def test_sidecars_that_are_all_empty_make_a_store_without_fields(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for i in range(2):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+        (root / "a" / f"{i}.json").write_text("{}", encoding="utf-8")
+    report = convert(root, tmp_path / "s.lmdb", sidecars="json")
+    assert report.count == 2 and report.fields == []
+    assert cli("verify", str(tmp_path / "s.lmdb")).returncode == 0
+
+
+@pytest.mark.mongo
+def test_64_bit_ints_round_trip_through_mongodb(tmp_path: Path, mongo_uri: str) -> None:
+    from fastdata import MongoImageDataset
+    from fastdata.ops.copy import copy_store
+
+    make_images(tmp_path, 2)
+    rows = [
+        {"path": "img/0.jpg", "id": 3_000_000_000, "ids": [1, -(2**40)], "m": {"k": 2**62}},
+        {"path": "img/1.jpg", "id": 1, "ids": [], "m": {"k": 1}},
+    ]
+    convert(write_jsonl(tmp_path / "m.jsonl", rows), mongo_uri, collection="i64")
+    assert cli("verify", mongo_uri, "--collection", "i64").returncode == 0
+    ds = MongoImageDataset(mongo_uri, "i64", output="bytes", fields="*")
+    values = ds[0][2]
+    assert values["id"] == 3_000_000_000 and type(values["id"]) is int
+    assert values["m"] == {"k": 2**62} and type(values["m"]["k"]) is int
+    copy_store(mongo_uri, str(tmp_path / "back.lmdb"), source_collection="i64")
+    convert(tmp_path / "m.jsonl", tmp_path / "direct.lmdb")
+    a = LMDBImageDataset(tmp_path / "direct.lmdb", output="bytes")
+    b = LMDBImageDataset(tmp_path / "back.lmdb", output="bytes")
+    assert [h.to_json() for h in all_headers(a)] == [h.to_json() for h in all_headers(b)]
+
+
+def test_typed_text_sidecars_big_csv_ints_and_names_of_other_bytes(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for i in range(2):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+        (root / "a" / f"{i}.cls").write_text(f"{i + 3}\n", encoding="utf-8")
+    report = convert(root, tmp_path / "s.lmdb", sidecars="cls", fields="cls:int")
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes", fields="*")
+    assert report.fields == ["cls:int"] and [ds[i][2]["cls"] for i in range(2)] == [3, 4]
+    # a whole number too large for a float, in a float column: refused, not rounded
+    make_images(tmp_path, 2)
+    (tmp_path / "m.csv").write_text(
+        "path,v\nimg/0.jpg,9007199254740993\nimg/1.jpg,2.5\n", encoding="utf-8"
+    )
+    report = convert(tmp_path / "m.csv", tmp_path / "c.lmdb", fields="v:float")
+    assert report.count == 1 and "too large for a float" in report.skipped[0].reason
+    # a manifest path of bytes that are not UTF-8: exported and converted back as they were
+    odd = tmp_path.joinpath(os.fsdecode(b"img/\xff.jpg"))
+    write(odd, jpeg_bytes(seed=9))
+    (tmp_path / "o.jsonl").write_bytes(b'{"path": "img/\xff.jpg", "n": 1}\n')
+    convert(tmp_path / "o.jsonl", tmp_path / "o.lmdb")
+    out = cli("export", str(tmp_path / "o.lmdb"), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    again = cli(*printed_command(out.stdout, "convert back with:"), "-q")
+    assert again.returncode == 0, again.stderr
+    a = LMDBImageDataset(tmp_path / "o.lmdb", output="bytes")
+    b = LMDBImageDataset(tmp_path / "out.lmdb", output="bytes")
+    assert [h.to_json() for h in all_headers(a)] == [h.to_json() for h in all_headers(b)]

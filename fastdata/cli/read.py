@@ -80,13 +80,13 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
         click.echo(f"classes:    {facts['classes']}")
     if facts.get("class_order") == "appended":
         click.echo("            (in the order they were added, not sorted: --append added some)")
-    if facts.get("appends"):
-        click.echo(f"appends:    {facts['appends']} (readers of earlier versions read on)")
     shown = list(counts.items())
     for name, n in shown[:20]:
         click.echo(f"  {n:>8}  {name}")
     if len(shown) > 20:
         click.echo(f"  ... and {len(shown) - 20} more")
+    if facts.get("appends"):
+        click.echo(f"appends:    {facts['appends']} (readers of earlier versions read on)")
     for note in facts.get("interrupted", []):
         click.echo(f"note:       {note}")
     if list_skipped:

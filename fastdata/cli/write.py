@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 import click
@@ -281,8 +282,9 @@ def _render_convert(report: ConvertReport) -> None:
                 "path and label, the old record kept:",
                 (f"{old} -> {new}" for old, new in report.moved),
             )
-        if report.new_classes:
-            click.echo(f"new classes, added at the end: {', '.join(report.new_classes)}")
+        added_classes = [c for c in report.new_classes if c in report.classes]
+        if added_classes:
+            click.echo(f"new classes, added at the end: {', '.join(added_classes)}")
         if report.class_order != "sorted":
             click.echo(
                 "note: the class order is no longer ImageFolder's (sorted): labels already "
@@ -322,6 +324,18 @@ def _render_convert(report: ConvertReport) -> None:
     _counted(f"{title} (end-of-image marker appended)", repaired, report.repaired_names)
     if report.non_image_files:
         _counted("non-image files ignored", report.non_image_files, report.non_image_names)
+        exts = sorted({n.rpartition(".")[2] for n in report.non_image_names} & {"json", "txt"})
+        if exts and not report.fields:
+            click.echo(
+                f"  (files beside the images that hold their fields? --sidecars {','.join(exts)} "
+                "stores them with each image)"
+            )
+    if report.unused_columns:
+        names = ",".join(report.unused_columns)
+        click.echo(
+            f"CSV columns not stored: {names} (keep them with --fields {shlex.quote(names)}, "
+            "with a type each where not text)"
+        )
     if report.skipped:
         _listing(
             f"skipped {len(report.skipped)} unusable file(s):",

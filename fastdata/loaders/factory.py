@@ -404,4 +404,13 @@ def _collate_for(dataset: Any, pad: bool) -> Callable[[list[Any]], Any]:
     schema = getattr(dataset, "field_schema", None)
     if not getattr(dataset, "fields", None) or schema is None:
         return fast_collate
+    if pad:  # (refused here, not at the first batch)
+        names = set(schema.names)
+        for f in schema.fields:
+            if not f.fixed and f.type in ("int", "float", "bool") and f"{f.name}_mask" in names:
+                raise ValueError(
+                    f"pad_fields=True: padding {f.name!r} makes its mask {f.name}_mask, which "
+                    "is a field of the store too: leave one of them out of fields=, or pass "
+                    "pad_fields=False"
+                )
     return functools.partial(fast_collate, schema=schema, pad=pad)

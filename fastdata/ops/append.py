@@ -230,6 +230,12 @@ def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
     if scan.labelled != base.labelled:
         has = "has classes" if base.labelled else "has no classes (its manifest had no labels)"
         raise SourceError(f"{source}: the store {has}; the source must be the same")
+    if not schema and scan.schema:
+        raise SourceError(
+            f"{source}: the store has no fields, and an append keeps a store's fields as they "
+            f"are: to store {scan.schema.describe()}, convert the source again into a new store "
+            "(or over this one with --overwrite)"
+        )
     if set(scan.schema.names) != set(schema.names):
         other = sorted(set(scan.schema.names) ^ set(schema.names))
         raise SourceError(

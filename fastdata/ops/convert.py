@@ -321,6 +321,10 @@ def _scan_for_store(
     Raises:
         UsageError: ``--fields`` or ``--sidecars`` given, other than the store's.
     """
+    if is_manifest(source) != (base.layout == "manifest"):
+        # a folder against a manifest's store, or the other way round: refused by the plan,
+        # which says so (the store's fields would not apply)
+        return _scan(source, classes, strict, drop_unlisted, fields, sidecars)
     schema = base.schema
     flags = f"--fields {shlex.quote(schema.describe(','))}" if schema else ""
     if base.sidecars:
@@ -434,6 +438,8 @@ class _Run:
             verify_decode=self.options.verify_decode,  # type: ignore[arg-type]
             skipped=list(self.scan.unusable),
             max_file_bytes=self.options.max_file_bytes or 0,
+            fields=self.scan.schema.describe(","),
+            sidecars=",".join(self.scan.sidecars),
         )
         state = self.writer.start(fresh, overwrite=overwrite, resume=resume)
         if state is None:
@@ -609,6 +615,7 @@ class _Run:
             skipped=list(skipped),
             non_image_files=self.scan.skipped_files,
             non_image_names=list(self.scan.non_image_names),
+            unused_columns=list(self.scan.unused_columns),
             total_bytes=meta.total_bytes,
             seconds=time.perf_counter() - self.started,
             resumed_from=resumed_from,

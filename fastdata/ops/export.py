@@ -175,7 +175,11 @@ def export_store(
             if meta.labelled:
                 row["label"] = meta.classes[int(rec.header.label)]
             row.update(_in_order(values, schema))
-            rows.append(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+            try:
+                line = json.dumps(row, ensure_ascii=False).encode()
+            except UnicodeEncodeError:  # a name of bytes that are not UTF-8: \udcXX escapes
+                line = json.dumps(row).encode()  # (which the manifest reader turns back)
+            rows.append(line + b"\n")
         if data is not None:
             _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
             if meta.sidecars and rows is None:

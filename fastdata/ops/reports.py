@@ -67,6 +67,8 @@ class ConvertReport:
     fields: list[str] = field(default_factory=list)
     reader_threads: list[int] = field(default_factory=list)
     non_image_names: list[str] = field(default_factory=list)
+    unused_columns: list[str] = field(default_factory=list)
+    """A CSV manifest's columns not stored (neither path, label nor named by ``--fields``)."""
     repaired_names: list[str] = field(default_factory=list)
     """The first images this run repaired, by name."""
     appended: bool = False

@@ -23,7 +23,15 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import SourceError
-from ..fields import Field, Schema, SchemaBuilder, canonical, check_name, unique_keys
+from ..fields import (
+    Field,
+    Schema,
+    SchemaBuilder,
+    canonical,
+    check_name,
+    parse_text_value,
+    unique_keys,
+)
 from ..packed import PackedStrings
 from ..records import SkippedFile
 
@@ -244,6 +252,8 @@ class FolderScan:
     """The sidecar extensions read beside each image (``json``, ``txt``, ...)."""
     labelled: bool = True
     """Whether samples have classes (a manifest without labels has none: every label -1)."""
+    unused_columns: tuple[str, ...] = ()
+    """A CSV manifest's columns that are neither path, label nor a field (not stored)."""
     class_to_idx: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -512,7 +522,10 @@ def scan_folder(
     schema = Schema()
     if side is not None and len(built):
         schema = side.builder.build(f"{root_path} (--sidecars {','.join(sidecars)})")
-        built = checked_fields(built, schema, walk.unusable)
+        if schema:
+            built = checked_fields(built, schema, walk.unusable)
+        else:  # (every sidecar an empty object: no fields, and none in the records)
+            built = Samples(built.packed_names, built.labels.copy())
     if not len(built):
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in walk.unusable[:3])
         raise SourceError(
@@ -559,6 +572,8 @@ class _Sidecars:
     def __init__(self, sidecars: list[str], declared: Sequence[Field], closed: bool) -> None:
         self.sidecars = sidecars
         self.builder = SchemaBuilder(declared, closed)
+        self.typed = {f.name: f for f in declared if f.type != "str"}
+        """Text sidecars declared of another type (``--fields cls:int``): parsed as such."""
 
     def read(self, image_path: str, name: str, siblings: set[str]) -> bytes | str:
         base = os.path.basename(image_path).rpartition(".")[0]
@@ -580,7 +595,14 @@ class _Sidecars:
             if ext != "json":
                 if ext in values:
                     return f"field {ext!r} comes from {file} and from {base}.json"
-                values[ext] = text
+                typed = self.typed.get(ext)
+                if typed is None:
+                    values[ext] = text
+                    continue
+                value, why = parse_text_value(typed, text)
+                if why is not None:
+                    return f"its sidecar {file}: {why}"
+                values[ext] = value
                 continue
             try:
                 obj = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=unique_keys)

@@ -101,6 +101,8 @@ class _Rows:
         self.star = star
         self.columns: list[str] = []
         """The CSV columns taken as fields, in order."""
+        self.unused: list[str] = []
+        """The CSV columns neither path, label nor a field."""
 
     def _lines(self, f: Any) -> Iterator[tuple[int, str | None]]:
         """``(line number, text)``; the text is None for a line over ``MAX_ROW_BYTES`` bytes
@@ -256,6 +258,9 @@ class _Rows:
                     raise SourceError(why)
                 out[h] = i
         self.columns = list(out)
+        self.unused = [
+            h for h in header if h and h.lower() not in ("path", "label") and h not in out
+        ]
         return out
 
     def _jsonl(self, f: Any) -> Iterator[tuple[int, str | None, Any, Any]]:
@@ -492,6 +497,7 @@ def scan_manifest(
         source=os.path.realpath(path),
         schema=schema,
         labelled=labelled,
+        unused_columns=tuple(rows.unused),
     )
 
 

@@ -137,4 +137,34 @@ def _names_from_bson(doc: dict[str, Any]) -> dict[str, Any]:
             {**item, "name": text(item.get("name"))} if isinstance(item, dict) else item
             for item in out["skipped"]
         ]
+    if "fields" in out and isinstance(out["fields"], dict):
+        out["fields"] = _plain(out["fields"])
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Field values as JSON gives them: BSON's 64-bit integers (``bson.int64.Int64``, an int
+    of another type) as plain ints, in lists and objects too (iteratively: a damaged document
+    may nest deeply)."""
+    if type(value) is dict:
+        out: Any = {}
+    elif type(value) is list:
+        out = []
+    else:
+        return int(value) if isinstance(value, int) and type(value) not in (int, bool) else value
+    stack = [(value, out)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if type(source) is dict else enumerate(source)
+        for key, item in items:
+            if type(item) is dict or type(item) is list:
+                inner: Any = {} if type(item) is dict else []
+                stack.append((item, inner))
+                item = inner
+            elif isinstance(item, int) and type(item) not in (int, bool):
+                item = int(item)
+            if type(target) is dict:
+                target[key] = item
+            else:
+                target.append(item)
     return out

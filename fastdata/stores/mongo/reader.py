@@ -283,6 +283,7 @@ class MongoStore(_MongoTarget, StoreReader):
         predicate as in every backend."""
         if not isinstance(where, dict):
             return super().matching(where)
+        self._check_filter(where)
         n = len(self)
         query = {"$and": [where, {"_id": {"$gte": 0, "$lt": n}}]}
 
@@ -292,6 +293,42 @@ class MongoStore(_MongoTarget, StoreReader):
 
         found = self._run(f"selecting records with where={where!r:.200}", run)
         return np.unique(np.asarray([int(i) for i in found if type(i) is int], dtype=np.int64))
+
+    def _check_filter(self, where: dict[str, Any]) -> None:
+        """Refuse a filter on a key the records do not have at their top level (a field's
+        name without ``fields.``), which would match nothing without a word.
+
+        Raises:
+            ValueError: the key, and what it should be.
+        """
+        known = {"_id", "name", "label", "size", "crc32", "format", "repaired", "fields"}
+        known |= {"fields_crc32", "data", "chunks", "gridfs_id"}
+        stack: list[Any] = [where]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+                continue
+            if not isinstance(item, dict):
+                continue
+            for key, value in item.items():
+                if not isinstance(key, str):
+                    continue
+                if key.startswith("$"):
+                    stack.append(value)  # ($and, $or, $nor: filters inside)
+                    continue
+                head = key.split(".", 1)[0]
+                if head in known:
+                    continue
+                names = self.meta.schema.names
+                hint = (
+                    f"'fields.{key}': the fields are under 'fields'"
+                    if head in names
+                    else f"a record's own keys, or 'fields.<name>' ({', '.join(names) or 'none'})"
+                )
+                raise ValueError(
+                    f"{self.location}: where= filters on {key!r}, which no record has; use {hint}"
+                )
 
     def record_names(self) -> PackedStrings:
         """The names alone, in one query that returns no image bytes."""

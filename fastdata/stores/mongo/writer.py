@@ -17,6 +17,7 @@ import numpy as np
 from ...errors import (
     StoreError,
 )
+from ...fields import canonical
 from ...records import (
     LABEL_DTYPE,
     Progress,
@@ -280,7 +281,12 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 **_to_bson(rec.header.to_dict()),
                 "store": self._store_id,
             }
-            if len(rec.data) > GRIDFS_THRESHOLD:
+            fields = rec.header.fields
+            beside = 0  # the document's other bytes: its fields may be megabytes too
+            if fields:
+                encoded = rec.header.encoded_fields
+                beside = len(encoded if encoded is not None else canonical(fields))
+            if len(rec.data) + beside > GRIDFS_THRESHOLD:
                 file_id = f"{self._store_id}:{rec.index}"
                 bucket = _gridfs(self._conn.db(), bucket_name)
                 self._run(
