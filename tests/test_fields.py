@@ -619,6 +619,16 @@ def test_damaged_fields_are_never_copied_or_exported(tmp_path: Path) -> None:
     assert kept.returncode != 0 or "left out 2" in kept.stdout + kept.stderr
     manifest = (tmp_path / "out2" / "manifest.jsonl").read_text(encoding="utf-8")
     assert "EVIL" not in manifest and "img/1.jpg" not in manifest and "img/0.jpg" in manifest
+    # a header that is not one at all (its fields not an object): left out the same way
+    env = lmdb.open(str(tmp_path / "s.lmdb"), subdir=True)
+    with env.begin(write=True) as txn:
+        key = b"#0000000001"
+        txn.put(key, txn.get(key).replace(b'"fields":{', b'"fields":5,"x":{'))
+    env.close()
+    kept = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out3"), "--skip-damaged")
+    assert "Traceback" not in kept.stderr and "record 1" in kept.stdout + kept.stderr
+    manifest = (tmp_path / "out3" / "manifest.jsonl").read_text(encoding="utf-8")
+    assert "img/0.jpg" in manifest and "img/1.jpg" not in manifest
 
 
 def test_sidecars_shared_by_two_images_and_mask_names(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,7 +163,7 @@ def export_store(
             head["fields"] = [f.spec for f in schema.fields]
         rows = [json.dumps(head).encode() + b"\n"] if head else []
     sidecars_written: dict[str, tuple[str, bytes]] = {}
-    for done, rec in enumerate(reader.iter_records(batch_size), 1):
+    for done, rec in enumerate(_records(reader, batch_size, skip_damaged, report), 1):
         data = _checked(reader, rec, skip_damaged, report, schema)
         name = rec.header.name
         values = rec.header.fields or {}
@@ -217,6 +217,30 @@ def export_store(
         report.manifest = str(out / EXPORTED_MANIFEST)
     report.convert_back = _convert_back(out, report.manifest, meta)
     return report
+
+
+def _records(
+    reader: StoreReader, batch_size: int, skip_damaged: bool, report: ExportReport
+) -> Iterator[Record]:
+    """Every record in index order; with ``skip_damaged``, one that cannot even be read (a
+    header that is not one) is listed in the report as ``record N`` and the rest go on."""
+    n = len(reader)
+    with reader.sequential():
+        for start in range(0, n, batch_size):
+            span = range(start, min(n, start + batch_size))
+            try:
+                batch = reader.read_records(span)
+            except RecordError:
+                if not skip_damaged:
+                    raise
+                batch = []
+                for i in span:  # the batch again, one at a time, to find the damaged ones
+                    try:
+                        batch.extend(reader.read_records([i]))
+                    except RecordError as exc:
+                        log.warning("%s; skipped", exc)
+                        report.damaged.append(f"record {i}")
+            yield from batch
 
 
 def _in_order(values: dict[str, Any], schema: Schema) -> dict[str, Any]:
