@@ -338,8 +338,7 @@ def _scan_for_store(
                 f"{source}: the store's fields are {schema.describe() or 'none'}; an append "
                 f"keeps them: leave --fields out (or give {flags})"
             )
-    given = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
-    given = [ext.strip().lstrip(".") for item in given for ext in item.split(",") if ext.strip()]
+    given = [ext.strip().lstrip(".") for ext in _sidecar_words(sidecars)]
     if given and given != list(base.sidecars):
         raise UsageError(
             f"{source}: the store's sidecars are {','.join(base.sidecars) or 'none'}; an append "
@@ -357,6 +356,12 @@ def _scan_for_store(
     )
 
 
+def _sidecar_words(sidecars: Sequence[str] | str | None) -> list[str]:
+    """``--sidecars`` as extensions: ``"json,txt"`` or ``["json", "txt"]``."""
+    items = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
+    return [ext for item in items for ext in item.split(",") if ext.strip()]
+
+
 def _scan(
     source: str | os.PathLike[str],
     classes: Sequence[str] | None,
@@ -369,8 +374,7 @@ def _scan(
     """The samples of a folder or a manifest; with ``strict``, none may be unusable;
     ``closed``: the declared fields are all there are (an append's)."""
     declared, star = parse_field_specs(fields) if fields is not None else ([], False)
-    side = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
-    side = [ext for item in side for ext in item.split(",") if ext.strip()]
+    side = _sidecar_words(sidecars)
     if is_manifest(source):
         if side:
             raise UsageError(
