@@ -207,7 +207,8 @@ class Schema:
             out[field.name] = value
         if len(values) != len(out):
             extra = next(k for k in values if k not in self._by_name)
-            return None, f"field {extra!r} is not one of the fields ({', '.join(self.names)})"
+            names = ", ".join(self.names) or "none"
+            return None, f"field {extra!r} is not one of the fields ({names})"
         return out, None
 
     def describe(self, sep: str = ", ") -> str:
@@ -232,7 +233,7 @@ class SchemaBuilder:
         self.closed = closed
         self.declared = {f.name: f for f in declared}
         self.kinds: dict[str, dict[Any, list[Any]]] = {}
-        """Inferred fields: per kind of their values (:func:`_kind_key`), ``[rows, field or None,
+        """Inferred fields: per kind of their values (:func:`_kind_of`), ``[rows, field,
         whether an int there is too large for a float]``."""
         self.rows = 0
         self.seen: dict[str, int] = {}
@@ -262,21 +263,14 @@ class SchemaBuilder:
                     self.first_without[name] = self._first_row
             else:
                 self.seen[name] = count + 1
+            key, field, big = _kind_of(name, value)
             kinds = self.kinds[name]
-            key = _kind_key(value)
             slot = kinds.get(key)
             if slot is None:
-                kinds[key] = slot = [1, infer(name, value), False]
+                kinds[key] = [1, field, big]
             else:
                 slot[0] += 1
-            if key is int and not -EXACT <= value <= EXACT:
-                slot[2] = True  # (ints no float holds: they do not make a float field)
-            known = slot[1]
-            if known is None or (known.type == "int" and known.shape):
-                # an empty list so far, or a list of ints that may hold a float later
-                field = infer(name, value)
-                if field is not None and (known is None or field.shape == known.shape):
-                    slot[1] = field if known is None or field.type == "float" else known
+                slot[2] = slot[2] or big
         if inferred < len(self.seen) and len(self.first_without) < len(self.seen):
             # (once every field has been missing somewhere, nothing is left to note)
             for name in self.seen:
@@ -284,22 +278,26 @@ class SchemaBuilder:
                     self.first_without.setdefault(name, where)
 
     def _chosen(self, name: str) -> Field:
-        """The field most of ``name``'s rows agree on (only nulls: a ``json`` one, which holds
-        null)."""
-        kinds = {k: list(slot) for k, slot in self.kinds[name].items() if k is not type(None)}
-        for whole, real in ((int, float), ((list, int, -1), (list, float, -1))):
-            if whole in kinds and real in kinds and not kinds[whole][2]:
-                kinds[real][0] += kinds.pop(whole)[0]  # numbers, ints among them: floats
-        empty = kinds.pop((list, None, -1), None)  # empty lists: any list kind's
-        if not kinds and empty is None:
-            return Field(name, "json")
-        lists = [k for k in kinds if type(k) is tuple]
+        """The field of the kind most of ``name``'s rows give (the first seen of equals)."""
+        kinds = {k: list(slot) for k, slot in self.kinds[name].items()}
+        for key in list(kinds):
+            # ints where floats are too: one kind, floats (unless an int is one no float holds)
+            real: Any = None
+            if key is int:
+                real = float
+            elif type(key) is tuple and key[1] == "int":
+                real = ("list", "float", key[2])
+            if real in kinds and not kinds[key][2]:
+                kinds[real][0] += kinds.pop(key)[0]
+        empty = kinds.pop(EMPTY, None)  # empty lists go with the lists most rows give
         if empty is not None:
-            if not lists:
-                return Field(name, "float", (-1,))  # only empty lists: floats of any length
-            kinds[max(lists, key=lambda k: kinds[k][0])][0] += empty[0]
-        _, field, _ = max(kinds.values(), key=lambda slot: slot[0])  # (the first of equals)
-        return field if field is not None else Field(name, "float", (-1,))
+            lists = [k for k in kinds if type(k) is tuple]
+            if lists:
+                kinds[max(lists, key=lambda k: kinds[k][0])][0] += empty[0]
+            else:
+                kinds[EMPTY] = [empty[0], Field(name, "float", (-1,)), False]
+        _, field, _ = max(kinds.values(), key=lambda slot: slot[0])
+        return field
 
     def build(self, where: str = "the source") -> Schema:
         """The schema of every row seen.
@@ -315,7 +313,8 @@ class SchemaBuilder:
                 spec = got.spec if got is not None else f"{name}:json"
                 rarest = min(self.seen, key=lambda k: self.seen[k])
                 like = difflib.get_close_matches(rarest, [k for k in self.seen if k != rarest], 1)
-                if like and self.seen[rarest] < self.seen[like[0]]:
+                # (a misspelling when the two never meet: their rows add up to all of them)
+                if like and self.seen[rarest] + self.seen[like[0]] == self.rows:
                     raise SourceError(
                         f"{where}: {self.seen[rarest]:,} row(s) give the field {rarest!r} and "
                         f"{self.seen[like[0]]:,} give {like[0]!r}: a misspelling? Every row "
@@ -331,16 +330,27 @@ class SchemaBuilder:
         return schema
 
 
-def _kind_key(value: Any) -> Any:
-    """What a value is, for counting which type most rows give: its Python type, or for a list
-    ``(list, its first item's type, that item's length if a list, else -1)``: a list of
-    numbers, of bools, of rows of 4 are told apart at the cost of a look at one item."""
-    if type(value) is not list:
-        return type(value)
-    if not value:
-        return (list, None, -1)
-    first = value[0]
-    return (list, type(first), len(first) if type(first) is list else -1)
+EMPTY = ("list", None, ())
+"""The kind of an empty list (it says nothing of its numbers)."""
+
+
+def _kind_of(name: str, value: Any) -> tuple[Any, Field, bool]:
+    """What a value is, for counting which kind most rows give: ``(key, the field it implies,
+    whether it holds an int no float holds exactly)``. Numbers' lists are keyed by their number
+    type and their dimensions after the first (``("list", "float", (4,))``: boxes); null is a
+    kind of its own, whose field is ``json`` (the one type that holds it)."""
+    t = type(value)
+    if t is list:
+        if not value:
+            return EMPTY, Field(name, "float", (-1,)), False
+        shape, kind, big = _list_shape(value)
+        if shape is None or kind is None:
+            return ("list", "json", ()), Field(name, "json"), False
+        return ("list", kind, shape[1:]), Field(name, kind, (-1, *shape[1:])), big
+    if t is int:
+        return int, Field(name, "int"), not -EXACT <= value <= EXACT
+    field = infer(name, value)
+    return t, field if field is not None else Field(name, "json"), False
 
 
 def infer(name: str, value: Any) -> Field | None:
@@ -358,34 +368,37 @@ def infer(name: str, value: Any) -> Field | None:
     if isinstance(value, list):
         if not value:
             return None
-        shape, kind = _list_shape(value)
+        shape, kind, _ = _list_shape(value)
         if shape is not None and kind is not None:
             return Field(name, kind, (-1, *shape[1:]))
         return Field(name, "json")
     return Field(name, "json")
 
 
-def _list_shape(value: list[Any]) -> tuple[tuple[int, ...] | None, str | None]:
-    """The shape and number type of a rectangular nested list of numbers, or ``(None, None)``."""
+def _list_shape(value: list[Any]) -> tuple[tuple[int, ...] | None, str | None, bool]:
+    """The shape and number type of a rectangular nested list of numbers, and whether it holds
+    an int no float holds exactly; ``(None, None, False)`` for any other list."""
     shape: list[int] = []
     level: list[Any] = [value]
     for _ in range(MAX_RANK):
         if all(isinstance(v, list) for v in level):
             lengths = {len(v) for v in level}
             if len(lengths) != 1 or 0 in lengths:
-                return None, None
+                return None, None, False
             shape.append(lengths.pop())
             level = [x for v in level for x in v]
             continue
         if any(isinstance(v, list) for v in level):
-            return None, None
+            return None, None, False
         kinds = {type(v) for v in level}
         if kinds == {bool}:
-            return tuple(shape), "bool"
+            return tuple(shape), "bool", False
         if kinds <= {int, float} and kinds:
-            return tuple(shape), "float" if float in kinds else "int"
-        return None, None
-    return None, None
+            if float in kinds:
+                return tuple(shape), "float", False
+            return tuple(shape), "int", not -EXACT <= min(level) <= max(level) <= EXACT
+        return None, None, False
+    return None, None, False
 
 
 def _numbers(value: Any, kind: str, shape: tuple[int, ...], depth: int) -> tuple[Any, str | None]:

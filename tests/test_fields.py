@@ -357,6 +357,11 @@ def test_fields_on_mongodb_are_queryable_and_copy_round_trips(
     # a field named without "fields.": refused, not an empty selection
     with pytest.raises(ValueError, match="use 'fields.boxes.2': the fields are under 'fields'"):
         MongoImageDataset(mongo_uri, "det", output="bytes", where={"boxes.2": {"$exists": True}})
+    with pytest.raises(ValueError, match="no field 'captoin'; its fields: caption"):
+        MongoImageDataset(mongo_uri, "det", output="bytes", where={"fields.captoin": "x"})
+    # operators' own keys are not fields: an expression is handed to the server as it is
+    scored = {"$expr": {"$gt": [{"$cond": {"if": True, "then": "$fields.score", "else": 0}}, 1]}}
+    assert len(MongoImageDataset(mongo_uri, "det", output="bytes", where=scored)) == 3
     # and back: the same headers, byte for byte
     copy_store(mongo_uri, str(tmp_path / "back.lmdb"), source_collection="det")
     a = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
@@ -439,7 +444,7 @@ def test_an_append_reads_the_source_with_the_stores_fields(tmp_path: Path) -> No
     ds = LMDBImageDataset(store, output="bytes", fields="*")
     assert len(ds) == 3 and ds[2][2] == {"caption": "z", "score": 3.0}
     # other types than the store's: refused, with the flags that fit
-    refused = cli("convert", str(tmp_path / "m.csv"), store, "--append", "--fields", "caption")
+    refused = cli("convert", str(tmp_path / "m.csv"), store, "--append", "--fields", "score:int")
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "leave --fields out (or give --fields caption:str,score:float)" in refused.stderr
     # a store of ints: ints stay ints, a float in a new row is that row's problem only
@@ -782,3 +787,63 @@ def test_typed_text_sidecars_big_csv_ints_and_names_of_other_bytes(tmp_path: Pat
     a = LMDBImageDataset(tmp_path / "o.lmdb", output="bytes")
     b = LMDBImageDataset(tmp_path / "out.lmdb", output="bytes")
     assert [h.to_json() for h in all_headers(a)] == [h.to_json() for h in all_headers(b)]
+
+
+def test_the_majority_rule_on_lists_nulls_and_empty_values(tmp_path: Path) -> None:
+    n = 21
+    make_images(tmp_path, n)
+
+    def schema_of(rows: list[dict[str, Any]], name: str) -> tuple[list[str], int]:
+        rows = [{"path": f"img/{i}.jpg", **r} for i, r in enumerate(rows)]
+        report = convert(write_jsonl(tmp_path / f"{name}.jsonl", rows), tmp_path / f"{name}.lmdb")
+        return report.fields, len(report.skipped)
+
+    # one empty list among captions: a str field, the empty list's row unusable
+    assert schema_of([{"c": []}, *({"c": "x"} for _ in range(n - 1))], "a") == (["c:str"], 1)
+    # a ragged or bool first list among boxes: boxes, one row unusable
+    boxes = [{"b": [[1.0, 2.0, 3.0, 4.0]]} for _ in range(n - 1)]
+    assert schema_of([{"b": [[1, 2, 3, 4], [1, 2]]}, *boxes], "b") == (["b:float[-1,4]"], 1)
+    assert schema_of([{"b": [[True, False, True, True]]}, *boxes], "c") == (["b:float[-1,4]"], 1)
+    # ints no float holds, in lists: the field stays an int list
+    ids = [{"ids": [2**60 + i]} for i in range(n - 1)]
+    assert schema_of([*ids, {"ids": [0.5]}], "d") == (["ids:int[-1]"], 1)
+    # nulls are a kind: most rows null make a json field that holds every row
+    assert schema_of([*({"m": None} for _ in range(n - 1)), {"m": "x"}], "e") == (["m:json"], 0)
+    # a field that some rows lack (not a misspelling: the rows overlap) names the row
+    both = [{"s1": 1, "s2": 2} for _ in range(5)]
+    with pytest.raises(SourceError, match="'s2' is in 5 of 6 rows .line 6 has none"):
+        schema_of([*both, {"s1": 1}], "f")
+
+
+def test_typed_text_sidecars_export_as_json_text(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    values = [{"a": "x"}, None, "hello", [True, False]]
+    for i, v in enumerate(values):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+        (root / "a" / f"{i}.cls").write_text(json.dumps(v), encoding="utf-8")
+    convert(root, tmp_path / "s.lmdb", sidecars="cls", fields="cls:json")
+    out = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    again = cli(*printed_command(out.stdout, "convert back with:"), "-q")
+    assert again.returncode == 0, again.stderr
+    back = LMDBImageDataset(tmp_path / "out.lmdb", output="bytes", fields="*")
+    assert [back[i][2]["cls"] for i in range(4)] == values
+    # an append may give some of the store's fields again, as they are
+    write(root / "a" / "9.jpg", jpeg_bytes(seed=9))
+    (root / "a" / "9.cls").write_text("1", encoding="utf-8")
+    done = cli("convert", str(root), str(tmp_path / "s.lmdb"), "--append", "--sidecars", "cls",
+               "--fields", "cls:json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_append_to_a_store_without_fields_never_drops_some(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for i in range(2):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+        (root / "a" / f"{i}.json").write_text("{}", encoding="utf-8")
+    convert(root, tmp_path / "s.lmdb", sidecars="json")
+    write(root / "a" / "3.jpg", jpeg_bytes(seed=3))
+    (root / "a" / "3.json").write_text('{"caption": "new"}', encoding="utf-8")
+    report = convert(root, tmp_path / "s.lmdb", append=True)
+    assert report.count == 2 and [s.name for s in report.skipped] == ["a/3.jpg"]
+    assert "'caption' is not one of the fields (none)" in report.skipped[0].reason

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..fields import check_name
 from .app import (
     ByteSize,
     _allow_pickle,
@@ -324,17 +325,18 @@ def _render_convert(report: ConvertReport) -> None:
     _counted(f"{title} (end-of-image marker appended)", repaired, report.repaired_names)
     if report.non_image_files:
         _counted("non-image files ignored", report.non_image_files, report.non_image_names)
-        exts = sorted({n.rpartition(".")[2] for n in report.non_image_names} & {"json", "txt"})
-        if exts and not report.fields:
-            click.echo(
-                f"  (files beside the images that hold their fields? --sidecars {','.join(exts)} "
-                "stores them with each image)"
-            )
-    if report.unused_columns:
-        names = ",".join(report.unused_columns)
+    if report.sidecars_seen:
+        exts = ",".join(report.sidecars_seen)
         click.echo(
-            f"CSV columns not stored: {names} (keep them with --fields {shlex.quote(names)}, "
-            "with a type each where not text)"
+            f"  (files named like the images, .{exts.replace(',', ' .')}: their fields? "
+            f"--sidecars {exts} stores them with each image)"
+        )
+    if report.unused_columns:
+        usable = [c for c in report.unused_columns if check_name(c, "") is None]
+        names = ",".join(usable)
+        kept = f" (keep them with --fields {shlex.quote(names)}, a type each where not text)"
+        click.echo(
+            f"CSV columns not stored: {', '.join(report.unused_columns)}{kept if usable else ''}"
         )
     if report.skipped:
         _listing(

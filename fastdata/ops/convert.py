@@ -319,7 +319,8 @@ def _scan_for_store(
     the other way round) and values would be refused or changed.
 
     Raises:
-        UsageError: ``--fields`` or ``--sidecars`` given, other than the store's.
+        UsageError: ``--fields`` (of the store's, any) or ``--sidecars`` given, other than the
+            store's.
     """
     if is_manifest(source) != (base.layout == "manifest"):
         # a folder against a manifest's store, or the other way round: refused by the plan,
@@ -331,9 +332,7 @@ def _scan_for_store(
         flags = f"--sidecars {','.join(base.sidecars)} {flags}".strip()
     if fields is not None:
         declared, star = parse_field_specs(fields)
-        if star or sorted(declared, key=lambda f: f.name) != sorted(
-            schema.fields, key=lambda f: f.name
-        ):
+        if star or any(schema.get(f.name) != f for f in declared):  # (some of them, or all)
             raise UsageError(
                 f"{source}: the store's fields are {schema.describe() or 'none'}; an append "
                 f"keeps them: leave --fields out (or give {flags})"
@@ -620,6 +619,7 @@ class _Run:
             non_image_files=self.scan.skipped_files,
             non_image_names=list(self.scan.non_image_names),
             unused_columns=list(self.scan.unused_columns),
+            sidecars_seen=list(self.scan.sidecars_seen),
             total_bytes=meta.total_bytes,
             seconds=time.perf_counter() - self.started,
             resumed_from=resumed_from,

@@ -183,7 +183,8 @@ def export_store(
         if data is not None:
             _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
             if meta.sidecars and rows is None:
-                for side, content in _sidecar_files(name, meta.sidecars, _in_order(values, schema)):
+                ordered = _in_order(values, schema)
+                for side, content in _sidecar_files(name, meta.sidecars, ordered, schema):
                     # x.jpg and x.png share x.json: written once (the same values) or refused
                     first = sidecars_written.setdefault(side, (name, content))
                     if first[0] != name:
@@ -253,7 +254,8 @@ def _convert_back(out: Path, manifest: str, meta: StoreMeta) -> str:
     import shlex
 
     folder = os.path.abspath(out)
-    words = ["fastdata", "convert", manifest or folder, f"{folder.rstrip(os.sep)}.lmdb"]
+    source = os.path.abspath(manifest) if manifest else folder
+    words = ["fastdata", "convert", source, f"{folder.rstrip(os.sep)}.lmdb"]
     if not manifest and meta.sidecars:
         words += ["--sidecars", ",".join(meta.sidecars)]
         if meta.schema:
@@ -262,15 +264,19 @@ def _convert_back(out: Path, manifest: str, meta: StoreMeta) -> str:
 
 
 def _sidecar_files(
-    name: str, sidecars: list[str], values: dict[str, Any]
+    name: str, sidecars: list[str], values: dict[str, Any], schema: Schema
 ) -> list[tuple[str, bytes]]:
     """The sidecar files of the image ``name``: ``x.txt`` (any extension but json) with its
-    field's text as it was read, ``x.json`` with the other fields as one object."""
+    field's text as it was read (a field of another type than ``str``, as JSON text, which
+    ``--fields`` reads back as that type), ``x.json`` with the other fields as one object."""
     base = name.rpartition(".")[0] or name
     out, rest = [], dict(values)
     for ext in sidecars:
         if ext != "json" and ext in rest:
-            out.append((f"{base}.{ext}", str(rest.pop(ext)).encode("utf-8")))
+            value = rest.pop(ext)
+            field = schema.get(ext)
+            text = value if field is None or field.type == "str" else json.dumps(value)
+            out.append((f"{base}.{ext}", str(text).encode("utf-8")))
     if "json" in sidecars:
         out.append((f"{base}.json", json.dumps(rest, ensure_ascii=False).encode("utf-8")))
     return out

@@ -68,6 +68,9 @@ class ConvertReport:
     reader_threads: list[int] = field(default_factory=list)
     non_image_names: list[str] = field(default_factory=list)
     unused_columns: list[str] = field(default_factory=list)
+    sidecars_seen: list[str] = field(default_factory=list)
+    """Extensions of files beside images, named like them, that were not read (no
+    ``--sidecars``): the images' fields, it may be."""
     """A CSV manifest's columns not stored (neither path, label nor named by ``--fields``)."""
     repaired_names: list[str] = field(default_factory=list)
     """The first images this run repaired, by name."""

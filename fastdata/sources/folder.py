@@ -254,6 +254,9 @@ class FolderScan:
     """Whether samples have classes (a manifest without labels has none: every label -1)."""
     unused_columns: tuple[str, ...] = ()
     """A CSV manifest's columns that are neither path, label nor a field (not stored)."""
+    sidecars_seen: tuple[str, ...] = ()
+    """Extensions (``json``, ``txt``, ``cls``) of files that sit beside an image under its
+    name, in a folder scanned without ``sidecars``: its fields, it may be."""
     class_to_idx: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -498,10 +501,13 @@ def scan_folder(
     walk = _Walk(root_path, classes, sidecars)
     samples = _SampleBuilder()
     side = _Sidecars(sidecars, fields, closed) if sidecars else None
+    seen: set[str] = set()
     for label, cls in enumerate(classes):
         # Sorted by folder path, then file name: the order ImageFolder produces.
         for rel, entries in sorted(walk.folders(cls), key=lambda f: f[0]):
             names = {e.name for e in entries} if side is not None else set()
+            if side is None and len(seen) < len(SIDECAR_HINTS):
+                seen |= _beside_images(entries)
             for entry in entries:
                 if walk.image(rel, entry):
                     name = f"{rel}/{entry.name}"
@@ -522,9 +528,9 @@ def scan_folder(
     schema = Schema()
     if side is not None and len(built):
         schema = side.builder.build(f"{root_path} (--sidecars {','.join(sidecars)})")
-        if schema:
+        if schema or closed:  # (closed and none: any field a sidecar gives is one too many)
             built = checked_fields(built, schema, walk.unusable)
-        else:  # (every sidecar an empty object: no fields, and none in the records)
+        if not schema:  # (every sidecar an empty object: no fields, and none in the records)
             built = Samples(built.packed_names, built.labels.copy())
     if not len(built):
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in walk.unusable[:3])
@@ -540,12 +546,27 @@ def scan_folder(
         walk.non_image_names,
         schema=schema,
         sidecars=tuple(sidecars),
+        sidecars_seen=tuple(sorted(seen)),
     )
 
 
 MAX_SIDECAR_BYTES = 1 << 20
 """A sidecar file larger than this makes its image unusable (nothing larger is read)."""
 SIDECAR_LIMIT = "a sidecar holds at most 1 MiB; keep larger values in files of their own"
+
+
+SIDECAR_HINTS = ("json", "txt", "cls")
+
+
+def _beside_images(entries: list[os.DirEntry[str]]) -> set[str]:
+    """The extensions of :data:`SIDECAR_HINTS` that a file named like an image has here."""
+    stems = {e.name.rpartition(".")[0] for e in entries if e.name.lower().endswith(IMG_EXTENSIONS)}
+    found = set()
+    for e in entries:
+        stem, _, ext = e.name.rpartition(".")
+        if ext in SIDECAR_HINTS and stem in stems:
+            found.add(ext)
+    return found
 
 
 def _sidecar_list(sidecars: Sequence[str]) -> list[str]:

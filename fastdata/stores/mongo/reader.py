@@ -124,6 +124,9 @@ class MongoStore(_MongoTarget, StoreReader):
                 next_sample=int(doc.get("next_sample") or 0),
                 verify_decode=bool(doc.get("verify_decode")),
                 base_id=str(doc.get("base_id", "")),
+                max_file_bytes=_count(doc.get("max_file_bytes")),
+                fields=str(doc.get("fields") or ""),
+                sidecars=str(doc.get("sidecars") or ""),
             )
             notes.append(
                 f"{what} was interrupted after {saved.next_sample} of {saved.total} samples; "
@@ -302,7 +305,8 @@ class MongoStore(_MongoTarget, StoreReader):
             ValueError: the key, and what it should be.
         """
         known = {"_id", "name", "label", "size", "crc32", "format", "repaired", "fields"}
-        known |= {"fields_crc32", "data", "chunks", "gridfs_id"}
+        known |= {"fields_crc32", "data", "gridfs_id", "store"}
+        names = self.meta.schema.names
         stack: list[Any] = [where]
         while stack:
             item = stack.pop()
@@ -314,13 +318,19 @@ class MongoStore(_MongoTarget, StoreReader):
             for key, value in item.items():
                 if not isinstance(key, str):
                     continue
-                if key.startswith("$"):
-                    stack.append(value)  # ($and, $or, $nor: filters inside)
+                if key in ("$and", "$or", "$nor"):
+                    stack.append(value)  # filters inside; other operators hold expressions
                     continue
-                head = key.split(".", 1)[0]
+                if key.startswith("$"):
+                    continue
+                head, _, rest = key.partition(".")
+                if head == "fields" and rest and rest.split(".", 1)[0] not in names:
+                    raise ValueError(
+                        f"{self.location}: where= filters on {key!r}, and the store has no "
+                        f"field {rest.split('.', 1)[0]!r}; its fields: {', '.join(names) or 'none'}"
+                    )
                 if head in known:
                     continue
-                names = self.meta.schema.names
                 hint = (
                     f"'fields.{key}': the fields are under 'fields'"
                     if head in names
@@ -370,3 +380,8 @@ class MongoStore(_MongoTarget, StoreReader):
             header = RecordHeader.from_dict(_names_from_bson(doc), f"{self.location}: record {i}")
             out.append(Record(i, header, bytes(doc["data"])))
         return out
+
+
+def _count(value: Any) -> int:
+    """A saved count, or 0 where the document holds something else."""
+    return value if type(value) is int and value > 0 else 0

@@ -47,6 +47,10 @@ from .reader import MongoStore
 log = logging.getLogger(__name__)
 
 
+BSON_CHECK = 1 << 20
+"""Fields whose JSON is larger than this are measured as BSON before the image is placed."""
+
+
 class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     """Writes a fastdata store into a MongoDB collection.
 
@@ -271,7 +275,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
 
     def documents(self, records: Sequence[Record]) -> list[dict[str, Any]]:
         """The records' documents; images over GRIDFS_THRESHOLD are uploaded to GridFS here."""
-        from bson import Binary
+        from bson import Binary, encode
 
         docs = []
         bucket_name = self._bucket_name
@@ -286,6 +290,8 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             if fields:
                 encoded = rec.header.encoded_fields
                 beside = len(encoded if encoded is not None else canonical(fields))
+                if beside > BSON_CHECK:  # (BSON may take several times JSON's bytes)
+                    beside = len(encode({"fields": _to_bson(fields)}))
             if len(rec.data) + beside > GRIDFS_THRESHOLD:
                 file_id = f"{self._store_id}:{rec.index}"
                 bucket = _gridfs(self._conn.db(), bucket_name)
