@@ -321,6 +321,13 @@ class SchemaBuilder:
                         f"must give the same fields (the first row with {rarest!r}: "
                         f"{self.first_with.get(rarest, 'a row')})"
                     )
+                if count * 2 < self.rows:  # a stray key, most likely
+                    raise SourceError(
+                        f"{where}: field {name!r} is in {count:,} of {self.rows:,} rows only "
+                        f"(the first: {self.first_with.get(name, 'a row')}). A field must be "
+                        "in every row: remove it from the rows that give it, or give it to "
+                        "every row"
+                    )
                 raise SourceError(
                     f"{where}: field {name!r} is in {count:,} of {self.rows:,} rows "
                     f"({self.first_without.get(name, 'a row')} has none). A field must be in "
