@@ -46,6 +46,8 @@ FLOAT32_MAX = 3.4028235677973362e38
 """Floats up to this round to a finite float32 (its largest, 3.4028235e38, included)."""
 EXACT = 1 << 53
 """The largest int a float holds exactly (an int read into a float field is at most this)."""
+EXACT32 = 1 << 24
+"""The largest int a float32 holds exactly: ints in lists past it keep a list of ints."""
 MAX_ITEMS = 1 << 19
 """The most numbers a fixed shape may hold (a row is at most 1 MiB, two bytes a number)."""
 INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -289,6 +291,10 @@ class SchemaBuilder:
                 real = ("list", "float", key[2])
             if real in kinds and not kinds[key][2]:
                 kinds[real][0] += kinds.pop(key)[0]
+        # what only json holds (objects, null, lists of anything but numbers) is one kind
+        only_json = [k for k in (dict, type(None), ("list", "json", ())) if k in kinds]
+        for key in only_json[1:]:
+            kinds[only_json[0]][0] += kinds.pop(key)[0]
         empty = kinds.pop(EMPTY, None)  # empty lists go with the lists most rows give
         if empty is not None:
             lists = [k for k in kinds if type(k) is tuple]
@@ -403,7 +409,8 @@ def _list_shape(value: list[Any]) -> tuple[tuple[int, ...] | None, str | None, b
         if kinds <= {int, float} and kinds:
             if float in kinds:
                 return tuple(shape), "float", False
-            return tuple(shape), "int", not -EXACT <= min(level) <= max(level) <= EXACT
+            # (float lists are read as float32: exact for ints up to 2**24 only)
+            return tuple(shape), "int", not -EXACT32 <= min(level) <= max(level) <= EXACT32
         return None, None, False
     return None, None, False
 

@@ -852,3 +852,37 @@ def test_an_append_to_a_store_without_fields_never_drops_some(tmp_path: Path) ->
     report = convert(root, tmp_path / "s.lmdb", append=True)
     assert report.count == 2 and [s.name for s in report.skipped] == ["a/3.jpg"]
     assert "'caption' is not one of the fields (none)" in report.skipped[0].reason
+
+
+def test_json_kinds_together_and_int_lists_float32_cannot_hold(tmp_path: Path) -> None:
+    n = 10
+    make_images(tmp_path, n)
+    attrs: list[Any] = ["red", "blue", "green", "red", {"c": "r"}, {"c": "x"}, {"c": "y"}]
+    attrs += [["a", "b"], ["c"], None]
+    rows = [{"path": f"img/{i}.jpg", "attrs": a} for i, a in enumerate(attrs)]
+    report = convert(write_jsonl(tmp_path / "a.jsonl", rows), tmp_path / "a.lmdb")
+    assert report.fields == ["attrs:json"] and report.count == n
+    ids = [[16777217, 123456789], [2, 3], [0.5]]
+    rows = [{"path": f"img/{i}.jpg", "ids": v} for i, v in enumerate(ids)]
+    report = convert(write_jsonl(tmp_path / "i.jsonl", rows), tmp_path / "i.lmdb")
+    assert report.fields == ["ids:int[-1]"] and report.count == 2
+    ds = LMDBImageDataset(tmp_path / "i.lmdb", output="bytes", fields="*")
+    assert ds[0][2]["ids"].tolist() == [16777217, 123456789]
+
+
+def test_the_csv_hint_runs_as_printed(tmp_path: Path) -> None:
+    import shlex
+
+    make_images(tmp_path, 2)
+    (tmp_path / "m.csv").write_text(
+        "path,label,cap,score,Bad Name\nimg/0.jpg,a,x,1,q\nimg/1.jpg,b,y,2,r\n", encoding="utf-8"
+    )
+    out = cli("convert", str(tmp_path / "m.csv"), str(tmp_path / "s.lmdb"), "--fields", "cap")
+    assert out.returncode == 0, out.stderr
+    assert "CSV columns not stored: score, Bad Name" in out.stdout
+    hint = out.stdout.split("keep them with --fields ")[1].split(", a type each")[0]
+    again = cli("convert", str(tmp_path / "m.csv"), str(tmp_path / "t.lmdb"), "--fields",
+                *shlex.split(hint))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    ds = LMDBImageDataset(tmp_path / "t.lmdb", output="bytes", fields="*")
+    assert ds[0][2] == {"cap": "x", "score": "1"}

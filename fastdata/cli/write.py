@@ -332,8 +332,10 @@ def _render_convert(report: ConvertReport) -> None:
             f"--sidecars {exts} stores them with each image)"
         )
     if report.unused_columns:
-        usable = [c for c in report.unused_columns if check_name(c, "") is None]
-        names = ",".join(usable)
+        # (a column named twice cannot be one: --fields would be refused)
+        once = [c for c in report.unused_columns if report.unused_columns.count(c) == 1]
+        usable = [c for c in once if check_name(c, "") is None]
+        names = ",".join([*report.fields, *usable])  # (the fields stored, and these)
         kept = f" (keep them with --fields {shlex.quote(names)}, a type each where not text)"
         click.echo(
             f"CSV columns not stored: {', '.join(report.unused_columns)}{kept if usable else ''}"

@@ -620,7 +620,7 @@ class _Sidecars:
                 if typed is None:
                     values[ext] = text
                     continue
-                value, why = parse_text_value(typed, text)
+                value, why = parse_text_value(typed, text.removeprefix("\ufeff"))
                 if why is not None:
                     return f"its sidecar {file}: {why}"
                 values[ext] = value

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import (
+    RecordError,
     StoreError,
 )
 from ...fields import canonical
@@ -47,8 +48,9 @@ from .reader import MongoStore
 log = logging.getLogger(__name__)
 
 
-BSON_CHECK = 1 << 20
-"""Fields whose JSON is larger than this are measured as BSON before the image is placed."""
+BSON_PER_JSON = 8
+"""BSON takes at most about this many bytes for a byte of the fields' JSON (a list of small
+ints: ``0,`` is 2 bytes in JSON, 12 in BSON); fields that may pass the limit are measured."""
 
 
 class MongoWriter(_MongoTarget, Claimed, StoreWriter):
@@ -290,8 +292,16 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             if fields:
                 encoded = rec.header.encoded_fields
                 beside = len(encoded if encoded is not None else canonical(fields))
-                if beside > BSON_CHECK:  # (BSON may take several times JSON's bytes)
+                if len(rec.data) + BSON_PER_JSON * beside > GRIDFS_THRESHOLD:
+                    # near the limit: measured as BSON, which may take several times the bytes
                     beside = len(encode({"fields": _to_bson(fields)}))
+                    if beside > GRIDFS_THRESHOLD:
+                        raise RecordError(
+                            f"{self.location}: record {rec.index} ({rec.header.name}): its "
+                            f"fields take {beside:,} bytes as BSON, more than a MongoDB "
+                            "document holds beside its header (16 MiB): convert it to LMDB, "
+                            "or keep those values in files of their own"
+                        )
             if len(rec.data) + beside > GRIDFS_THRESHOLD:
                 file_id = f"{self._store_id}:{rec.index}"
                 bucket = _gridfs(self._conn.db(), bucket_name)
