@@ -452,6 +452,9 @@ def test_an_append_reads_the_source_with_the_stores_fields(tmp_path: Path) -> No
     refused = cli("convert", str(tmp_path / "m.csv"), store, "--append", "--fields", "score:int")
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "leave --fields out (or give --fields caption:str,score:float)" in refused.stderr
+    flags = refused.stderr.split("(or give ")[1].split(")")[0].split()
+    again = cli("convert", str(tmp_path / "m.csv"), store, "--append", *flags)
+    assert again.returncode == 0, again.stderr
     # a store of ints: ints stay ints, a float in a new row is that row's problem only
     rows = [{"path": f"img/{i}.jpg", "n": i} for i in range(3)]
     manifest = write_jsonl(tmp_path / "n.jsonl", rows)
@@ -886,3 +889,19 @@ def test_the_csv_hint_runs_as_printed(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     ds = LMDBImageDataset(tmp_path / "t.lmdb", output="bytes", fields="*")
     assert ds[0][2] == {"cap": "x", "score": "1"}
+
+
+def test_the_sidecar_hint_runs_as_printed(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for i in range(2):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+        (root / "a" / f"{i}.json").write_text(json.dumps({"n": i}), encoding="utf-8")
+    (root / "a" / "LICENSE.txt").write_text("not a sidecar", encoding="utf-8")
+    out = cli("convert", str(root), str(tmp_path / "s.lmdb"))
+    assert out.returncode == 0, out.stderr
+    flags = out.stdout.split("? ")[1].split(" stores them")[0].split()
+    assert flags == ["--sidecars", "json"]
+    again = cli("convert", str(root), str(tmp_path / "t.lmdb"), *flags, "-q")
+    assert again.returncode == 0, again.stderr
+    ds = LMDBImageDataset(tmp_path / "t.lmdb", output="bytes", fields="*")
+    assert [ds[i][2]["n"] for i in range(2)] == [0, 1]
