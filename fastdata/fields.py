@@ -219,12 +219,13 @@ class Schema:
 
 
 class SchemaBuilder:
-    """Infers a schema from the values a source gives: each field's type is the one most of
-    its rows give (one odd row, first or not, is that row's problem, listed as unusable, not
-    every other row's), its shape that of the first value of that type that says (an empty
-    list says nothing about its numbers). Declared fields (``--fields``) come first and win.
+    """Infers a schema from the values a source gives: each field's type is the kind most of
+    its rows give (:func:`_kind_of`; one odd row, first or not, is that row's problem, listed
+    as unusable, not every other row's). Declared fields (``--fields``) come first and win.
     Ints and floats count as one: a field with both is a ``float`` one, its ints read as floats
-    (JSON writes ``1.0`` as ``1``); no other type is widened.
+    (JSON writes ``1.0`` as ``1``), unless an int is one no float holds exactly. What only
+    ``json`` holds (objects, null, lists of other things than numbers) counts as one kind;
+    empty lists count with the lists most rows give. No other type is widened.
 
     A field the source gives in some rows only is not guessed at: :meth:`build` refuses the
     source, naming the field and a row without it (declared fields are checked row by row
@@ -315,8 +316,6 @@ class SchemaBuilder:
         schema = Schema(out)
         for name, count in self.seen.items():
             if count < self.rows:
-                got = schema.get(name)
-                spec = got.spec if got is not None else f"{name}:json"
                 rarest = min(self.seen, key=lambda k: self.seen[k])
                 like = difflib.get_close_matches(rarest, [k for k in self.seen if k != rarest], 1)
                 # (a misspelling when the two never meet: their rows add up to all of them)
@@ -334,6 +333,7 @@ class SchemaBuilder:
                         "in every row: remove it from the rows that give it, or give it to "
                         "every row"
                     )
+                spec = self._chosen(name).spec
                 raise SourceError(
                     f"{where}: field {name!r} is in {count:,} of {self.rows:,} rows "
                     f"({self.first_without.get(name, 'a row')} has none). A field must be in "
@@ -362,30 +362,12 @@ def _kind_of(name: str, value: Any) -> tuple[Any, Field, bool]:
         return ("list", kind, shape[1:]), Field(name, kind, (-1, *shape[1:])), big
     if t is int:
         return int, Field(name, "int"), not -EXACT <= value <= EXACT
-    field = infer(name, value)
-    return t, field if field is not None else Field(name, "json"), False
+    scalar = _SCALARS.get(t)
+    return t, Field(name, scalar if scalar is not None else "json"), False
 
 
-def infer(name: str, value: Any) -> Field | None:
-    """The field a first value implies, or None when it does not say (null, an empty list)."""
-    if value is None:
-        return None
-    if type(value) is bool:
-        return Field(name, "bool")
-    if type(value) is int:
-        return Field(name, "int")
-    if type(value) is float:
-        return Field(name, "float")
-    if type(value) is str:
-        return Field(name, "str")
-    if isinstance(value, list):
-        if not value:
-            return None
-        shape, kind, _ = _list_shape(value)
-        if shape is not None and kind is not None:
-            return Field(name, kind, (-1, *shape[1:]))
-        return Field(name, "json")
-    return Field(name, "json")
+_SCALARS = {bool: "bool", float: "float", str: "str"}
+"""The field type of a scalar's Python type (ints apart: see :func:`_kind_of`)."""
 
 
 def _list_shape(value: list[Any]) -> tuple[tuple[int, ...] | None, str | None, bool]:
