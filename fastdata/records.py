@@ -9,6 +9,7 @@ Nothing is pickled.
 from __future__ import annotations
 
 import json
+import json.scanner
 import logging
 import os
 import shlex
@@ -16,7 +17,7 @@ import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 from .errors import RecordError, StoreError
 from .fields import Schema, canonical
@@ -56,7 +57,19 @@ LABEL_DTYPE = "<i4"
 """How labels are stored, in both backends: one little-endian int32 per record."""
 
 
-_decode_json = json.JSONDecoder().decode
+_scan_json = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))  # (the stub's type is off)
+"""json's own scanner, called directly: ``json.loads`` less its checks of the encoding and of
+the whitespace around the value, which no header holds (a third of a header's parse)."""
+
+
+def _decode_json(text: str) -> Any:
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration as exc:
+        raise json.JSONDecodeError("Expecting value", text, exc.value) from None
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -136,8 +149,7 @@ class RecordHeader:
     @classmethod
     def from_json(cls, raw: bytes | memoryview | str, where: str = "record") -> RecordHeader:
         try:
-            text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
-            d = _decode_json(text)  # (json.loads, less its checks of the encoding)
+            d = _decode_json(raw if isinstance(raw, str) else str(raw, "utf-8"))
         except (ValueError, RecursionError) as exc:
             why = "nested too deep" if isinstance(exc, RecursionError) else exc
             raise RecordError(f"{where}: record header is not valid JSON ({why})") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import lmdb
@@ -257,3 +258,120 @@ def test_a_pickle_store_with_an_absurd_label(tmp_path: Path) -> None:
     ds = LMDBImageDataset(path, allow_pickle=True)
     with pytest.raises(StoreError, match="label 1099511627776 is out of range"):
         ds.classes
+
+
+def big_store(tmp_path: Path, n: int = 30) -> Path:
+    """A store whose images each lie on pages of their own (LMDB's overflow pages)."""
+    src = tmp_path / "big"
+    for i in range(n):
+        write(src / "c" / f"{i:03d}.jpg", jpeg_bytes(120, 120, seed=i))
+    store = tmp_path / "big.lmdb"
+    convert(src, store)
+    return store
+
+
+def test_a_damaged_page_under_an_image_is_found(tmp_path: Path) -> None:
+    """An image's own pages begin with a header LMDB never checks: overwritten, the image still
+    reads back whole, so only the file's own check can tell that the page is not what the tree
+    says it is."""
+    store = big_store(tmp_path)
+    data_file = store / "data.mdb"
+    overflow = pages(data_file, lmdb_file.P_OVERFLOW)
+    assert len(overflow) >= 30
+    page = overflow[len(overflow) // 2]
+    smash(data_file, page, 0, struct.pack("<Q", 7))  # its page number
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    assert result.returncode == 1, result.stdout
+    out = result.stdout + result.stderr
+    assert f"page {page} (the value of key 0000000015): damaged (its header says page 7)" in out
+    assert "1 of 30 records failed (29 read)" in out and "damaged page" in out, out
+
+
+def test_keys_out_of_order_are_damage(store: Path) -> None:
+    """A record's key whose digits changed on the page: LMDB's search goes wrong around it."""
+    data_file = store / "data.mdb"
+    raw = data_file.read_bytes()
+    for page in pages(data_file, lmdb_file.P_LEAF):
+        at = page * 4096 + struct.unpack_from("<H", raw, page * 4096 + 16)[0]
+        if raw[at + 8 : at + 9].isdigit():  # a leaf of records: its first key made the largest
+            smash(data_file, page, at + 8 - page * 4096, b"9")
+            break
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    assert result.returncode == 1
+    assert f"page {page}" in result.stdout and "out of order" in result.stdout, result.stdout
+
+
+def test_damage_past_the_listed_pages_is_counted(store: Path) -> None:
+    data_file = store / "data.mdb"
+    leaves = pages(data_file, lmdb_file.P_LEAF)
+    for page in leaves[:12]:
+        smash(data_file, page, 0, struct.pack("<Q", 1))
+    found = lmdb_file.walk(str(data_file))
+    assert len(found) >= 3  # (some leaves are pages of earlier versions, no longer in the tree)
+    with lmdb_file.Tree(str(data_file), limit=2) as tree:
+        assert sum(1 for _ in tree.entries()) < 480  # (the entries under them are not given)
+        assert tree.damage == found[:2] and tree.more == len(found) - 2
+
+
+def test_an_append_during_verify_is_not_taken_for_damage(tmp_path: Path) -> None:
+    """An append may reuse pages a check has yet to read: the check is refused, not reported
+    as damage, and the command it prints checks the store once the append is done."""
+    from fastdata import open_store
+    from fastdata.errors import StoreError
+    from fastdata.ops.verify import verify_store
+
+    store = big_store(tmp_path)
+    more = tmp_path / "more"
+    for i in range(5):
+        write(more / "c" / f"new{i}.jpg", jpeg_bytes(120, 120, seed=100 + i))
+    reader = open_store(store)
+    damage: list[str] = []
+    scan = reader.scan_records(damage)
+    assert next(scan)[3] is None  # the check has begun
+    appended = cli("convert", str(more), str(store), "--append", "-q")
+    assert appended.returncode == 0, appended.stderr
+    with pytest.raises(StoreError, match="an append began while") as caught:
+        for _ in scan:
+            pass
+    assert not damage
+    command = str(caught.value).split("`")[1]
+    result = subprocess.run(command, shell=True, capture_output=True, text=True, env=_cli_env())
+    assert result.returncode == 0 and "35 records OK" in result.stdout, result.stdout
+    reader.close()
+    assert verify_store(open_store(store)).ok
+
+
+def _cli_env() -> dict[str, str]:
+    """An environment where `fastdata` on the PATH is this checkout's."""
+    import sys
+
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent)])
+    return env
+
+
+def test_the_read_ahead_of_a_large_file_changes_nothing(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files over twice the read-ahead window are read ahead by a thread (here a window of a
+    few pages stands in for a large store): the walk sees the same entries and the same damage,
+    and the thread is gone once the walk is closed, finished or not."""
+    import threading
+
+    data_file = store / "data.mdb"
+    leaf = pages(data_file, lmdb_file.P_LEAF)[-3]
+    smash(data_file, leaf, 0, struct.pack("<Q", 1))
+    with lmdb_file.Tree(str(data_file)) as tree:
+        plain, plain_damage = list(tree.entries()), tree.damage
+    assert plain_damage and len(plain) > 240
+    monkeypatch.setattr(lmdb_file, "AHEAD", 8 * 4096)
+    monkeypatch.setattr(lmdb_file, "AHEAD_CHUNK", 4096)
+    with lmdb_file.Tree(str(data_file)) as tree:
+        assert list(tree.entries()) == plain and tree.damage == plain_damage
+        assert any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+    with lmdb_file.Tree(str(data_file)) as tree:
+        next(tree.entries())  # left after one entry
+    assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())

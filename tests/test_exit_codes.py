@@ -90,10 +90,11 @@ def test_one_three_zero_interrupted(world: dict[str, Path]) -> None:
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
 from fastdata.stores.lmdb.reader import LMDBStore
-def interrupted(self, indices):
+def interrupted(self, *args):
     os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C
     return []
-LMDBStore.read_records = interrupted
+LMDBStore.read_records = interrupted  # (export reads records)
+LMDBStore.scan_records = interrupted  # (verify reads the file)
 from fastdata.cli import main
 sys.argv = ["fastdata", *sys.argv[1:]]
 main()

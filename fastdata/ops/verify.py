@@ -56,59 +56,37 @@ def verify_store(
     page are not read; reading goes on after a failure.
     """
     report = VerifyReport(reader.location, checksums=reader.has_checksums)
-    report.damaged_pages = reader.structure_damage()
     total = len(reader)
     labels = reader.labels
-    schema = reader.meta.schema if reader.has_checksums else None
-    with reader.sequential():
-        for start in range(0, total, batch_size):
-            indices: list[int] = []
-            for i in range(start, min(total, start + batch_size)):
-                why = reader.damaged_record(i)
-                if why is None:
-                    indices.append(i)
-                else:
-                    report.failures.append(Failure(i, f"record {i}", why))
+    checked = reader.has_checksums
+    schema = reader.meta.schema if checked else None
+    failures = report.failures
+    for i, h, data, why in reader.scan_records(report.damaged_pages, batch_size):
+        if progress is not None and i % batch_size == 0 and i:
+            progress(i, total)
+        if h is None:
+            failures.append(Failure(i, f"record {i}", why or "unreadable"))
+            continue
+        report.checked += 1
+        if checked and h.label != labels.item(i):
+            report.broken.append(
+                f"each record's label is the one the labels list gives: record {i} ({h.name}) "
+                f"says {h.label}, the list {labels.item(i)}"
+            )
+        if len(data) != h.size:
+            failures.append(Failure(i, h.name, f"size {len(data)}, expected {h.size}"))
+        elif checksum(data) != h.crc32:
+            failures.append(Failure(i, h.name, "checksum mismatch"))
+        elif (schema or h.fields is not None) and (why := fields_problem(h, schema)):
+            failures.append(Failure(i, h.name, why))
+        elif decode:
             try:
-                records = reader.read_records(indices)
-            except FastdataError as exc:
-                records = []
-                for i in indices:  # fall back to one at a time to find the broken ones
-                    try:
-                        records.extend(reader.read_records([i]))
-                    except FastdataError as one:
-                        report.failures.append(Failure(i, f"record {i}", str(one)))
-                if not records and not report.failures:
-                    raise exc
-            for rec in records:
-                report.checked += 1
-                h = rec.header
-                if reader.has_checksums and h.label != int(labels[rec.index]):
-                    report.broken.append(
-                        f"each record's label is the one the labels list gives: record "
-                        f"{rec.index} ({h.name}) says {h.label}, the list {int(labels[rec.index])}"
-                    )
-                if len(rec.data) != h.size:
-                    report.failures.append(
-                        Failure(rec.index, h.name, f"size {len(rec.data)}, expected {h.size}")
-                    )
-                    continue
-                if checksum(rec.data) != h.crc32:
-                    report.failures.append(Failure(rec.index, h.name, "checksum mismatch"))
-                    continue
-                if schema or h.fields is not None:
-                    why = fields_problem(h, schema)
-                    if why is not None:
-                        report.failures.append(Failure(rec.index, h.name, why))
-                        continue
-                if decode:
-                    try:
-                        decode_check(rec.data, h.name)
-                        report.decoded += 1
-                    except CorruptImageError as exc:
-                        report.failures.append(Failure(rec.index, h.name, exc.reason))
-            if progress is not None:
-                progress(min(total, start + batch_size), total)
+                decode_check(bytes(data), h.name)
+                report.decoded += 1
+            except CorruptImageError as exc:
+                failures.append(Failure(i, h.name, exc.reason))
+    if progress is not None:
+        progress(total, total)
     if reader.has_checksums:
         _check_invariants(reader, report)
     return report

@@ -17,7 +17,10 @@ from ..records import Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MemoryReader", "StoreReader"]
+__all__ = ["MemoryReader", "ScanItem", "StoreReader"]
+
+ScanItem = tuple[int, "RecordHeader | None", "bytes | memoryview", "str | None"]
+"""A record as a full check reads it: its index, header, bytes, and why it cannot be read."""
 
 
 class StoreReader(abc.ABC):
@@ -235,14 +238,31 @@ class StoreReader(abc.ABC):
             return [item(i) for i in idx]
         return labels.take(idx).tolist()
 
-    def structure_damage(self) -> list[str]:
-        """Damage to the store's own structure (pages, indexes) found by a full check; readers
-        whose backend has nothing to check return none."""
-        return []
+    def scan_records(self, damage: list[str], batch_size: int = 256) -> Iterator[ScanItem]:
+        """Every record in index order, for a full check (``fastdata verify``): ``(index,
+        header, bytes, None)``, or ``(index, None, b"", why)`` for one that cannot be read
+        (reading goes on after it). Damage to the store's own structure (an LMDB file's pages)
+        found on the way is added to ``damage`` by the time the iteration ends; backends with
+        no structure of their own to check add none."""
+        from ..errors import FastdataError
 
-    def damaged_record(self, index: int) -> str | None:
-        """Why record ``index`` cannot be read safely after :meth:`structure_damage`, or None."""
-        return None
+        total = len(self)
+        with self.sequential():
+            for start in range(0, total, batch_size):
+                indices = range(start, min(total, start + batch_size))
+                try:
+                    records = self.read_records(indices)
+                except FastdataError:
+                    for i in indices:  # one at a time, to find the ones that fail
+                        try:
+                            [rec] = self.read_records([i])
+                        except FastdataError as exc:
+                            yield i, None, b"", str(exc)
+                            continue
+                        yield i, rec.header, rec.data, None
+                    continue
+                for rec in records:
+                    yield rec.index, rec.header, rec.data, None
 
     @abc.abstractmethod
     def close(self) -> None:

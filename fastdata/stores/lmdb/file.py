@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ...errors import StoreError
 
-__all__ = ["SLACK", "Damage", "Header", "check_file", "pad", "walk"]
+__all__ = ["SLACK", "Damage", "Header", "Tree", "check_file", "pad", "walk"]
 
 MAGIC = 0xBEEFC0DE
 PAGE_HEADER = 16
@@ -127,51 +129,227 @@ class Damage:
 
     def __str__(self) -> str:
         low = self.low.decode("ascii", "replace") if self.low is not None else "the first key"
+        if self.low is not None and self.high == self.low + b"\0":  # (one value's own pages)
+            return f"page {self.page} (the value of key {low}): {self.what}"
         high = self.high.decode("ascii", "replace") if self.high is not None else "the last key"
         return f"page {self.page} (keys {low} to {high}): {self.what}"
 
 
 _Bounds = tuple[int, int, "bytes | None", "bytes | None"]
+_Item = tuple[bytes, int, int, int]
+"""A leaf entry: its key, where its value starts on the page, its size, and its first overflow
+page (-1: the value is on the page)."""
 _NODE = struct.Struct("<HHHH")
 _PGNO = struct.Struct("<Q")
+_PAGE = struct.Struct("<QHHHH")
+_OVERFLOW = struct.Struct("<QHHI")
 
 
 def walk(path: str, *, limit: int = 100) -> list[Damage]:
-    """Check every page of the main B-tree, reading the file directly; return what is wrong.
-
-    Every branch and leaf page reached from the root is checked: its page number and type, its
-    bounds, every node's offset and key length, every child page and overflow run within the
-    file. A damaged page's subtree is not followed; the damage names the keys it holds. At most
-    ``limit`` damaged pages are listed.
+    """Check every page of the main B-tree, reading the file directly; return what is wrong
+    (at most ``limit`` damaged pages; see :class:`Tree`).
 
     Raises:
         StoreError: the file's header is damaged or the file is truncated (nothing to walk).
     """
-    head = check_file(path)
-    found: list[Damage] = []
-    if head.root == P_INVALID:
-        return found
-    psize, last = head.psize, head.last_page
-    seen: set[int] = set()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
+    with Tree(path, limit=limit) as tree:
+        for _ in tree.entries(values=False):
+            pass
+        return tree.damage
+
+
+class Tree:
+    """The main B-tree of an LMDB data file, read directly with ``pread`` (never mapped), so
+    that damage is an error and not a fault: what ``fastdata verify`` reads, in one pass.
+
+    Every branch and leaf page reached is checked: its page number and type, its bounds, every
+    node's offset and key length, every child page and overflow run within the file; a value's
+    overflow pages are checked too when it is read. A damaged page's subtree is not followed;
+    its damage names the keys it holds. The first ``limit`` damaged pages are listed in
+    :attr:`damage`; :attr:`more` counts the rest.
+
+    Raises:
+        StoreError: the file's header is damaged or the file is truncated.
+    """
+
+    def __init__(self, path: str, *, limit: int = 100) -> None:
+        self.path = path
+        self.head = check_file(path)
+        self.limit = limit
+        self.found: list[Damage] = []
+        """Every damaged page found, in the order found."""
+        self._pages: set[int] = set()
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._ahead: _ReadAhead | None = None
+        self._reached = 0
+        """The furthest byte a walk has read."""
+
+    def __enter__(self) -> Tree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.stop()
+            self._ahead = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def file_key(self) -> tuple[int, int]:
+        """The file read: its device and inode."""
+        st = os.fstat(self._fd)
+        return st.st_dev, st.st_ino
+
+    @property
+    def damage(self) -> list[Damage]:
+        return self.found[: self.limit]
+
+    @property
+    def more(self) -> int:
+        return max(0, len(self.found) - self.limit)
+
+    def covering(self, key: bytes) -> Damage | None:
+        """The damaged page under which ``key`` would lie, if one was found."""
+        return next((d for d in self.found if d.covers(key)), None)
+
+    def _damaged(self, page: int, what: str, low: bytes | None, high: bytes | None) -> None:
+        if page not in self._pages:  # (a page above the ranges of two walks is met by both)
+            self._pages.add(page)
+            self.found.append(Damage(page, what, low, high))
+
+    def entries(
+        self, low: bytes | None = None, high: bytes | None = None, *, values: bool = True
+    ) -> Iterator[tuple[bytes, bytes | memoryview | None]]:
+        """The leaf entries whose keys lie in ``[low, high)`` (every one by default), in key
+        order, as ``(key, value)``. The value is None with ``values=False``, and for an entry
+        whose overflow pages are damaged (then listed as damage). Entries under a damaged page
+        are not given (the damage names their keys). Subtrees outside the range are not read,
+        so their damage is found only by a walk whose range they are in."""
+        head = self.head
+        if head.root == P_INVALID:
+            return
+        psize, last, fd = head.psize, head.last_page, self._fd
+        if self._ahead is None and head.used_bytes > 2 * AHEAD and hasattr(os, "preadv"):
+            self._ahead = _ReadAhead(self.path, head.used_bytes)
+        mark = self._reached + AHEAD_CHUNK  # (the read-ahead is moved on once a chunk is read)
+        seen = bytearray((last >> 3) + 1)
         stack: list[_Bounds] = [(head.root, 0, None, None)]
-        while stack and len(found) < limit:
-            number, level, low, high = stack.pop()
-            if number in seen or level > 64:
-                found.append(Damage(number, "reached twice (a loop in the tree)", low, high))
+        items: list[_Item] = []
+        while stack:
+            number, level, lo, hi = stack.pop()
+            if (low is not None and hi is not None and hi <= low) or (
+                high is not None and lo is not None and lo >= high
+            ):
                 continue
-            seen.add(number)
+            bit = 1 << (number & 7)
+            if seen[number >> 3] & bit or level > 64:
+                self._damaged(number, "reached twice (a loop in the tree)", lo, hi)
+                continue
+            seen[number >> 3] |= bit
             pushed = len(stack)
             data = os.pread(fd, psize, number * psize)
-            what = _check_page(data, number, last, level, low, high, stack)
+            if number * psize > mark and self._ahead is not None:
+                self._reached = max(self._reached, number * psize)
+                mark = self._reached + AHEAD_CHUNK
+                self._ahead.advance(self._reached)
+            items.clear()
+            what = _check_page(data, number, last, level, lo, hi, stack, items)
             if what:
-                found.append(Damage(number, what, low, high))
-            elif len(stack) > pushed:
+                self._damaged(number, what, lo, hi)
+                continue
+            if len(stack) > pushed:
                 _prefetch(fd, [c[0] for c in stack[pushed:]], psize)
-    finally:
-        os.close(fd)
-    return found
+                continue
+            inside = (low is None or (lo is not None and lo >= low)) and (
+                high is None or (hi is not None and hi <= high)
+            )
+            for key, start, size, first in items:
+                if not inside and (
+                    (low is not None and key < low) or (high is not None and key >= high)
+                ):
+                    continue
+                if not values:
+                    yield key, None
+                elif first < 0:
+                    yield key, data[start : start + size]
+                else:
+                    yield key, self._overflow(first, size, key)
+
+    def _overflow(self, first: int, size: int, key: bytes) -> memoryview | None:
+        """The value of ``size`` bytes on the overflow pages from ``first`` (checked to lie in
+        the file by the leaf that points at them); None if their header is damaged."""
+        psize = self.head.psize
+        pages = -(-(size + PAGE_HEADER) // psize)
+        run = os.pread(self._fd, pages * psize, first * psize)
+        what = ""
+        if len(run) < PAGE_HEADER + size:
+            what = "past the end of the file"
+        else:
+            pgno, _pad, flags, count = _OVERFLOW.unpack_from(run, 0)
+            if pgno != first:
+                what = f"damaged (its header says page {pgno})"
+            elif not flags & P_OVERFLOW or count < pages:
+                what = f"damaged (flags {flags:#x}, {count} pages: not the overflow run of a value)"
+        if what:
+            self._damaged(first, what, key, key + b"\0")
+            return None
+        return memoryview(run)[PAGE_HEADER : PAGE_HEADER + size]
+
+
+AHEAD = 64 << 20
+"""How far past the furthest page a walk has read the file is read ahead of it (bounded, so
+that a store larger than memory does not push out pages the walk has yet to read)."""
+AHEAD_CHUNK = 4 << 20
+
+
+class _ReadAhead:
+    """A thread that reads the file in order, up to :data:`AHEAD` bytes past where a walk is,
+    so that the disk streams at its own speed while the walk checks what it has read (the
+    walk's reads then find the page cache filled). It stops at the end of the file or when
+    :meth:`stop` is called; a failed read ends it (the walk reads for itself)."""
+
+    def __init__(self, path: str, end: int) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._end = end
+        self._until = AHEAD
+        self._stopped = False
+        self._moved = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="fastdata-read-ahead", daemon=True)
+        self._thread.start()
+
+    def advance(self, offset: int) -> None:
+        """The walk has read as far as ``offset``."""
+        with self._moved:
+            self._until = offset + AHEAD
+            self._moved.notify()
+
+    def stop(self) -> None:
+        with self._moved:
+            self._stopped = True
+            self._moved.notify()
+        self._thread.join()
+        os.close(self._fd)
+
+    def _run(self) -> None:
+        view = memoryview(bytearray(AHEAD_CHUNK))
+        offset = 0
+        while offset < self._end:
+            with self._moved:
+                while offset >= self._until and not self._stopped:
+                    self._moved.wait()
+                if self._stopped:
+                    return
+            try:
+                got = os.preadv(self._fd, [view], offset)
+            except OSError:
+                return
+            if got <= 0:
+                return
+            offset += got
 
 
 PREFETCH_GAP = 16
@@ -201,12 +379,14 @@ def _check_page(
     low: bytes | None,
     high: bytes | None,
     stack: list[_Bounds],
+    items: list[_Item],
 ) -> str:
-    """What is wrong with one tree page ("" if nothing); a branch page's children are pushed."""
+    """What is wrong with one tree page ("" if nothing); a branch page's children are pushed,
+    a leaf page's entries added to ``items`` (both in key order)."""
     psize = len(data)
     if psize < PAGE_HEADER:
         return "past the end of the file"
-    pgno, _pad, flags, lower, upper = struct.unpack_from("<QHHHH", data, 0)
+    pgno, _pad, flags, lower, upper = _PAGE.unpack_from(data, 0)
     if pgno != number:
         return f"damaged (its header says page {pgno})"
     kind = flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META)
@@ -214,41 +394,58 @@ def _check_page(
         return f"damaged (flags {flags:#x}, not a tree page)"
     if not PAGE_HEADER <= lower <= upper <= psize or (lower - PAGE_HEADER) % 2:
         return f"damaged (bounds {lower}-{upper})"
-    count = (lower - PAGE_HEADER) // 2
-    children: list[_Bounds] = []
-    keys: list[bytes | None] = []
-    where = "node {}"  # (formatted only for a message)
-    for i, offset in enumerate(struct.unpack_from(f"<{count}H", data, PAGE_HEADER)):
-        if not upper <= offset <= psize - NODE_HEADER:
-            return f"damaged ({where.format(i)} at offset {offset}, outside the page)"
-        lo, hi, nflags, ksize = _NODE.unpack_from(data, offset)
+    offsets = struct.unpack_from(f"<{(lower - PAGE_HEADER) // 2}H", data, PAGE_HEADER)
+    last_node = psize - NODE_HEADER
+    node = _NODE.unpack_from
+    if kind == P_LEAF:  # (most pages: checked in the fewest steps)
+        before, strict = (low if low is not None else b""), False
+        for offset in offsets:
+            if not upper <= offset <= last_node:
+                return _node_damage(offsets, offset, f"at offset {offset}, outside the page")
+            lo, hi, nflags, ksize = node(data, offset)
+            start = offset + NODE_HEADER + ksize
+            size = lo | (hi << 16)
+            key = data[offset + NODE_HEADER : start]
+            if key < before or (strict and key == before) or (high is not None and key >= high):
+                return _node_damage(offsets, offset, "its key is out of order")
+            before, strict = key, True
+            if not nflags:
+                if start + size > psize:
+                    why = f"a key of {ksize} bytes and a value of {size} run past the page"
+                    return _node_damage(offsets, offset, why)
+                items.append((key, start, size, -1))
+            elif nflags & (F_SUBDATA | F_DUPDATA):
+                continue  # fastdata stores have no sub-databases; other layouts are not walked
+            elif start + 8 > psize:
+                return _node_damage(offsets, offset, "overflow pointer runs past the page")
+            else:
+                first = _PGNO.unpack_from(data, start)[0]
+                if first < 2 or first + (size + PAGE_HEADER - 1) // psize > last:
+                    why = f"a value of {size} bytes on pages outside the file"
+                    return _node_damage(offsets, offset, why)
+                items.append((key, start, size, first))
+        return ""
+    children: list[int] = []
+    keys: list[bytes | None] = [low]
+    for offset in offsets:
+        if not upper <= offset <= last_node:
+            return _node_damage(offsets, offset, f"at offset {offset}, outside the page")
+        lo, hi, nflags, ksize = node(data, offset)
         start = offset + NODE_HEADER + ksize
         if start > psize:
-            return f"damaged ({where.format(i)}: key of {ksize} bytes runs past the page)"
-        keys.append(data[offset + NODE_HEADER : start] if i or kind == P_LEAF else low)
-        if kind == P_BRANCH:
-            child = lo | (hi << 16) | (nflags << 32)
-            if not 2 <= child <= last:
-                return f"damaged ({where.format(i)}: child page {child} outside the file)"
-            children.append((child, level + 1, None, None))
-            continue
-        dsize = lo | (hi << 16)
-        if nflags & (F_SUBDATA | F_DUPDATA):
-            continue  # fastdata stores have no sub-databases; other layouts are not walked
-        if nflags & F_BIGDATA:
-            if start + 8 > psize:
-                return f"damaged ({where.format(i)}: overflow pointer runs past the page)"
-            first = _PGNO.unpack_from(data, start)[0]
-            pages = -(-(dsize + PAGE_HEADER) // psize)
-            if first < 2 or first + pages - 1 > last:
-                return (
-                    f"damaged ({where.format(i)}: a value of {dsize} bytes on pages outside "
-                    "the file)"
-                )
-        elif start + dsize > psize:
-            return f"damaged ({where.format(i)}: a value of {dsize} bytes runs past the page)"
+            return _node_damage(offsets, offset, f"key of {ksize} bytes runs past the page")
+        child = lo | (hi << 16) | (nflags << 32)
+        if not 2 <= child <= last:
+            return _node_damage(offsets, offset, f"child page {child} outside the file")
+        children.append(child)
+        keys.append(data[offset + NODE_HEADER : start])
+    keys[1:2] = []  # (a branch's first key is empty: its children begin at the page's low key)
+    keys.append(high)
     # pushed last first, so that they are walked in order (the order they were prefetched in)
     for i in range(len(children) - 1, -1, -1):
-        child, lvl = children[i][0], children[i][1]
-        stack.append((child, lvl, keys[i], keys[i + 1] if i + 1 < len(keys) else high))
+        stack.append((children[i], level + 1, keys[i], keys[i + 1]))
     return ""
+
+
+def _node_damage(offsets: tuple[int, ...], offset: int, what: str) -> str:
+    return f"damaged (node {offsets.index(offset)}: {what})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -25,7 +26,7 @@ from ...records import (
     check_labels,
     skipped_file,
 )
-from ..reader import StoreReader
+from ..reader import ScanItem, StoreReader
 from . import file as lmdb_file
 from .env import Lease, _data_file, open_reader
 from .layout import (
@@ -74,7 +75,6 @@ class _Leased(StoreReader):
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
-        import shlex
 
         from .layout import ASIDE_DIR, DATA_FILE
         from .writer import _peek
@@ -289,18 +289,69 @@ class LMDBStore(_Leased):
             for r, label in zip(self.read_records(indices), labels, strict=True)
         ]
 
-    _damage: tuple[lmdb_file.Damage, ...] = ()
+    def scan_records(self, damage: list[str], batch_size: int = 256) -> Iterator[ScanItem]:
+        """Read from the data file itself, in one pass: every page of the B-tree is checked
+        (:class:`~fastdata.stores.lmdb.file.Tree`) and every record's header and bytes taken
+        from the pages as they are read, so that nothing is read twice and nothing damaged is
+        handed to LMDB. An append that begins meanwhile may reuse the pages read (see
+        "appends"): then the check is refused, to be run again."""
+        lease = self._env()
+        before = lease.entry.epoch()
+        with lmdb_file.Tree(_data_file(self.path)) as tree:
+            if tree.file_key != lease.entry.key:
+                raise self._replaced("(another data file)")
+            yield from self._paired(tree)
+            for low, high in ((None, b"#0"), (b"#:", b"0"), (b":", None)):  # the other keys
+                for _ in tree.entries(low, high, values=False):
+                    pass
+            if lease.entry.epoch() != before:
+                raise StoreError(
+                    f"{self.path}: an append began while the store was checked, so what was "
+                    "read may be pages it reused; when it is done, check the store again with "
+                    f"`fastdata verify {shlex.quote(os.path.abspath(self.path))}`"
+                )
+            damage.extend(str(d) for d in tree.damage)
+            if tree.more:
+                damage.append(f"{tree.more} more damaged pages (the first {tree.limit} listed)")
 
-    def structure_damage(self) -> list[str]:
-        """The damaged pages of the data file (see :func:`~fastdata.stores.lmdb.file.walk`)."""
-        self._damage = tuple(lmdb_file.walk(_data_file(self.path)))
-        return [str(d) for d in self._damage]
-
-    def damaged_record(self, index: int) -> str | None:
-        if not self._damage:
-            return None
-        keys = (record_key(index), header_key(index))
-        for damage in self._damage:
-            if any(damage.covers(k) for k in keys):
-                return f"lies under damaged page {damage.page}; not read"
-        return None
+    def _paired(self, tree: lmdb_file.Tree) -> Iterator[ScanItem]:
+        """Records ``0 .. count-1`` from the tree: the headers and the bytes sort apart, so
+        two walks go through them side by side."""
+        n = len(self)
+        end: tuple[bytes | None, Any] = (None, None)
+        heads = tree.entries(header_key(0), header_key(n))
+        datas = tree.entries(record_key(0), record_key(n))
+        head_key, head = next(heads, end)
+        data_key, data = next(datas, end)
+        for i in range(n):
+            key = b"%010d" % i  # record_key, inline
+            while head_key is not None and head_key[1:] < key:  # (a key of no record)
+                head_key, head = next(heads, end)
+            while data_key is not None and data_key < key:
+                data_key, data = next(datas, end)
+            where = f"{self.path}: record {key.decode()}"
+            if data_key != key or head_key is None or head_key[1:] != key:
+                missing = key if data_key != key else b"#" + key
+                under = tree.covering(missing)
+                yield (
+                    i,
+                    None,
+                    b"",
+                    (
+                        f"lies under damaged page {under.page}; not read"
+                        if under is not None
+                        else f"{where}{'' if missing == key else ': its header'} is missing; the "
+                        "store is damaged, convert it again"
+                    ),
+                )
+            elif data is None or head is None:
+                under = tree.covering(key if data is None else b"#" + key)
+                page = f"page {under.page}" if under is not None else "a page"
+                yield i, None, b"", f"its bytes lie on damaged {page}; not read"
+            else:
+                try:
+                    header = RecordHeader.from_json(head, where)
+                except RecordError as exc:
+                    yield i, None, b"", str(exc)
+                    continue
+                yield i, header, data, None
