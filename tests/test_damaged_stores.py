@@ -375,3 +375,84 @@ def test_the_read_ahead_of_a_large_file_changes_nothing(
     with lmdb_file.Tree(str(data_file)) as tree:
         next(tree.entries())  # left after one entry
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+PARALLEL = """
+    import json, os, sys
+    from fastdata import open_store
+    from fastdata.ops import verify
+    if sys.argv[2] == "die":  # the process checking the second part dies
+        check = verify._check_range
+        def dying(reader, report, start, *args):
+            if start:
+                os._exit(3)
+            return check(reader, report, start, *args)
+        verify._check_range = dying
+    seen = []
+    reader = open_store(sys.argv[1])
+    processes = verify._processes(reader, len(reader), int(sys.argv[3]))
+    try:
+        report = verify.verify_store(
+            reader, workers=int(sys.argv[3]),
+            progress=lambda done, total: seen.append((done, total)),
+        )
+    except Exception as exc:
+        print(json.dumps({"error": str(exc)}))
+        raise SystemExit(0)
+    print(json.dumps({
+        "failures": [[f.index, f.name, f.reason] for f in report.failures],
+        "pages": report.damaged_pages, "checked": report.checked, "last": seen[-1],
+        "processes": processes,
+    }))
+"""
+
+
+def test_verify_in_several_processes_finds_what_one_does(store: Path) -> None:
+    data_file = store / "data.mdb"
+    for page in pages(data_file, lmdb_file.P_LEAF)[-6:]:  # (some of them in the tree)
+        smash(data_file, page, 0, struct.pack("<Q", 1))
+    env = lmdb.open(str(store), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(b"0000000005"))
+        value[-10] ^= 0xFF
+        txn.put(b"0000000005", bytes(value))
+    env.close()
+    one = json.loads(run_script(PARALLEL, store, "-", 1).stdout)
+    three = json.loads(run_script(PARALLEL, store, "-", 3).stdout)
+    assert one["pages"] and [5, "c0/0005.jpg", "checksum mismatch"] in one["failures"]
+    assert three.pop("processes") == 3 and one.pop("processes") == 1
+    assert one == three and three["last"] == [240, 240]
+    by_cli = [cli("verify", str(store), "-q", "-j", j) for j in ("1", "3")]
+    assert by_cli[0].returncode == by_cli[1].returncode == 1
+    assert by_cli[0].stdout == by_cli[1].stdout
+
+
+def test_a_checking_process_that_dies_is_named(store: Path) -> None:
+    found = json.loads(run_script(PARALLEL, store, "die", 2).stdout)
+    assert "the process checking records 120 to 239 ended without a report" in found["error"]
+    assert "(exit code 3)" in found["error"]
+    command = found["error"].split("`")[1]
+    assert command.startswith("fastdata verify --workers 1 ")
+    result = subprocess.run(command, shell=True, capture_output=True, text=True, env=_cli_env())
+    assert result.returncode == 0 and "240 records OK" in result.stdout, result.stdout
+
+
+def test_verify_stays_in_one_process_beside_other_threads(store: Path) -> None:
+    """Forking a process with other threads running can leave the child stuck on a lock one
+    of them held: then the check runs here."""
+    import threading
+
+    from fastdata import open_store
+    from fastdata.ops.verify import _processes
+
+    reader = open_store(store)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert _processes(reader, 1_000_000, None) == 1
+        assert _processes(reader, 1_000_000, 4) == 1
+    finally:
+        release.set()
+        other.join()
+    reader.close()

@@ -99,9 +99,16 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
 @cli.command()
 @click.argument("store")
 @click.option("--decode", is_flag=True, help="Also decode every image.")
+@click.option(
+    "--workers",
+    "-j",
+    type=click.IntRange(1, 256),
+    help="Processes that check parts of the store side by side (default: one per CPU, at most "
+    "8, for an LMDB store of 20,000 records or more; 1 checks in this process).",
+)
 @_store_options
 @_quiet
-def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
+def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options: Any) -> None:
     """Check every record's checksum (and with --decode, that it decodes).
 
     Exits with code 1 and lists the failures when any record fails. STORE is an LMDB path or a
@@ -135,7 +142,7 @@ def verify(store: str, decode: bool, quiet: bool, **options: Any) -> None:
             ) from None
         raise
     with _progress("verifying", quiet) as progress:
-        report = verify_store(reader, decode=decode, progress=progress)
+        report = verify_store(reader, decode=decode, progress=progress, workers=workers)
     if report.ok:
         if report.checksums:
             what = "checksums and decoding" if decode else "checksums"

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import shlex
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..errors import CorruptImageError, FastdataError
+from ..errors import CorruptImageError, FastdataError, StoreError
 from ..images.decode import decode_check
 from ..records import checksum, fields_problem
 from ..stores.reader import StoreReader
@@ -42,28 +49,62 @@ class VerifyReport:
         return not self.failures and not self.damaged_pages and not self.broken
 
 
+PARALLEL_FROM = 20_000
+"""Stores of at least this many records are checked by several processes (where they can be)."""
+
+
 def verify_store(
     reader: StoreReader,
     *,
     decode: bool = False,
     batch_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> VerifyReport:
-    """Check the store's structure (an LMDB file's every page), then read every record and check
-    its size and CRC-32 (and, with ``decode``, decode it).
+    """Check the store's structure (an LMDB file's every page) and every record: its size and
+    CRC-32 (and, with ``decode``, that it decodes).
 
     Damaged pages and the records that fail are listed in the report; records under a damaged
     page are not read; reading goes on after a failure.
+
+    Args:
+        workers: processes that check parts of the store side by side. By default one per CPU
+            (at most 8) for an LMDB store of 20,000 records or more, where a process can be
+            forked safely (Linux, and no other thread running in this one); 1 checks here.
     """
     report = VerifyReport(reader.location, checksums=reader.has_checksums)
+    total = len(reader)
+    n = _processes(reader, total, workers)
+    if n > 1:
+        _check_in_processes(reader, report, n, decode, batch_size, progress)
+    else:
+        _check_range(reader, report, 0, total, decode, batch_size, progress)
+    if progress is not None:
+        progress(total, total)
+    if reader.has_checksums:
+        _check_invariants(reader, report)
+    return report
+
+
+def _check_range(
+    reader: StoreReader,
+    report: VerifyReport,
+    start: int,
+    stop: int,
+    decode: bool,
+    batch_size: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Check records ``start .. stop-1`` into ``report``; ``progress(done, total)`` every batch."""
     total = len(reader)
     labels = reader.labels
     checked = reader.has_checksums
     schema = reader.meta.schema if checked else None
     failures = report.failures
-    for i, h, data, why in reader.scan_records(report.damaged_pages, batch_size):
-        if progress is not None and i % batch_size == 0 and i:
-            progress(i, total)
+    scan = reader.scan_records(report.damaged_pages, batch_size, start=start, stop=stop)
+    for i, h, data, why in scan:
+        if progress is not None and (i - start) % batch_size == 0 and i > start:
+            progress(i - start, total)
         if h is None:
             failures.append(Failure(i, f"record {i}", why or "unreadable"))
             continue
@@ -85,11 +126,121 @@ def verify_store(
                 report.decoded += 1
             except CorruptImageError as exc:
                 failures.append(Failure(i, h.name, exc.reason))
-    if progress is not None:
-        progress(total, total)
-    if reader.has_checksums:
-        _check_invariants(reader, report)
-    return report
+
+
+def _processes(reader: StoreReader, total: int, asked: int | None) -> int:
+    if asked is not None:
+        if asked < 1:
+            raise ValueError(f"workers must be 1 or more, not {asked}")
+        wanted = asked
+    elif total < PARALLEL_FROM:
+        return 1
+    else:
+        wanted = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    forkable = (
+        sys.platform == "linux"
+        and "fork" in multiprocessing.get_all_start_methods()
+        and threading.active_count() == 1
+    )
+    if not (reader.scans_in_parallel and forkable):
+        return 1
+    return wanted if asked is not None else min(wanted, total // 1000)
+
+
+def _check_in_processes(
+    reader: StoreReader,
+    report: VerifyReport,
+    n: int,
+    decode: bool,
+    batch_size: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Check ``n`` parts of the store in ``n`` forked processes, side by side; their reports,
+    merged in index order, make ``report``."""
+    from multiprocessing.connection import wait
+
+    total = len(reader)
+    ctx = multiprocessing.get_context("fork")
+    bounds = [total * k // n for k in range(n + 1)]
+    done = ctx.RawArray("q", n)
+    procs, pipes = [], []
+    try:
+        for k in range(n):
+            recv, send = ctx.Pipe(duplex=False)
+            args = (reader, report.location, bounds[k], bounds[k + 1], decode, batch_size, done, k)
+            proc = ctx.Process(target=_child, args=(*args, send), daemon=True)
+            proc.start()
+            send.close()
+            procs.append(proc)
+            pipes.append(recv)
+        parts: list[Any] = [None] * n
+        waiting = {id(conn): k for k, conn in enumerate(pipes)}
+        while waiting:
+            for ready in wait([pipes[k] for k in waiting.values()], timeout=0.25):
+                k = waiting.pop(id(ready))
+                try:
+                    parts[k] = pipes[k].recv()
+                except EOFError:
+                    procs[k].join()
+                    parts[k] = StoreError(
+                        f"{report.location}: the process checking records {bounds[k]} to "
+                        f"{bounds[k + 1] - 1} ended without a report (exit code "
+                        f"{procs[k].exitcode}); check the store in one process with "
+                        f"`fastdata verify --workers 1 {shlex.quote(report.location)}`"
+                    )
+            if progress is not None:
+                progress(sum(done), total)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+        for conn in pipes:
+            conn.close()
+    for part in parts:
+        if isinstance(part, BaseException):
+            raise part
+    seen: set[str] = set()
+    for part in parts:
+        report.checked += part.checked
+        report.decoded += part.decoded
+        report.failures.extend(part.failures)
+        report.broken.extend(part.broken)
+        for page in part.damaged_pages:  # (a damaged page above two parts is met by both)
+            if page not in seen:
+                seen.add(page)
+                report.damaged_pages.append(page)
+
+
+def _child(
+    reader: StoreReader,
+    location: str,
+    start: int,
+    stop: int,
+    decode: bool,
+    batch_size: int,
+    done: Any,
+    k: int,
+    send: Any,
+) -> None:
+    """One process's part: its report (or the error that stopped it) sent back."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the parent's to handle)
+    report = VerifyReport(location, checksums=reader.has_checksums)
+
+    def counted(got: int, _total: int) -> None:
+        done[k] = got
+
+    try:
+        _check_range(reader, report, start, stop, decode, batch_size, counted)
+        out: Any = report
+    except FastdataError as exc:
+        out = exc
+    except Exception as exc:  # (sent as text: it may not pickle)
+        out = StoreError(f"{location}: checking records {start} to {stop - 1} failed: {exc!r}")
+    try:
+        send.send(out)
+    finally:
+        send.close()
 
 
 def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:

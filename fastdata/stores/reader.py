@@ -238,18 +238,24 @@ class StoreReader(abc.ABC):
             return [item(i) for i in idx]
         return labels.take(idx).tolist()
 
-    def scan_records(self, damage: list[str], batch_size: int = 256) -> Iterator[ScanItem]:
-        """Every record in index order, for a full check (``fastdata verify``): ``(index,
-        header, bytes, None)``, or ``(index, None, b"", why)`` for one that cannot be read
-        (reading goes on after it). Damage to the store's own structure (an LMDB file's pages)
-        found on the way is added to ``damage`` by the time the iteration ends; backends with
-        no structure of their own to check add none."""
+    scans_in_parallel = False
+    """Whether :meth:`scan_records` of parts of the store may run in several processes at once,
+    each its own part (a check then takes the machine's cores)."""
+
+    def scan_records(
+        self, damage: list[str], batch_size: int = 256, *, start: int = 0, stop: int | None = None
+    ) -> Iterator[ScanItem]:
+        """Records ``start .. stop-1`` (all by default) in index order, for a full check
+        (``fastdata verify``): ``(index, header, bytes, None)``, or ``(index, None, b"", why)``
+        for one that cannot be read (reading goes on after it). Damage to the store's own
+        structure (an LMDB file's pages) found on the way is added to ``damage`` by the time the
+        iteration ends; backends with no structure of their own to check add none."""
         from ..errors import FastdataError
 
-        total = len(self)
+        total = len(self) if stop is None else stop
         with self.sequential():
-            for start in range(0, total, batch_size):
-                indices = range(start, min(total, start + batch_size))
+            for first in range(start, total, batch_size):
+                indices = range(first, min(total, first + batch_size))
                 try:
                     records = self.read_records(indices)
                 except FastdataError:

@@ -233,9 +233,8 @@ class Tree:
         if head.root == P_INVALID:
             return
         psize, last, fd = head.psize, head.last_page, self._fd
-        if self._ahead is None and head.used_bytes > 2 * AHEAD and hasattr(os, "preadv"):
-            self._ahead = _ReadAhead(self.path, head.used_bytes)
-        mark = self._reached + AHEAD_CHUNK  # (the read-ahead is moved on once a chunk is read)
+        ahead = head.used_bytes > 2 * AHEAD and hasattr(os, "preadv")
+        mark = -1  # (the read-ahead is moved on once a chunk of leaves is read)
         seen = bytearray((last >> 3) + 1)
         stack: list[_Bounds] = [(head.root, 0, None, None)]
         items: list[_Item] = []
@@ -252,10 +251,6 @@ class Tree:
             seen[number >> 3] |= bit
             pushed = len(stack)
             data = os.pread(fd, psize, number * psize)
-            if number * psize > mark and self._ahead is not None:
-                self._reached = max(self._reached, number * psize)
-                mark = self._reached + AHEAD_CHUNK
-                self._ahead.advance(self._reached)
             items.clear()
             what = _check_page(data, number, last, level, lo, hi, stack, items)
             if what:
@@ -264,6 +259,8 @@ class Tree:
             if len(stack) > pushed:
                 _prefetch(fd, [c[0] for c in stack[pushed:]], psize)
                 continue
+            if ahead and number * psize > mark:
+                mark = self._read_ahead(number * psize) + AHEAD_CHUNK
             inside = (low is None or (lo is not None and lo >= low)) and (
                 high is None or (hi is not None and hi <= high)
             )
@@ -278,6 +275,14 @@ class Tree:
                     yield key, data[start : start + size]
                 else:
                     yield key, self._overflow(first, size, key)
+
+    def _read_ahead(self, offset: int) -> int:
+        """A walk has read a leaf at ``offset``: the read-ahead begins there, or moves on."""
+        if self._ahead is None:
+            self._ahead = _ReadAhead(self.path, offset, self.head.used_bytes)
+        self._reached = max(self._reached, offset)
+        self._ahead.advance(self._reached)
+        return self._reached
 
     def _overflow(self, first: int, size: int, key: bytes) -> memoryview | None:
         """The value of ``size`` bytes on the overflow pages from ``first`` (checked to lie in
@@ -307,15 +312,16 @@ AHEAD_CHUNK = 4 << 20
 
 
 class _ReadAhead:
-    """A thread that reads the file in order, up to :data:`AHEAD` bytes past where a walk is,
-    so that the disk streams at its own speed while the walk checks what it has read (the
-    walk's reads then find the page cache filled). It stops at the end of the file or when
-    :meth:`stop` is called; a failed read ends it (the walk reads for itself)."""
+    """A thread that reads the file in order from where a walk began reading leaves, up to
+    :data:`AHEAD` bytes past where it is, so that the disk streams at its own speed while the
+    walk checks what it has read (the walk's reads then find the page cache filled). It stops
+    at the end of the file or when :meth:`stop` is called; a failed read ends it (the walk
+    reads for itself)."""
 
-    def __init__(self, path: str, end: int) -> None:
+    def __init__(self, path: str, start: int, end: int) -> None:
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._end = end
-        self._until = AHEAD
+        self._start, self._end = start, end
+        self._until = start + AHEAD
         self._stopped = False
         self._moved = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="fastdata-read-ahead", daemon=True)
@@ -336,7 +342,7 @@ class _ReadAhead:
 
     def _run(self) -> None:
         view = memoryview(bytearray(AHEAD_CHUNK))
-        offset = 0
+        offset = self._start
         while offset < self._end:
             with self._moved:
                 while offset >= self._until and not self._stopped:

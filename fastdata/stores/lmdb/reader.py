@@ -289,7 +289,11 @@ class LMDBStore(_Leased):
             for r, label in zip(self.read_records(indices), labels, strict=True)
         ]
 
-    def scan_records(self, damage: list[str], batch_size: int = 256) -> Iterator[ScanItem]:
+    scans_in_parallel = True
+
+    def scan_records(
+        self, damage: list[str], batch_size: int = 256, *, start: int = 0, stop: int | None = None
+    ) -> Iterator[ScanItem]:
         """Read from the data file itself, in one pass: every page of the B-tree is checked
         (:class:`~fastdata.stores.lmdb.file.Tree`) and every record's header and bytes taken
         from the pages as they are read, so that nothing is read twice and nothing damaged is
@@ -300,10 +304,11 @@ class LMDBStore(_Leased):
         with lmdb_file.Tree(_data_file(self.path)) as tree:
             if tree.file_key != lease.entry.key:
                 raise self._replaced("(another data file)")
-            yield from self._paired(tree)
-            for low, high in ((None, b"#0"), (b"#:", b"0"), (b":", None)):  # the other keys
-                for _ in tree.entries(low, high, values=False):
-                    pass
+            yield from self._paired(tree, start, len(self) if stop is None else stop)
+            if start == 0:  # the other keys' pages (checked with the first part)
+                for low, high in ((None, b"#0"), (b"#:", b"0"), (b":", None)):
+                    for _ in tree.entries(low, high, values=False):
+                        pass
             if lease.entry.epoch() != before:
                 raise StoreError(
                     f"{self.path}: an append began while the store was checked, so what was "
@@ -314,16 +319,15 @@ class LMDBStore(_Leased):
             if tree.more:
                 damage.append(f"{tree.more} more damaged pages (the first {tree.limit} listed)")
 
-    def _paired(self, tree: lmdb_file.Tree) -> Iterator[ScanItem]:
-        """Records ``0 .. count-1`` from the tree: the headers and the bytes sort apart, so
+    def _paired(self, tree: lmdb_file.Tree, start: int, stop: int) -> Iterator[ScanItem]:
+        """Records ``start .. stop-1`` from the tree: the headers and the bytes sort apart, so
         two walks go through them side by side."""
-        n = len(self)
         end: tuple[bytes | None, Any] = (None, None)
-        heads = tree.entries(header_key(0), header_key(n))
-        datas = tree.entries(record_key(0), record_key(n))
+        heads = tree.entries(header_key(start), header_key(stop))
+        datas = tree.entries(record_key(start), record_key(stop))
         head_key, head = next(heads, end)
         data_key, data = next(datas, end)
-        for i in range(n):
+        for i in range(start, stop):
             key = b"%010d" % i  # record_key, inline
             while head_key is not None and head_key[1:] < key:  # (a key of no record)
                 head_key, head = next(heads, end)
