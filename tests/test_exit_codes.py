@@ -90,7 +90,7 @@ def test_one_three_zero_interrupted(world: dict[str, Path]) -> None:
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
 from fastdata.stores.lmdb.reader import LMDBStore
-def interrupted(self, *args):
+def interrupted(self, *args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C
     return []
 LMDBStore.read_records = interrupted  # (export reads records)
@@ -110,3 +110,39 @@ main()
         )
         check(result, 130)
         assert "interrupted" in result.stderr
+
+
+def test_ctrl_c_in_a_verify_of_several_processes(world: dict[str, Path]) -> None:
+    """Ctrl-C while forked processes check parts of the store: 130, and none of them is left."""
+    pids = world["tmp"] / "checking.pids"
+    code = f"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
+from fastdata.ops import verify
+def checking(reader, report, start, *args):
+    with open({str(pids)!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+    if start == 0:
+        time.sleep(0.5)
+        os.kill(os.getppid(), signal.SIGINT)  # the user presses Ctrl-C
+    time.sleep(60)
+verify._check_range = checking
+from fastdata.cli import main
+sys.argv = ["fastdata", *sys.argv[1:]]
+main()
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code, "verify", str(world["store"]), "-q", "-j", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=world["tmp"],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    check(result, 130)
+    assert "interrupted" in result.stderr
+    children = [int(pid) for pid in pids.read_text().split()]
+    assert len(children) == 2
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
