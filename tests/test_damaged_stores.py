@@ -226,13 +226,18 @@ def test_damaged_record_header(store: Path, tmp_path: Path) -> None:
     assert results["export"].returncode == 1  # type: ignore[attr-defined]
 
 
-def test_export_refuses_a_record_that_fails_its_checksum(store: Path, tmp_path: Path) -> None:
+def flip_a_byte(store: Path, key: bytes) -> None:
+    """Damage one record's image bytes (its checksum then fails), through LMDB itself."""
     env = lmdb.open(str(store), map_size=1 << 26)
     with env.begin(write=True) as txn:
-        value = bytearray(txn.get(b"0000000005"))
+        value = bytearray(txn.get(key))
         value[-10] ^= 0xFF
-        txn.put(b"0000000005", bytes(value))
+        txn.put(key, bytes(value))
     env.close()
+
+
+def test_export_refuses_a_record_that_fails_its_checksum(store: Path, tmp_path: Path) -> None:
+    flip_a_byte(store, b"0000000005")
     out = tmp_path / "out"
     result = cli("export", str(store), str(out), "-q")
     assert result.returncode == 1
@@ -411,12 +416,7 @@ def test_verify_in_several_processes_finds_what_one_does(store: Path) -> None:
     data_file = store / "data.mdb"
     for page in pages(data_file, lmdb_file.P_LEAF)[-6:]:  # (some of them in the tree)
         smash(data_file, page, 0, struct.pack("<Q", 1))
-    env = lmdb.open(str(store), map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        value = bytearray(txn.get(b"0000000005"))
-        value[-10] ^= 0xFF
-        txn.put(b"0000000005", bytes(value))
-    env.close()
+    flip_a_byte(store, b"0000000005")
     one = json.loads(run_script(PARALLEL, store, "-", 1).stdout)
     three = json.loads(run_script(PARALLEL, store, "-", 3).stdout)
     assert one["pages"] and [5, "c0/0005.jpg", "checksum mismatch"] in one["failures"]

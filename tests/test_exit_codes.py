@@ -84,6 +84,18 @@ def test_two_usage_mistakes(world: dict[str, Path]) -> None:
     check(cli("convert", str(tmp / "labels.csv"), str(tmp / "m.lmdb"), "--classes", listing), 2)
 
 
+def run_code(code: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -c code ARGS`` with this checkout importable."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+
+
 def test_one_three_zero_interrupted(world: dict[str, Path]) -> None:
     """Ctrl-C in a command that reads (a writer's case is in test_store_integrity)."""
     code = """
@@ -100,14 +112,7 @@ sys.argv = ["fastdata", *sys.argv[1:]]
 main()
 """
     for args in (["verify", str(world["store"]), "-q"], ["export", str(world["store"]), "out"]):
-        result = subprocess.run(
-            [sys.executable, "-c", code, *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=world["tmp"],
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-        )
+        result = run_code(code, args, world["tmp"])
         check(result, 130)
         assert "interrupted" in result.stderr
 
@@ -131,14 +136,7 @@ from fastdata.cli import main
 sys.argv = ["fastdata", *sys.argv[1:]]
 main()
 """
-    result = subprocess.run(
-        [sys.executable, "-c", code, "verify", str(world["store"]), "-q", "-j", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=world["tmp"],
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-    )
+    result = run_code(code, ["verify", str(world["store"]), "-q", "-j", "2"], world["tmp"])
     check(result, 130)
     assert "interrupted" in result.stderr
     children = [int(pid) for pid in pids.read_text().split()]
