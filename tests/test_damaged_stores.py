@@ -420,7 +420,7 @@ def test_verify_in_several_processes_finds_what_one_does(store: Path) -> None:
     one = json.loads(run_script(PARALLEL, store, "-", 1).stdout)
     three = json.loads(run_script(PARALLEL, store, "-", 3).stdout)
     assert one["pages"] and [5, "c0/0005.jpg", "checksum mismatch"] in one["failures"]
-    assert three.pop("processes") == 3 and one.pop("processes") == 1
+    assert three.pop("processes") == 3 and one.pop("processes") == 1  # (-j 256: also 3, 240 // 64)
     assert one == three and three["last"] == [240, 240]
     by_cli = [cli("verify", str(store), "-q", "-j", j) for j in ("1", "3")]
     assert by_cli[0].returncode == by_cli[1].returncode == 1
@@ -456,3 +456,82 @@ def test_verify_stays_in_one_process_beside_other_threads(store: Path) -> None:
         release.set()
         other.join()
     reader.close()
+
+
+def value_page(data_file: Path, key: bytes) -> int:
+    """The first page of ``key``'s value, where it lies on pages of its own."""
+    raw = data_file.read_bytes()
+    with lmdb_file.Tree(str(data_file)) as tree:
+        live = {key for key, _ in tree.entries(values=False)}
+    assert key in live
+    for page in pages(data_file, lmdb_file.P_LEAF):
+        base = page * 4096
+        lower = struct.unpack_from("<H", raw, base + 12)[0]
+        for n in range((lower - 16) // 2):
+            at = base + struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
+            flags, size = struct.unpack_from("<HH", raw, at + 4)
+            if raw[at + 8 : at + 8 + size] == key and flags & lmdb_file.F_BIGDATA:
+                return int(struct.unpack_from("<Q", raw, at + 8 + size)[0])
+    raise AssertionError(f"no value pages for {key!r}")
+
+
+def test_a_damaged_page_under_the_names_is_listed_and_the_rest_checked(
+    store: Path, tmp_path: Path
+) -> None:
+    """The pages of the store's own values (the names index) are checked like a record's; a
+    check the damage stops is named, and nothing in the report sends the user back to verify."""
+    data_file = store / "data.mdb"
+    page = value_page(data_file, b"__names__")
+    smash(data_file, page, 0, struct.pack("<QHH", 1, 0, 0))  # its number and its kind
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert f"page {page} (the value of key __names__): damaged" in out
+    assert "all 240 records read and sound; the damage lies in pages of the store's own" in out
+    assert "run `fastdata verify`" not in out
+    command = result.stdout.strip().splitlines()[-1].split("`")[1]
+    assert command.startswith("fastdata export ") and command.endswith(" --skip-damaged")
+    exported = subprocess.run(
+        command, shell=True, capture_output=True, text=True, env=_cli_env(), cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert len(list((tmp_path / "s-sound").rglob("*.jpg"))) == 240
+
+
+def test_verify_keeps_its_exit_code_when_its_reader_goes_away(store: Path) -> None:
+    """`fastdata verify STORE | head`: the pipe closes before the report is printed."""
+    import sys
+
+    def closed_pipe() -> int:
+        with subprocess.Popen(
+            [sys.executable, "-m", "fastdata", "verify", str(store), "-q"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_cli_env(),
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()
+            err = proc.stderr.read().decode()
+            assert "Traceback" not in err, err
+            return proc.wait(timeout=120)
+
+    assert closed_pipe() == 0
+    flip_a_byte(store, b"0000000005")
+    assert closed_pipe() == 1
+
+
+def test_damage_that_stops_the_whole_store_checks_keeps_the_report(tmp_path: Path) -> None:
+    """The first image's pages overwritten: LMDB's own cursor then fails on them too, in the
+    check of the record count, which is named among the rest instead of ending the report."""
+    store = big_store(tmp_path)
+    data_file = store / "data.mdb"
+    page = value_page(data_file, b"0000000000")
+    smash(data_file, page, 0, bytes(range(7, 23)))
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    out = result.stdout
+    assert result.returncode == 1, result.stderr
+    assert "its records cannot be counted: " in out and "MDB_CORRUPTED" in out, out
+    assert f"page {page} (the value of key 0000000000): damaged" in out
+    assert "1 of 30 records failed (29 read):" in out and "run `fastdata verify`" not in out

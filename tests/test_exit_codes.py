@@ -117,26 +117,34 @@ main()
         assert "interrupted" in result.stderr
 
 
-def test_ctrl_c_in_a_verify_of_several_processes(world: dict[str, Path]) -> None:
+def test_ctrl_c_in_a_verify_of_several_processes(tmp_path: Path) -> None:
     """Ctrl-C while forked processes check parts of the store: 130, and none of them is left."""
-    pids = world["tmp"] / "checking.pids"
+    src = tmp_path / "src"
+    for i in range(130):  # (two parts of at least 64 records)
+        write(src / "c" / f"{i:03d}.jpg", jpeg_bytes(16, 16, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    pids = tmp_path / "checking.pids"
     code = f"""
 import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
 from fastdata.ops import verify
+command = os.getpid()
 def checking(reader, report, start, *args):
+    if os.getpid() == command:
+        raise SystemExit("checked in one process")
     with open({str(pids)!r}, "a") as f:
         f.write(f"{{os.getpid()}}\\n")
     if start == 0:
         time.sleep(0.5)
-        os.kill(os.getppid(), signal.SIGINT)  # the user presses Ctrl-C
+        os.kill(command, signal.SIGINT)  # the user presses Ctrl-C
     time.sleep(60)
 verify._check_range = checking
 from fastdata.cli import main
 sys.argv = ["fastdata", *sys.argv[1:]]
 main()
 """
-    result = run_code(code, ["verify", str(world["store"]), "-q", "-j", "2"], world["tmp"])
+    result = run_code(code, ["verify", str(store), "-q", "-j", "2"], tmp_path)
     check(result, 130)
     assert "interrupted" in result.stderr
     children = [int(pid) for pid in pids.read_text().split()]

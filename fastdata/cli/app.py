@@ -14,7 +14,11 @@ import click
 from .. import __version__
 from ..errors import FastdataError
 
-__all__ = ["cli"]
+__all__ = ["EXIT_CODE", "cli"]
+
+EXIT_CODE = "fastdata.exit_code"
+"""``ctx.meta`` key: the code a command that is printing a failure exits with, kept when the
+reader of its output goes away (``fastdata verify STORE | head``)."""
 
 
 class _Group(click.Group):
@@ -23,7 +27,7 @@ class _Group(click.Group):
     Exit codes (the README's table): 0 success; 1 a failure (a damaged record, a server away, a
     full disk, another writer); 2 a usage mistake (a bad option, a store that exists or does not,
     nothing to resume); 130 interrupted (Ctrl-C), whatever the command. A closed pipe
-    (``fastdata info | head``) ends quietly.
+    (``fastdata info | head``) ends quietly, with the code of the failure being printed if any.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -32,9 +36,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:  # (commands that write say how to finish, and exit 130)
             click.echo("\ninterrupted", err=True)
             ctx.exit(130)
-        except BrokenPipeError:
+        except BrokenPipeError:  # (`fastdata verify STORE | head`): the exit code stays
             _silence_stdout()
-            ctx.exit(0)
+            ctx.exit(ctx.meta.get(EXIT_CODE, 0))
         except FastdataError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)

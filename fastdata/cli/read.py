@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 from typing import Any
 
 import click
 
 from .app import (
+    EXIT_CODE,
     WorkerCount,
     _human,
     _listing,
@@ -103,16 +106,18 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     "--workers",
     "-j",
     type=click.IntRange(1, 256),
-    help="Processes that check parts of the store side by side (default: one per CPU, at most "
-    "8, for an LMDB store of 20,000 records or more; 1 checks in this process).",
+    help="Processes that check parts of an LMDB store side by side, on Linux (default: one per "
+    "CPU, at most 8, for 20,000 records or more; at most one per 64 records; 1 checks in this "
+    "process). MongoDB stores are checked in one.",
 )
 @_store_options
 @_quiet
 def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options: Any) -> None:
-    """Check every record's checksum (and with --decode, that it decodes).
+    """Check every page, record and invariant of a store (and with --decode, every image).
 
-    Exits with code 1 and lists the failures when any record fails. STORE is an LMDB path or a
-    mongodb:// URI with --collection.
+    Every page of an LMDB store's B-tree, every record's size and checksum (and fields), and the
+    invariants of a finished store are checked. Exits with code 1 and lists what failed when
+    anything does. STORE is an LMDB path or a mongodb:// URI with --collection.
 
     \b
     Example:
@@ -124,7 +129,8 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         StoreError,
         StoreNotFoundError,
     )
-    from ..ops.verify import check_file, verify_store
+    from ..ops.verify import check_file, here, verify_store
+    from ..stores.mongo.connection import is_mongo_uri
 
     try:
         reader = _open(store, options)
@@ -133,14 +139,10 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     except StoreError as exc:
         # too damaged to open: say which pages are, when it is an LMDB file (the one error
         # funnel prints the message and exits with its code)
-        from ..stores.mongo.connection import is_mongo_uri
-
         pages = [] if is_mongo_uri(store) else check_file(store)
-        if pages:
-            raise StoreError(
-                "\n".join([str(exc), *(f"  damaged {page}" for page in pages)])
-            ) from None
-        raise
+        raise StoreError(
+            "\n".join([here(str(exc)), *(f"  damaged {page}" for page in pages)])
+        ) from None
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress, workers=workers)
     if report.ok:
@@ -150,19 +152,35 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
             what = "read" + (" and decoded" if decode else "") + "; the store has no checksums"
         click.echo(f"{report.location}: {report.checked} records OK ({what})")
         return
+    click.get_current_context().meta[EXIT_CODE] = 1
     if report.broken:
         _listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
     if report.damaged_pages:
         click.echo(f"{report.location}: {len(report.damaged_pages)} damaged page(s):")
         for page in report.damaged_pages:
             click.echo(f"  {page}")
-    if report.failures or report.damaged_pages:
+    if report.failures:
         click.echo(
             f"{report.location}: {len(report.failures)} of {len(reader)} records failed "
             f"({report.checked} read):"
         )
         for f in report.failures:
             click.echo(f"  {f.index} {f.name}: {f.reason}")
+    elif report.damaged_pages:
+        click.echo(
+            f"{report.location}: all {report.checked} records read and sound; the damage lies "
+            "in pages of the store's own"
+        )
+    source = f" ({reader.meta.source})" if reader.has_checksums and reader.meta.source else ""
+    if is_mongo_uri(store):
+        click.echo(f"{report.location}: damaged; convert it again from its source{source}.")
+    else:
+        sound = os.path.splitext(os.path.normpath(store))[0] + "-sound"
+        click.echo(
+            f"{report.location}: damaged; copy out the records that are sound with `fastdata "
+            f"export {shlex.quote(store)} {shlex.quote(sound)} --skip-damaged`, or convert it "
+            f"again from its source{source} with --overwrite."
+        )
     sys.exit(1)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import shlex
 import signal
 import sys
@@ -17,7 +18,7 @@ from ..images.decode import decode_check
 from ..records import checksum, fields_problem
 from ..stores.reader import StoreReader
 
-__all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
+__all__ = ["Failure", "VerifyReport", "check_file", "here", "verify_store"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _check_range(
         if progress is not None and (i - start) % batch_size == 0 and i > start:
             progress(i - start, total)
         if h is None:
-            failures.append(Failure(i, f"record {i}", why or "unreadable"))
+            failures.append(Failure(i, f"record {i}", here(why or "unreadable")))
             continue
         report.checked += 1
         if checked and h.label != labels.item(i):
@@ -144,7 +145,7 @@ def _processes(reader: StoreReader, total: int, asked: int | None) -> int:
     )
     if not (reader.scans_in_parallel and forkable):
         return 1
-    return wanted if asked is not None else min(wanted, total // 1000)
+    return min(wanted, max(1, total // (64 if asked is not None else 1000)))
 
 
 def _check_in_processes(
@@ -251,12 +252,31 @@ def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:
         names = reader.record_names()
         skipped = reader.skipped_files()
     except FastdataError as exc:
-        report.broken.append(f"the names and the skipped list can be read: {exc}")
+        report.broken.append(f"its names and skipped list cannot be read: {here(str(exc))}")
         return
     report.broken.extend(invariant_failures(reader.meta, reader.labels, names, skipped))
-    held = reader.record_check()
+    try:
+        held = reader.record_check()
+    except FastdataError as exc:
+        report.broken.append(f"its records cannot be counted: {here(str(exc))}")
+        return
     if held is not None:
         report.broken.append(f"the records are 0 .. count-1, each once: {held}")
+
+
+_CIRCULAR = re.compile(
+    r"(?P<sep>[,;:]?) ?run `fastdata verify` on (?:it|the store)(?P<then>,? (?:and|then) )?"
+)
+
+
+def here(message: str) -> str:
+    """A message as ``verify`` reports it: less the advice to run ``fastdata verify``, which
+    other commands give and which is running."""
+
+    def cut(found: re.Match[str]) -> str:
+        return f"{found['sep']} " if found["then"] else ""
+
+    return _CIRCULAR.sub(cut, message).strip()
 
 
 def check_file(path: str) -> list[str]:

@@ -305,9 +305,9 @@ class LMDBStore(_Leased):
             if tree.file_key != lease.entry.key:
                 raise self._replaced("(another data file)")
             yield from self._paired(tree, start, len(self) if stop is None else stop)
-            if start == 0:  # the other keys' pages (checked with the first part)
+            if start == 0:  # the other keys' pages and values (checked with the first part)
                 for low, high in ((None, b"#0"), (b"#:", b"0"), (b":", None)):
-                    for _ in tree.entries(low, high, values=False):
+                    for _ in tree.entries(low, high):
                         pass
             if lease.entry.epoch() != before:
                 raise StoreError(
