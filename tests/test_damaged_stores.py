@@ -388,10 +388,10 @@ PARALLEL = """
     from fastdata.ops import verify
     if sys.argv[2] == "die":  # the process checking the second part dies
         check = verify._check_range
-        def dying(reader, report, start, *args):
+        def dying(reader, report, damage, start, *args):
             if start:
                 os._exit(3)
-            return check(reader, report, start, *args)
+            return check(reader, report, damage, start, *args)
         verify._check_range = dying
     seen = []
     reader = open_store(sys.argv[1])
@@ -414,7 +414,8 @@ PARALLEL = """
 
 def test_verify_in_several_processes_finds_what_one_does(store: Path) -> None:
     data_file = store / "data.mdb"
-    for page in pages(data_file, lmdb_file.P_LEAF)[-6:]:  # (some of them in the tree)
+    names = value_page(data_file, b"__names__")  # (a page the first process alone checks)
+    for page in [*pages(data_file, lmdb_file.P_LEAF)[-6:], names]:  # (some in the tree)
         smash(data_file, page, 0, struct.pack("<Q", 1))
     flip_a_byte(store, b"0000000005")
     one = json.loads(run_script(PARALLEL, store, "-", 1).stdout)
@@ -535,3 +536,131 @@ def test_damage_that_stops_the_whole_store_checks_keeps_the_report(tmp_path: Pat
     assert "its records cannot be counted: " in out and "MDB_CORRUPTED" in out, out
     assert f"page {page} (the value of key 0000000000): damaged" in out
     assert "1 of 30 records failed (29 read):" in out and "run `fastdata verify`" not in out
+
+
+def test_many_damaged_pages_are_counted_alike_by_any_number_of_processes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for i in range(1000):
+        write(src / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    data_file = store / "data.mdb"
+    leaves = pages(data_file, lmdb_file.P_LEAF)
+    for page in leaves:
+        smash(data_file, page, 0, struct.pack("<Q", 1))
+    found = len(lmdb_file.walk(str(data_file), limit=10**6))
+    assert found > 100
+    runs = [cli("verify", str(store), "-q", "-j", j) for j in ("1", "2", "5")]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout
+    assert f"{found} damaged page(s):" in runs[0].stdout
+    assert f"  ... and {found - 100} more" in runs[0].stdout
+
+
+def test_a_value_size_that_lies_allocates_nothing_for_it(tmp_path: Path) -> None:
+    """A record's node claiming most of the file as its value: its first page's own count
+    tells the lie before anything is read for it."""
+    import sys
+
+    from PIL import Image
+
+    src = tmp_path / "src"
+    rng = __import__("random").Random(0)
+    for i in range(24):  # ~3 MB each: a ~70 MB file
+        noise = Image.frombytes("RGB", (1000, 1000), rng.randbytes(3_000_000))
+        (src / "c").mkdir(parents=True, exist_ok=True)
+        noise.save(src / "c" / f"{i:02d}.png", compress_level=0)
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    data_file = store / "data.mdb"
+    size = data_file.stat().st_size
+    code = """
+import sys
+from fastdata import open_store
+from fastdata.ops.verify import verify_store
+report = verify_store(open_store(sys.argv[1]), workers=1)
+with open("/proc/self/status") as f:  # (this process's peak: ru_maxrss counts its parent's)
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+print(len(report.failures), peak)
+"""
+
+    def peak() -> tuple[int, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(store)], capture_output=True, text=True,
+            env=_cli_env(), check=True,
+        ).stdout.split()
+        return int(out[0]), int(out[1]) * 1024
+
+    intact = peak()
+    raw = data_file.read_bytes()
+    for page in pages(data_file, lmdb_file.P_LEAF):  # the first record's node: its size lies
+        base = page * 4096
+        lower = struct.unpack_from("<H", raw, base + 12)[0]
+        for n in range((lower - 16) // 2):
+            at = base + struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
+            if raw[at + 8 : at + 18] == b"0000000000":
+                smash(data_file, page, at - base, struct.pack("<I", size - 200_000))
+    failures, damaged = peak()
+    assert intact[0] == 0 and failures == 1
+    assert damaged < intact[1] + 20 * (1 << 20), (damaged, intact, size)
+
+
+def test_verify_in_a_daemonic_process_checks_in_it(store: Path) -> None:
+    """A DataLoader worker is daemonic, and a daemonic process may not start processes."""
+    code = """
+import multiprocessing, sys
+from fastdata import open_store
+from fastdata.ops.verify import verify_store
+
+def check(queue):
+    report = verify_store(open_store(sys.argv[1]), workers=2)
+    queue.put((report.ok, report.checked))
+
+if __name__ == "__main__":
+    queue = multiprocessing.get_context("fork").Queue()
+    worker = multiprocessing.get_context("fork").Process(target=check, args=(queue,), daemon=True)
+    worker.start()
+    print(queue.get(timeout=60))
+    worker.join()
+"""
+    result = run_script(code, store)
+    assert result.returncode == 0 and result.stdout.strip() == "(True, 240)", result.stderr
+
+
+def test_a_fifo_for_a_data_file_is_refused_at_once(tmp_path: Path) -> None:
+    store = tmp_path / "fifo.lmdb"
+    store.mkdir()
+    os.mkfifo(store / "data.mdb")
+    for command in ("verify", "info"):
+        result = cli(command, str(store), timeout=30)
+        no_crash(result)
+        assert result.returncode == 1 and "not a regular file" in result.stderr, result.stderr
+
+
+def test_a_checking_process_ends_itself_once_its_parent_is_gone(tmp_path: Path) -> None:
+    """A parent killed (SIGKILL: nothing of it runs) leaves its children to the system; each
+    looks for its parent between batches and ends once it is gone, instead of checking its
+    part to the end. Here the parent's disappearance is what ``getppid`` reports after the
+    first look."""
+    src = tmp_path / "src"
+    for i in range(1200):
+        write(src / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    code = """
+import os, sys
+from fastdata import open_store
+from fastdata.ops import verify
+real, looks = os.getppid, []
+def getppid():
+    looks.append(1)
+    return real() if len(looks) == 1 else 1  # (then adopted by init)
+verify.os.getppid = getppid
+try:
+    verify.verify_store(open_store(sys.argv[1]), workers=2)
+except Exception as exc:
+    print(exc)
+"""
+    result = run_script(code, store)
+    assert "the process checking records 0 to 599 ended without a report (exit code 1)" in (
+        result.stdout
+    ), result.stdout + result.stderr

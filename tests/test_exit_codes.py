@@ -130,7 +130,7 @@ import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
 from fastdata.ops import verify
 command = os.getpid()
-def checking(reader, report, start, *args):
+def checking(reader, report, damage, start, *args):
     if os.getpid() == command:
         raise SystemExit("checked in one process")
     with open({str(pids)!r}, "a") as f:
@@ -152,3 +152,28 @@ main()
     for pid in children:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_ctrl_c_while_the_checking_processes_start(tmp_path: Path) -> None:
+    """Ctrl-C that comes in the middle of a fork (here from the fork's own hook) is not lost."""
+    src = tmp_path / "src"
+    for i in range(130):
+        write(src / "c" / f"{i:03d}.jpg", jpeg_bytes(16, 16, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    code = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
+pressed = []
+def press():
+    if not pressed:
+        pressed.append(1)
+        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C as the first child forks
+os.register_at_fork(before=press)
+from fastdata.cli import main
+sys.argv = ["fastdata", *sys.argv[1:]]
+main()
+"""
+    result = run_code(code, ["verify", str(store), "-q", "-j", "2"], tmp_path)
+    check(result, 130)
+    assert "interrupted" in result.stderr and "records OK" not in result.stdout

@@ -156,9 +156,12 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     if report.broken:
         _listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
     if report.damaged_pages:
-        click.echo(f"{report.location}: {len(report.damaged_pages)} damaged page(s):")
-        for page in report.damaged_pages:
-            click.echo(f"  {page}")
+        _listing(
+            f"{report.location}: {len(report.damaged_pages)} damaged page(s):",
+            report.damaged_pages[:100],
+        )
+        if len(report.damaged_pages) > 100:
+            click.echo(f"  ... and {len(report.damaged_pages) - 100} more")
     if report.failures:
         click.echo(
             f"{report.location}: {len(report.failures)} of {len(reader)} records failed "

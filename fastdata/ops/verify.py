@@ -39,6 +39,7 @@ class VerifyReport:
     decoded: int = 0
     failures: list[Failure] = field(default_factory=list)
     damaged_pages: list[str] = field(default_factory=list)
+    """Every damaged page, in page order."""
     broken: list[str] = field(default_factory=list)
     """The invariants of a finished store that it breaks, each named (README, "What a finished
     store guarantees")."""
@@ -76,10 +77,15 @@ def verify_store(
     report = VerifyReport(reader.location, checksums=reader.has_checksums)
     total = len(reader)
     n = _processes(reader, total, workers)
+    damage: list[Any] = []
     if n > 1:
-        _check_in_processes(reader, report, n, decode, batch_size, progress)
+        _check_in_processes(reader, report, damage, n, decode, batch_size, progress)
     else:
-        _check_range(reader, report, 0, total, decode, batch_size, progress)
+        _check_range(reader, report, damage, 0, total, decode, batch_size, progress)
+    # in page order, each once (a page above the parts of two processes is met by both): the
+    # same report however many processes checked
+    unique = {str(d): d for d in damage}
+    report.damaged_pages = sorted(unique, key=lambda text: (unique[text].page, text))
     if progress is not None:
         progress(total, total)
     if reader.has_checksums:
@@ -90,19 +96,21 @@ def verify_store(
 def _check_range(
     reader: StoreReader,
     report: VerifyReport,
+    damage: list[Any],
     start: int,
     stop: int,
     decode: bool,
     batch_size: int,
     progress: Callable[[int, int], None] | None,
 ) -> None:
-    """Check records ``start .. stop-1`` into ``report``; ``progress(done, total)`` every batch."""
+    """Check records ``start .. stop-1`` into ``report`` (and the damage to the store's pages
+    found on the way into ``damage``); ``progress(done, total)`` every batch."""
     total = len(reader)
     labels = reader.labels
     checked = reader.has_checksums
     schema = reader.meta.schema if checked else None
     failures = report.failures
-    scan = reader.scan_records(report.damaged_pages, batch_size, start=start, stop=stop)
+    scan = reader.scan_records(damage, batch_size, start=start, stop=stop)
     for i, h, data, why in scan:
         if progress is not None and (i - start) % batch_size == 0 and i > start:
             progress(i - start, total)
@@ -142,6 +150,7 @@ def _processes(reader: StoreReader, total: int, asked: int | None) -> int:
         sys.platform == "linux"
         and "fork" in multiprocessing.get_all_start_methods()
         and threading.active_count() == 1
+        and not multiprocessing.current_process().daemon  # (a DataLoader worker may not fork)
     )
     if not (reader.scans_in_parallel and forkable):
         return 1
@@ -151,6 +160,7 @@ def _processes(reader: StoreReader, total: int, asked: int | None) -> int:
 def _check_in_processes(
     reader: StoreReader,
     report: VerifyReport,
+    damage: list[Any],
     n: int,
     decode: bool,
     batch_size: int,
@@ -166,14 +176,20 @@ def _check_in_processes(
     done = ctx.RawArray("q", n)
     procs, pipes = [], []
     try:
-        for k in range(n):
-            recv, send = ctx.Pipe(duplex=False)
-            args = (reader, report.location, bounds[k], bounds[k + 1], decode, batch_size, done, k)
-            proc = ctx.Process(target=_child, args=(*args, send), daemon=True)
-            proc.start()
-            send.close()
-            procs.append(proc)
-            pipes.append(recv)
+        # Ctrl-C waits while the processes start: one that came in the middle of a fork would
+        # be lost in it, or end a child before it ignores it (Ctrl-C is this process's to handle)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for k in range(n):
+                recv, send = ctx.Pipe(duplex=False)
+                args = (reader, report.location, bounds[k], bounds[k + 1], decode, batch_size)
+                proc = ctx.Process(target=_child, args=(*args, done, k, send), daemon=True)
+                proc.start()
+                send.close()
+                procs.append(proc)
+                pipes.append(recv)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         parts: list[Any] = [None] * n
         waiting = {id(conn): k for k, conn in enumerate(pipes)}
         while waiting:
@@ -201,16 +217,12 @@ def _check_in_processes(
     for part in parts:
         if isinstance(part, BaseException):
             raise part
-    seen: set[str] = set()
-    for part in parts:
+    for part, found in parts:
         report.checked += part.checked
         report.decoded += part.decoded
         report.failures.extend(part.failures)
         report.broken.extend(part.broken)
-        for page in part.damaged_pages:  # (a damaged page above two parts is met by both)
-            if page not in seen:
-                seen.add(page)
-                report.damaged_pages.append(page)
+        damage.extend(found)
 
 
 def _child(
@@ -224,16 +236,22 @@ def _child(
     k: int,
     send: Any,
 ) -> None:
-    """One process's part: its report (or the error that stopped it) sent back."""
+    """One process's part: its report and the damage it found (or the error that stopped it)
+    sent back. It ends itself if its parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the parent's to handle)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    parent = os.getppid()
     report = VerifyReport(location, checksums=reader.has_checksums)
+    damage: list[Any] = []
 
     def counted(got: int, _total: int) -> None:
+        if os.getppid() != parent:  # (killed: nobody reads what this finds)
+            os._exit(1)
         done[k] = got
 
     try:
-        _check_range(reader, report, start, stop, decode, batch_size, counted)
-        out: Any = report
+        _check_range(reader, report, damage, start, stop, decode, batch_size, counted)
+        out: Any = (report, damage)
     except FastdataError as exc:
         out = exc
     except Exception as exc:  # (sent as text: it may not pickle)

@@ -243,13 +243,14 @@ class StoreReader(abc.ABC):
     each its own part (a check then takes the machine's cores)."""
 
     def scan_records(
-        self, damage: list[str], batch_size: int = 256, *, start: int = 0, stop: int | None = None
+        self, damage: list[Any], batch_size: int = 256, *, start: int = 0, stop: int | None = None
     ) -> Iterator[ScanItem]:
         """Records ``start .. stop-1`` (all by default) in index order, for a full check
         (``fastdata verify``): ``(index, header, bytes, None)``, or ``(index, None, b"", why)``
         for one that cannot be read (reading goes on after it). Damage to the store's own
         structure (an LMDB file's pages) found on the way is added to ``damage`` by the time the
-        iteration ends; backends with no structure of their own to check add none."""
+        iteration ends, each one named by its ``str()`` and placed by its ``page`` (a number);
+        backends with no structure of their own to check add none."""
         from ..errors import FastdataError
 
         total = len(self) if stop is None else stop

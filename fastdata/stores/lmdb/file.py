@@ -14,6 +14,7 @@ the one with the larger transaction id is current. Each page starts with a 16-by
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterator
@@ -74,8 +75,13 @@ def check_file(path: str) -> Header:
         StoreError: unreadable, not an LMDB file, or shorter than its header says (truncated).
     """
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        # (without blocking: opening a FIFO for reading waits for a writer, forever)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise StoreError(f"{path}: not a regular file, so not an LMDB data file")
+            size = info.st_size
             first = f.read(160)
             head = _meta(first)
             if head is None:
@@ -178,7 +184,7 @@ class Tree:
         self.limit = limit
         self.found: list[Damage] = []
         """Every damaged page found, in the order found."""
-        self._pages: set[int] = set()
+        self._seen: set[Damage] = set()
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._ahead: _ReadAhead | None = None
         self._reached = 0
@@ -217,9 +223,10 @@ class Tree:
         return next((d for d in self.found if d.covers(key)), None)
 
     def _damaged(self, page: int, what: str, low: bytes | None, high: bytes | None) -> None:
-        if page not in self._pages:  # (a page above the ranges of two walks is met by both)
-            self._pages.add(page)
-            self.found.append(Damage(page, what, low, high))
+        damage = Damage(page, what, low, high)
+        if damage not in self._seen:  # (a page above the ranges of two walks is met by both)
+            self._seen.add(damage)
+            self.found.append(damage)
 
     def entries(
         self, low: bytes | None = None, high: bytes | None = None, *, values: bool = True
@@ -245,14 +252,16 @@ class Tree:
             ):
                 continue
             bit = 1 << (number & 7)
-            if seen[number >> 3] & bit or level > 64:
-                self._damaged(number, "reached twice (a loop in the tree)", lo, hi)
-                continue
+            again = seen[number >> 3] & bit or level > 64
             seen[number >> 3] |= bit
             pushed = len(stack)
             data = os.pread(fd, psize, number * psize)
             items.clear()
             what = _check_page(data, number, last, level, lo, hi, stack, items)
+            if again:  # (its keys are checked against this place in the tree first, so that a
+                # page two branches point to is named alike by any walk that reaches it)
+                del stack[pushed:]
+                what = what or "reached twice (a loop in the tree)"
             if what:
                 self._damaged(number, what, lo, hi)
                 continue
@@ -289,16 +298,25 @@ class Tree:
         the file by the leaf that points at them); None if their header is damaged."""
         psize = self.head.psize
         pages = -(-(size + PAGE_HEADER) // psize)
-        run = os.pread(self._fd, pages * psize, first * psize)
+        # the first page alone first: a size that lies is caught by the page count there before
+        # anything is allocated for it
+        run = os.pread(self._fd, psize, first * psize)
         what = ""
-        if len(run) < PAGE_HEADER + size:
+        if len(run) < psize:
             what = "past the end of the file"
         else:
             pgno, _pad, flags, count = _OVERFLOW.unpack_from(run, 0)
             if pgno != first:
                 what = f"damaged (its header says page {pgno})"
-            elif not flags & P_OVERFLOW or count < pages:
-                what = f"damaged (flags {flags:#x}, {count} pages: not the overflow run of a value)"
+            elif not flags & P_OVERFLOW or count != pages:
+                what = (
+                    f"damaged (flags {flags:#x}, {count} pages: not the overflow run of a value "
+                    f"of {size} bytes)"
+                )
+        if not what and pages > 1:
+            run += os.pread(self._fd, (pages - 1) * psize, (first + 1) * psize)
+            if len(run) < PAGE_HEADER + size:
+                what = "past the end of the file"
         if what:
             self._damaged(first, what, key, key + b"\0")
             return None
@@ -433,6 +451,7 @@ def _check_page(
         return ""
     children: list[int] = []
     keys: list[bytes | None] = [low]
+    prior = low
     for offset in offsets:
         if not upper <= offset <= last_node:
             return _node_damage(offsets, offset, f"at offset {offset}, outside the page")
@@ -443,8 +462,13 @@ def _check_page(
         child = lo | (hi << 16) | (nflags << 32)
         if not 2 <= child <= last:
             return _node_damage(offsets, offset, f"child page {child} outside the file")
+        key = data[offset + NODE_HEADER : start]
+        if children:  # (node 0's key is empty: its child begins at this page's low key)
+            if (prior is not None and key <= prior) or (high is not None and key >= high):
+                return _node_damage(offsets, offset, "its key is out of order")
+            prior = key
         children.append(child)
-        keys.append(data[offset + NODE_HEADER : start])
+        keys.append(key)
     keys[1:2] = []  # (a branch's first key is empty: its children begin at the page's low key)
     keys.append(high)
     # pushed last first, so that they are walked in order (the order they were prefetched in)

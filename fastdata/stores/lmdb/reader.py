@@ -292,7 +292,7 @@ class LMDBStore(_Leased):
     scans_in_parallel = True
 
     def scan_records(
-        self, damage: list[str], batch_size: int = 256, *, start: int = 0, stop: int | None = None
+        self, damage: list[Any], batch_size: int = 256, *, start: int = 0, stop: int | None = None
     ) -> Iterator[ScanItem]:
         """Read from the data file itself, in one pass: every page of the B-tree is checked
         (:class:`~fastdata.stores.lmdb.file.Tree`) and every record's header and bytes taken
@@ -315,9 +315,7 @@ class LMDBStore(_Leased):
                     "read may be pages it reused; when it is done, check the store again with "
                     f"`fastdata verify {shlex.quote(os.path.abspath(self.path))}`"
                 )
-            damage.extend(str(d) for d in tree.damage)
-            if tree.more:
-                damage.append(f"{tree.more} more damaged pages (the first {tree.limit} listed)")
+            damage.extend(tree.found)
 
     def _paired(self, tree: lmdb_file.Tree, start: int, stop: int) -> Iterator[ScanItem]:
         """Records ``start .. stop-1`` from the tree: the headers and the bytes sort apart, so
