@@ -664,3 +664,41 @@ except Exception as exc:
     assert "the process checking records 0 to 599 ended without a report (exit code 1)" in (
         result.stdout
     ), result.stdout + result.stderr
+
+
+def test_an_index_of_names_that_differs_from_the_headers_is_named(store: Path) -> None:
+    """Appends go by the index of names: one that lost a name would let an append store that
+    image twice."""
+    env = lmdb.open(str(store), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        names = txn.get(b"__names__")
+        assert b"c0/0001.jpg" in names
+        txn.put(b"__names__", names.replace(b"c0/0001.jpg", b"c0/0999.jpg"))
+    env.close()
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    assert result.returncode == 1
+    assert (
+        "each record's name is the one the index of names gives: record 1 is c0/0001.jpg, the "
+        "index says c0/0999.jpg"
+    ) in result.stdout, result.stdout
+
+
+def test_a_node_marked_as_a_sub_database_is_damage(store: Path) -> None:
+    """fastdata stores have no sub-databases: LMDB would read such a node's value as one."""
+    data_file = store / "data.mdb"
+    raw = data_file.read_bytes()
+    marked = 0
+    for page in pages(data_file, lmdb_file.P_LEAF):
+        base = page * 4096
+        lower = struct.unpack_from("<H", raw, base + 12)[0]
+        for n in range((lower - 16) // 2):
+            at = base + struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
+            flags, size = struct.unpack_from("<HH", raw, at + 4)
+            if raw[at + 8 : at + 8 + size] == b"__labels__":
+                smash(data_file, page, at + 4 - base, struct.pack("<H", flags | 0x02))
+                marked += 1
+    assert marked
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    assert result.returncode == 1 and "of a sub-database" in result.stdout, result.stdout

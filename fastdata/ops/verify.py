@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import CorruptImageError, FastdataError, StoreError
 from ..images.decode import decode_check
-from ..records import checksum, fields_problem
+from ..records import checksum, fields_problem, name_bytes
 from ..stores.reader import StoreReader
 
 __all__ = ["Failure", "VerifyReport", "check_file", "here", "verify_store"]
@@ -110,6 +110,12 @@ def _check_range(
     checked = reader.has_checksums
     schema = reader.meta.schema if checked else None
     failures = report.failures
+    try:
+        index = reader.names_index() if checked else None
+    except FastdataError:  # (the check of the invariants names it)
+        index = None
+    names: list[bytes] = []  # (the index's names of the records now being checked)
+    first = start
     scan = reader.scan_records(damage, batch_size, start=start, stop=stop)
     for i, h, data, why in scan:
         if progress is not None and (i - start) % batch_size == 0 and i > start:
@@ -123,6 +129,15 @@ def _check_range(
                 f"each record's label is the one the labels list gives: record {i} ({h.name}) "
                 f"says {h.label}, the list {labels.item(i)}"
             )
+        if index is not None:
+            if not first <= i < first + len(names):
+                first, names = i, index.slice_list(i, min(stop, i + 4096))
+            if names[i - first] != name_bytes(h.name):
+                report.broken.append(
+                    f"each record's name is the one the index of names gives: record {i} is "
+                    f"{h.name}, the index says "
+                    f"{names[i - first].decode('utf-8', 'surrogateescape')}"
+                )
         if len(data) != h.size:
             failures.append(Failure(i, h.name, f"size {len(data)}, expected {h.size}"))
         elif checksum(data) != h.crc32:

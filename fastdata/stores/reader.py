@@ -238,6 +238,12 @@ class StoreReader(abc.ABC):
             return [item(i) for i in idx]
         return labels.take(idx).tolist()
 
+    def names_index(self) -> PackedStrings | None:
+        """The store's index of names (one per record, in index order), where it keeps one
+        apart from the records' headers and it is whole; None otherwise. A full check compares
+        it with the headers: appends go by it."""
+        return None
+
     scans_in_parallel = False
     """Whether :meth:`scan_records` of parts of the store may run in several processes at once,
     each its own part (a check then takes the machine's cores)."""

@@ -438,8 +438,8 @@ def _check_page(
                     why = f"a key of {ksize} bytes and a value of {size} run past the page"
                     return _node_damage(offsets, offset, why)
                 items.append((key, start, size, -1))
-            elif nflags & (F_SUBDATA | F_DUPDATA):
-                continue  # fastdata stores have no sub-databases; other layouts are not walked
+            elif nflags & (F_SUBDATA | F_DUPDATA):  # (none in a fastdata store)
+                return _node_damage(offsets, offset, f"flags {nflags:#x} of a sub-database")
             elif start + 8 > psize:
                 return _node_damage(offsets, offset, "overflow pointer runs past the page")
             else:

@@ -220,14 +220,18 @@ class LMDBStore(_Leased):
             yield from lease.read(functools.partial(batch, start=start), self.path)
 
     def record_names(self) -> PackedStrings:
+        names = self.names_index()
+        if names is None:
+            return super().record_names()  # written before the index existed, or damaged
+        return names
+
+    def names_index(self) -> PackedStrings | None:
         lease = self._env()
         raw = lease.read(
             lambda txn: lease.value(txn.get(NAMES_KEY), f"{self.path}: the names"), self.path
         )
         names = PackedStrings.from_joined(raw or b"")
-        if len(names) != len(self) or len(self) == 0:
-            return super().record_names()  # written before the index existed, or damaged
-        return names
+        return names if len(names) == len(self) and len(self) else None
 
     def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
