@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import CorruptImageError, FastdataError, StoreError
 from ..images.decode import decode_check
+from ..packed import PackedStrings
 from ..records import checksum, fields_problem, name_bytes
 from ..stores.reader import StoreReader
 
@@ -114,8 +115,7 @@ def _check_range(
         index = reader.names_index() if checked else None
     except FastdataError:  # (the check of the invariants names it)
         index = None
-    names: list[bytes] = []  # (the index's names of the records now being checked)
-    first = start
+    seen: list[tuple[int, str]] = []  # (records read since the last comparison, their names)
     scan = reader.scan_records(damage, batch_size, start=start, stop=stop)
     for i, h, data, why in scan:
         if progress is not None and (i - start) % batch_size == 0 and i > start:
@@ -130,14 +130,9 @@ def _check_range(
                 f"says {h.label}, the list {labels.item(i)}"
             )
         if index is not None:
-            if not first <= i < first + len(names):
-                first, names = i, index.slice_list(i, min(stop, i + 4096))
-            if names[i - first] != name_bytes(h.name):
-                report.broken.append(
-                    f"each record's name is the one the index of names gives: record {i} is "
-                    f"{h.name}, the index says "
-                    f"{names[i - first].decode('utf-8', 'surrogateescape')}"
-                )
+            seen.append((i, h.name))
+            if len(seen) == 4096:
+                _compare_names(index, seen, report)
         if len(data) != h.size:
             failures.append(Failure(i, h.name, f"size {len(data)}, expected {h.size}"))
         elif checksum(data) != h.crc32:
@@ -150,6 +145,28 @@ def _check_range(
                 report.decoded += 1
             except CorruptImageError as exc:
                 failures.append(Failure(i, h.name, exc.reason))
+    if index is not None and seen:
+        _compare_names(index, seen, report)
+
+
+def _compare_names(index: PackedStrings, seen: list[tuple[int, str]], report: VerifyReport) -> None:
+    """Compare the names of the records read (index, name) with the index of names, in one
+    comparison for a run of records with none left out between them; then forget them."""
+    first, last = seen[0][0], seen[-1][0]
+    if last - first + 1 == len(seen):
+        text = "\0".join(name for _, name in seen)
+        if text.count("\0") == len(seen) - 1 and text.encode(  # (no name holds a NUL)
+            "utf-8", "surrogateescape"
+        ) == index.joined(first, last + 1):
+            seen.clear()
+            return
+    for i, name in seen:
+        if index[i] != name_bytes(name):
+            report.broken.append(
+                f"each record's name is the one the index of names gives: record {i} is "
+                f"{name}, the index says {index[i].decode('utf-8', 'surrogateescape')}"
+            )
+    seen.clear()
 
 
 def _processes(reader: StoreReader, total: int, asked: int | None) -> int:
