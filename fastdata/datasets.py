@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -241,7 +242,7 @@ class ImageStoreDataset(Dataset):
         """
         indices: Sequence[Any] = keys
         seeds: list[int | None] = [None] * len(keys)
-        if any(isinstance(k, tuple) for k in keys):
+        if any(map(isinstance, keys, repeat(tuple))):  # (in C: this is every batch's path)
             indices = [k[0] if isinstance(k, tuple) else k for k in keys]
             seeds = [int(k[1]) if isinstance(k, tuple) else None for k in keys]
         if self.fields or self.as_dict:

@@ -466,18 +466,20 @@ class Lease:
             if ends and lo <= max(ends) <= hi:
                 self._advise(max(ends) - lo, 0)
         out: list[bytes | None] = []
-        pages = 0
+        append = out.append
+        spanned = 0
         for n, view in enumerate(views):
             if view is None:
-                out.append(None)
+                append(None)
                 continue
             size = len(view)
             at = address(view)
             if lo <= at and at + size <= hi:
-                out.append(bytes(view))
+                append(bytes(view))
             else:
-                out.append(self.value(view, where(n)))
-            pages += 1 + size // mmap.PAGESIZE
+                append(self.value(view, where(n)))
+            spanned += size
+        pages = len(views) + spanned // mmap.PAGESIZE  # (about the pages the values span)
         if self._cold:
             self._cold -= 1
         elif not advising and (
