@@ -39,6 +39,17 @@ def write(path: Path, data: bytes) -> Path:
     return path
 
 
+def tiny_store(tmp_path: Path, n: int) -> Path:
+    """A store of ``n`` tiny JPEGs in one class, converted from ``tmp_path/src``."""
+    from fastdata import convert
+
+    for i in range(n):
+        write(tmp_path / "src" / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(tmp_path / "src", store)
+    return store
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root, by relative path, with its bytes."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}

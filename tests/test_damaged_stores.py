@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -17,7 +18,7 @@ import pytest
 from fastdata import convert
 from fastdata.stores.lmdb import file as lmdb_file
 
-from .conftest import jpeg_bytes, write
+from .conftest import jpeg_bytes, tiny_store, write
 from .procs import cli, run_script
 
 READ_ALL = """
@@ -459,20 +460,28 @@ def test_verify_stays_in_one_process_beside_other_threads(store: Path) -> None:
     reader.close()
 
 
-def value_page(data_file: Path, key: bytes) -> int:
-    """The first page of ``key``'s value, where it lies on pages of its own."""
+def nodes(data_file: Path) -> Iterator[tuple[int, int, int, bytes]]:
+    """Every node of every leaf page (live or not): its page, its offset in the page, its
+    flags and its key."""
     raw = data_file.read_bytes()
-    with lmdb_file.Tree(str(data_file)) as tree:
-        live = {key for key, _ in tree.entries(values=False)}
-    assert key in live
     for page in pages(data_file, lmdb_file.P_LEAF):
         base = page * 4096
         lower = struct.unpack_from("<H", raw, base + 12)[0]
         for n in range((lower - 16) // 2):
-            at = base + struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
-            flags, size = struct.unpack_from("<HH", raw, at + 4)
-            if raw[at + 8 : at + 8 + size] == key and flags & lmdb_file.F_BIGDATA:
-                return int(struct.unpack_from("<Q", raw, at + 8 + size)[0])
+            at = struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
+            flags, size = struct.unpack_from("<HH", raw, base + at + 4)
+            yield page, at, flags, raw[base + at + 8 : base + at + 8 + size]
+
+
+def value_page(data_file: Path, key: bytes) -> int:
+    """The first page of ``key``'s value, where it lies on pages of its own."""
+    with lmdb_file.Tree(str(data_file)) as tree:
+        live = {key for key, _ in tree.entries(values=False)}
+    assert key in live
+    raw = data_file.read_bytes()
+    for page, at, flags, found in nodes(data_file):
+        if found == key and flags & lmdb_file.F_BIGDATA:
+            return int(struct.unpack_from("<Q", raw, page * 4096 + at + 8 + len(key))[0])
     raise AssertionError(f"no value pages for {key!r}")
 
 
@@ -539,11 +548,7 @@ def test_damage_that_stops_the_whole_store_checks_keeps_the_report(tmp_path: Pat
 
 
 def test_many_damaged_pages_are_counted_alike_by_any_number_of_processes(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    for i in range(1000):
-        write(src / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
-    store = tmp_path / "s.lmdb"
-    convert(src, store)
+    store = tiny_store(tmp_path, 1000)
     data_file = store / "data.mdb"
     leaves = pages(data_file, lmdb_file.P_LEAF)
     for page in leaves:
@@ -591,14 +596,9 @@ print(len(report.failures), peak)
         return int(out[0]), int(out[1]) * 1024
 
     intact = peak()
-    raw = data_file.read_bytes()
-    for page in pages(data_file, lmdb_file.P_LEAF):  # the first record's node: its size lies
-        base = page * 4096
-        lower = struct.unpack_from("<H", raw, base + 12)[0]
-        for n in range((lower - 16) // 2):
-            at = base + struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
-            if raw[at + 8 : at + 18] == b"0000000000":
-                smash(data_file, page, at - base, struct.pack("<I", size - 200_000))
+    for page, at, _flags, key in list(nodes(data_file)):  # the first record's: its size lies
+        if key == b"0000000000":
+            smash(data_file, page, at, struct.pack("<I", size - 200_000))
     failures, damaged = peak()
     assert intact[0] == 0 and failures == 1
     assert damaged < intact[1] + 20 * (1 << 20), (damaged, intact, size)
@@ -641,11 +641,7 @@ def test_a_checking_process_ends_itself_once_its_parent_is_gone(tmp_path: Path) 
     looks for its parent between batches and ends once it is gone, instead of checking its
     part to the end. Here the parent's disappearance is what ``getppid`` reports after the
     first look."""
-    src = tmp_path / "src"
-    for i in range(1200):
-        write(src / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
-    store = tmp_path / "s.lmdb"
-    convert(src, store)
+    store = tiny_store(tmp_path, 1200)
     code = """
 import os, sys
 from fastdata import open_store
@@ -687,17 +683,11 @@ def test_an_index_of_names_that_differs_from_the_headers_is_named(store: Path) -
 def test_a_node_marked_as_a_sub_database_is_damage(store: Path) -> None:
     """fastdata stores have no sub-databases: LMDB would read such a node's value as one."""
     data_file = store / "data.mdb"
-    raw = data_file.read_bytes()
     marked = 0
-    for page in pages(data_file, lmdb_file.P_LEAF):
-        base = page * 4096
-        lower = struct.unpack_from("<H", raw, base + 12)[0]
-        for n in range((lower - 16) // 2):
-            at = base + struct.unpack_from("<H", raw, base + 16 + 2 * n)[0]
-            flags, size = struct.unpack_from("<HH", raw, at + 4)
-            if raw[at + 8 : at + 8 + size] == b"__labels__":
-                smash(data_file, page, at + 4 - base, struct.pack("<H", flags | 0x02))
-                marked += 1
+    for page, at, flags, key in list(nodes(data_file)):
+        if key == b"__labels__":
+            smash(data_file, page, at + 4, struct.pack("<H", flags | 0x02))
+            marked += 1
     assert marked
     result = cli("verify", str(store), "-q")
     no_crash(result)

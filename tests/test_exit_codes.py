@@ -13,7 +13,7 @@ import pytest
 
 from fastdata import convert
 
-from .conftest import jpeg_bytes, write
+from .conftest import jpeg_bytes, tiny_store, write
 from .procs import REPO, cli
 
 
@@ -119,11 +119,7 @@ main()
 
 def test_ctrl_c_in_a_verify_of_several_processes(tmp_path: Path) -> None:
     """Ctrl-C while forked processes check parts of the store: 130, and none of them is left."""
-    src = tmp_path / "src"
-    for i in range(130):  # (two parts of at least 64 records)
-        write(src / "c" / f"{i:03d}.jpg", jpeg_bytes(16, 16, seed=i))
-    store = tmp_path / "s.lmdb"
-    convert(src, store)
+    store = tiny_store(tmp_path, 130)
     pids = tmp_path / "checking.pids"
     code = f"""
 import os, signal, sys, time
@@ -156,11 +152,7 @@ main()
 
 def test_ctrl_c_while_the_checking_processes_start(tmp_path: Path) -> None:
     """Ctrl-C that comes in the middle of a fork (here from the fork's own hook) is not lost."""
-    src = tmp_path / "src"
-    for i in range(130):
-        write(src / "c" / f"{i:03d}.jpg", jpeg_bytes(16, 16, seed=i))
-    store = tmp_path / "s.lmdb"
-    convert(src, store)
+    store = tiny_store(tmp_path, 130)
     code = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
