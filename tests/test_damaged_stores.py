@@ -389,10 +389,10 @@ PARALLEL = """
     from fastdata.ops import verify
     if sys.argv[2] == "die":  # the process checking the second part dies
         check = verify._check_range
-        def dying(reader, report, damage, start, *args):
+        def dying(reader, report, damage, index, start, *args):
             if start:
                 os._exit(3)
-            return check(reader, report, damage, start, *args)
+            return check(reader, report, damage, index, start, *args)
         verify._check_range = dying
     seen = []
     reader = open_store(sys.argv[1])

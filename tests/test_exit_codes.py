@@ -126,7 +126,7 @@ import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
 from fastdata.ops import verify
 command = os.getpid()
-def checking(reader, report, damage, start, *args):
+def checking(reader, report, damage, index, start, *args):
     if os.getpid() == command:
         raise SystemExit("checked in one process")
     with open({str(pids)!r}, "a") as f:

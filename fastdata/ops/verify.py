@@ -78,11 +78,15 @@ def verify_store(
     report = VerifyReport(reader.location, checksums=reader.has_checksums)
     total = len(reader)
     n = _processes(reader, total, workers)
+    try:  # (read once, here: forked processes have it too)
+        index = reader.names_index() if reader.has_checksums else None
+    except FastdataError:  # (the check of the invariants names it)
+        index = None
     damage: list[Any] = []
     if n > 1:
-        _check_in_processes(reader, report, damage, n, decode, batch_size, progress)
+        _check_in_processes(reader, report, damage, index, n, decode, batch_size, progress)
     else:
-        _check_range(reader, report, damage, 0, total, decode, batch_size, progress)
+        _check_range(reader, report, damage, index, 0, total, decode, batch_size, progress)
     # in page order, each once (a page above the parts of two processes is met by both): the
     # same report however many processes checked
     unique = {str(d): d for d in damage}
@@ -90,7 +94,7 @@ def verify_store(
     if progress is not None:
         progress(total, total)
     if reader.has_checksums:
-        _check_invariants(reader, report)
+        _check_invariants(reader, report, index)
     return report
 
 
@@ -98,6 +102,7 @@ def _check_range(
     reader: StoreReader,
     report: VerifyReport,
     damage: list[Any],
+    index: PackedStrings | None,
     start: int,
     stop: int,
     decode: bool,
@@ -105,16 +110,13 @@ def _check_range(
     progress: Callable[[int, int], None] | None,
 ) -> None:
     """Check records ``start .. stop-1`` into ``report`` (and the damage to the store's pages
-    found on the way into ``damage``); ``progress(done, total)`` every batch."""
+    found on the way into ``damage``; their names against ``index``, the store's index of
+    names, when it has one); ``progress(done, total)`` every batch."""
     total = len(reader)
     labels = reader.labels
     checked = reader.has_checksums
     schema = reader.meta.schema if checked else None
     failures = report.failures
-    try:
-        index = reader.names_index() if checked else None
-    except FastdataError:  # (the check of the invariants names it)
-        index = None
     seen: list[tuple[int, str]] = []  # (records read since the last comparison, their names)
     scan = reader.scan_records(damage, batch_size, start=start, stop=stop)
     for i, h, data, why in scan:
@@ -193,6 +195,7 @@ def _check_in_processes(
     reader: StoreReader,
     report: VerifyReport,
     damage: list[Any],
+    index: PackedStrings | None,
     n: int,
     decode: bool,
     batch_size: int,
@@ -214,8 +217,9 @@ def _check_in_processes(
         try:
             for k in range(n):
                 recv, send = ctx.Pipe(duplex=False)
-                args = (reader, report.location, bounds[k], bounds[k + 1], decode, batch_size)
-                proc = ctx.Process(target=_child, args=(*args, done, k, send), daemon=True)
+                part = (bounds[k], bounds[k + 1], decode, batch_size, done, k, send)
+                args = (reader, report.location, index, *part)
+                proc = ctx.Process(target=_child, args=args, daemon=True)
                 proc.start()
                 send.close()
                 procs.append(proc)
@@ -260,6 +264,7 @@ def _check_in_processes(
 def _child(
     reader: StoreReader,
     location: str,
+    index: PackedStrings | None,
     start: int,
     stop: int,
     decode: bool,
@@ -282,7 +287,7 @@ def _child(
         done[k] = got
 
     try:
-        _check_range(reader, report, damage, start, stop, decode, batch_size, counted)
+        _check_range(reader, report, damage, index, start, stop, decode, batch_size, counted)
         out: Any = (report, damage)
     except FastdataError as exc:
         out = exc
@@ -294,12 +299,15 @@ def _child(
         send.close()
 
 
-def _check_invariants(reader: StoreReader, report: VerifyReport) -> None:
-    """The invariants of the whole store (names, skipped list, counts), named when broken."""
+def _check_invariants(
+    reader: StoreReader, report: VerifyReport, index: PackedStrings | None
+) -> None:
+    """The invariants of the whole store (names, skipped list, counts), named when broken;
+    ``index``: the store's index of names, read already (None: the names are read here)."""
     from ..stores.invariants import invariant_failures
 
     try:
-        names = reader.record_names()
+        names = index if index is not None else reader.record_names()
         skipped = reader.skipped_files()
     except FastdataError as exc:
         report.broken.append(f"its names and skipped list cannot be read: {here(str(exc))}")

@@ -219,8 +219,10 @@ class Tree:
         return max(0, len(self.found) - self.limit)
 
     def covering(self, key: bytes) -> Damage | None:
-        """The damaged page under which ``key`` would lie, if one was found."""
-        return next((d for d in self.found if d.covers(key)), None)
+        """The damaged page under which ``key`` would lie, if one was found (the latest first:
+        a walk in key order finds the damage over a key just before it would have reached it, so
+        a badly damaged file's long list is not gone through for every key it hides)."""
+        return next((d for d in reversed(self.found) if d.covers(key)), None)
 
     def _damaged(self, page: int, what: str, low: bytes | None, high: bytes | None) -> None:
         damage = Damage(page, what, low, high)

@@ -75,7 +75,6 @@ class _Leased(StoreReader):
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
-
         from .layout import ASIDE_DIR, DATA_FILE
         from .writer import _peek
 
