@@ -104,7 +104,7 @@ def main() -> None:
             f"{n} JPEGs of 500x375 ({timed} timed an epoch: the first batch and a partial last "
             f"one are not), batch {args.batch_size}, "
             f"{args.workers} workers, device {device}, torch {torch.__version__}, "
-            f"device decoder: {getattr(decoder, '__self__', decoder)}"
+            f"device decoder: {getattr(decoder, 'decoder', decoder)!r}"
         )
         results: dict[str, list[tuple[float, float, int]]] = {m: [] for m in loaders}
         for _ in range(args.rounds):

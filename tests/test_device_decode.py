@@ -26,7 +26,7 @@ from .conftest import jpeg_bytes, png_bytes, write
 
 needs_nvimgcodec = pytest.mark.skipif(
     "nvimgcodec" not in available_backends("cpu"),
-    reason="nvImageCodec is not installed (pip install nvidia-nvimgcodec-cu12)",
+    reason="nvImageCodec is not installed (pip install 'nvidia-nvimgcodec-cu12[nvjpeg]')",
 )
 
 JPEGS = [synthetic_jpeg(500, 375, seed=i) for i in range(6)] + [
@@ -110,6 +110,19 @@ def test_records_that_are_not_jpegs_take_the_cpu_path_with_one_line_per_batch(
         assert torch.equal(got[i], torch.from_numpy(pipeline(datas[i], i)).permute(2, 0, 1))
 
 
+def test_the_install_hint_names_the_package_built_for_this_torchs_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a torch built for CUDA 13 needs nvImageCodec's cu13 build: the cu12 one would not load
+    import fastdata.images.device_decode as dd
+
+    monkeypatch.setattr(dd, "available_backends", lambda device="cpu": ["cpu"])
+    for cuda, package in (("13.0", "cu13"), ("12.8", "cu12"), (None, "cu12")):
+        monkeypatch.setattr(torch.version, "cuda", cuda)
+        with pytest.raises(ValueError, match=rf"nvidia-nvimgcodec-{package}\[nvjpeg\]"):
+            DeviceDecoder("cpu", backend="nvimgcodec")
+
+
 def test_without_a_device_decoder_the_cpu_pipeline_decodes_and_says_so(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -119,7 +132,7 @@ def test_without_a_device_decoder_the_cpu_pipeline_decodes_and_says_so(
     with caplog.at_level(logging.WARNING, logger="fastdata.images.device_decode"):
         decoder = DeviceDecoder("cpu")
     assert decoder.backend == "cpu"
-    assert "pip install nvidia-nvimgcodec-cu12" in caplog.text
+    assert "pip install 'nvidia-nvimgcodec-cu12[nvjpeg]'" in caplog.text
     pipeline = TrainPipeline(64, fast_decode=False)
     plans = [pipeline.plan(d, i) for i, d in enumerate(JPEGS)]
     want = cpu_batch(pipeline, JPEGS, list(range(len(JPEGS))))

@@ -102,6 +102,15 @@ def _has_torchvision_decode() -> bool:
     return True
 
 
+def nvimgcodec_install_hint() -> str:
+    """The command that installs nvImageCodec built for this torch's CUDA (12 or 13)."""
+    import torch
+
+    if (torch.version.cuda or "").split(".")[0] == "13":
+        return "pip install 'nvidia-nvimgcodec-cu13[nvjpeg]' (the gpu-cu13 extra)"
+    return "pip install 'nvidia-nvimgcodec-cu12[nvjpeg]' (the gpu extra)"
+
+
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
     """The backends that can decode for ``device`` on this machine, best first (``cpu`` always
     last)."""
@@ -153,12 +162,13 @@ class DeviceDecoder:
             if backend == "cpu":
                 log.warning(
                     "device decode: neither nvImageCodec nor torchvision's GPU decoder can be "
-                    "used here; images are decoded by the CPU pipeline (the gpu extra adds "
-                    "nvImageCodec: pip install nvidia-nvimgcodec-cu12)"
+                    "used here; images are decoded by the CPU pipeline (to add nvImageCodec: "
+                    "%s)",
+                    nvimgcodec_install_hint(),
                 )
         elif backend not in found:
             needs = {
-                "nvimgcodec": "nvImageCodec: pip install nvidia-nvimgcodec-cu12 (the gpu extra)",
+                "nvimgcodec": f"nvImageCodec: {nvimgcodec_install_hint()}",
                 "torchvision": "a CUDA device and a torchvision that imports with this torch",
             }
             raise ValueError(

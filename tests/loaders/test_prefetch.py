@@ -140,3 +140,55 @@ def test_with_dataloader_workers() -> None:
     dl = DataLoader(ds, batch_size=6, num_workers=2)
     got = torch.cat([y for _, y in PrefetchLoader(dl, device="cpu", normalize=True)])
     assert got.tolist() == list(range(20))
+
+
+def test_a_decoding_loader_decodes_the_next_batch_while_the_caller_trains() -> None:
+    # a device decode takes about as long as a training step: batch k+1 is decoded while the
+    # caller still works on batch k, not after it asks for k+1
+    import threading
+
+    started = [threading.Event() for _ in range(4)]
+
+    def decode(batch):  # type: ignore[no-untyped-def]
+        x, y = batch
+        started[int(y[0]) // 4].set()
+        return x.flip(-1), y
+
+    data = image_batches(n=4)
+    got = []
+    for i, (x, y) in enumerate(PrefetchLoader(data, device="cpu", decode=decode)):
+        if i + 1 < len(data):
+            assert started[i + 1].wait(10), f"batch {i + 1} was not decoded ahead"
+        got.append((x, y))
+    assert all(
+        torch.equal(x, d.flip(-1)) and torch.equal(y, t)
+        for (x, y), (d, t) in zip(got, data, strict=True)
+    )
+
+
+def test_a_decoding_loader_stops_its_thread_and_reports_errors() -> None:
+    import threading
+
+    class Boom(RuntimeError):
+        pass
+
+    def decode(batch):  # type: ignore[no-untyped-def]
+        if int(batch[1][0]) == 8:
+            raise Boom("record 8 is not an image")
+        return batch
+
+    before = threading.active_count()
+    seen = []
+    with pytest.raises(Boom, match="record 8"):
+        for batch in PrefetchLoader(image_batches(n=5), device="cpu", decode=decode):
+            seen.append(batch)
+    assert len(seen) == 2  # the batches before the bad one, then its error
+
+    it = iter(PrefetchLoader(image_batches(n=50), device="cpu", decode=lambda b: b))
+    next(it)
+    it.close()  # a caller breaking out of its loop
+    for _ in range(100):
+        if threading.active_count() <= before:
+            break
+        threading.Event().wait(0.05)
+    assert threading.active_count() <= before
