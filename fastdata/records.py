@@ -82,6 +82,9 @@ def new_store_id() -> str:
     return uuid.uuid4().hex
 
 
+_new = object.__new__
+
+
 def name_bytes(name: str) -> bytes:
     """A record name as bytes: UTF-8, with the bytes of a name that is not valid UTF-8 kept as
     they were (``surrogateescape``). No name holds a NUL byte (no file name can), so a list of
@@ -171,11 +174,25 @@ class RecordHeader:
                 and 0 <= crc < 1 << 32
             ):
                 values = d.get("fields")
-                if values is None:
-                    return cls(name, label, size, crc, fmt, bool(repaired))
-                fcrc = d.get("fields_crc32")
-                if type(values) is dict and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32:
-                    return cls(name, label, size, crc, fmt, bool(repaired), values, int(fcrc))
+                fcrc: Any = -1 if values is None else d.get("fields_crc32")
+                if values is None or (
+                    type(values) is dict and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32
+                ):
+                    # made as the dataclass would make it, less its frozen __setattr__ per field:
+                    # every header a verify, an export or a copy reads is made here
+                    header = _new(cls)
+                    header.__dict__.update(
+                        name=name,
+                        label=label,
+                        size=size,
+                        crc32=crc,
+                        format=fmt,
+                        repaired=bool(repaired),
+                        fields=values,
+                        fields_crc32=int(fcrc),
+                        encoded_fields=None,
+                    )
+                    return header
                 raise RecordError(
                     f"{where}: malformed record header ('fields' or 'fields_crc32'); run "
                     "`fastdata verify` on the store"

@@ -148,6 +148,8 @@ page (-1: the value is on the page)."""
 _NODE = struct.Struct("<HHHH")
 _PGNO = struct.Struct("<Q")
 _PAGE = struct.Struct("<QHHHH")
+_OFFSETS: dict[int, struct.Struct] = {}
+"""The array of a page's node offsets, by its length (a page holds at most psize / 2 of them)."""
 _OVERFLOW = struct.Struct("<QHHI")
 
 
@@ -420,7 +422,11 @@ def _check_page(
         return f"damaged (flags {flags:#x}, not a tree page)"
     if not PAGE_HEADER <= lower <= upper <= psize or (lower - PAGE_HEADER) % 2:
         return f"damaged (bounds {lower}-{upper})"
-    offsets = struct.unpack_from(f"<{(lower - PAGE_HEADER) // 2}H", data, PAGE_HEADER)
+    count = (lower - PAGE_HEADER) // 2
+    offsets_of = _OFFSETS.get(count)
+    if offsets_of is None:
+        offsets_of = _OFFSETS[count] = struct.Struct(f"<{count}H")
+    offsets = offsets_of.unpack_from(data, PAGE_HEADER)
     last_node = psize - NODE_HEADER
     node = _NODE.unpack_from
     if kind == P_LEAF:  # (most pages: checked in the fewest steps)

@@ -334,8 +334,8 @@ class LMDBStore(_Leased):
                 head_key, head = next(heads, end)
             while data_key is not None and data_key < key:
                 data_key, data = next(datas, end)
-            where = f"{self.path}: record {key.decode()}"
             if data_key != key or head_key is None or head_key[1:] != key:
+                where = f"{self.path}: record {key.decode()}"
                 missing = key if data_key != key else b"#" + key
                 under = tree.covering(missing)
                 yield (
@@ -355,8 +355,12 @@ class LMDBStore(_Leased):
                 yield i, None, b"", f"its bytes lie on damaged {page}; not read"
             else:
                 try:
-                    header = RecordHeader.from_json(head, where)
-                except RecordError as exc:
-                    yield i, None, b"", str(exc)
-                    continue
+                    header = RecordHeader.from_json(head)
+                except RecordError:
+                    try:  # again, to name the record (not formatted for every record read)
+                        RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
+                    except RecordError as exc:
+                        yield i, None, b"", str(exc)
+                        continue
+                    raise  # (it cannot pass the second time)
                 yield i, header, data, None
