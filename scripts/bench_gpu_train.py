@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import multiprocessing as mp
 import os
 import subprocess
@@ -183,6 +184,16 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu_train.py: needs a CUDA device")
+    chosen = [name.strip() for name in args.loaders.split(",")]
+    unknown = sorted(set(chosen) - {"fastdata", "timm", "fastdata-gpu"})
+    if unknown:
+        ap.error(f"--loaders: unknown {', '.join(unknown)} (of fastdata, timm, fastdata-gpu)")
+    needed = ["psutil"] + ["timm"] * ("timm" in chosen)
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if not any(importlib.util.find_spec(m) for m in ("torchvision", "timm")):
+        missing.append("torchvision or timm (for ResNet-50)")
+    if missing:  # said before twenty thousand images are generated
+        sys.exit(f"bench_gpu_train.py: needs {', '.join(missing)}: pip install them first")
     if (args.warmup + args.steps) * args.batch_size > args.images:
         ap.error("--images must hold (--warmup + --steps) batches: one epoch per measurement")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fastdata-bench-gpu-"))
@@ -224,7 +235,6 @@ def main() -> None:
         # the workers only read bytes and draw crops; the GPU decodes (nvImageCodec or torchvision)
         "fastdata-gpu": lambda w: fastdata_loader(store, args.batch_size, w, decode="device"),
     }
-    chosen = [name.strip() for name in args.loaders.split(",")]
     for workers in (int(w) for w in args.workers.split(",")):
         rates = {}
         for name in chosen:

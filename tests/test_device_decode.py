@@ -117,9 +117,9 @@ def test_the_install_hint_names_the_package_built_for_this_torchs_cuda(
     import fastdata.images.device_decode as dd
 
     monkeypatch.setattr(dd, "available_backends", lambda device="cpu": ["cpu"])
-    for cuda, package in (("13.0", "cu13"), ("12.8", "cu12"), (None, "cu12")):
+    for cuda, extra in (("13.0", "gpu-cu13"), ("12.8", "gpu"), (None, "gpu")):
         monkeypatch.setattr(torch.version, "cuda", cuda)
-        with pytest.raises(ValueError, match=rf"nvidia-nvimgcodec-{package}\[nvjpeg\]"):
+        with pytest.raises(ValueError, match=rf"'fastdata-images\[{extra}\]'"):
             DeviceDecoder("cpu", backend="nvimgcodec")
 
 
@@ -132,7 +132,7 @@ def test_without_a_device_decoder_the_cpu_pipeline_decodes_and_says_so(
     with caplog.at_level(logging.WARNING, logger="fastdata.images.device_decode"):
         decoder = DeviceDecoder("cpu")
     assert decoder.backend == "cpu"
-    assert "pip install 'nvidia-nvimgcodec-cu12[nvjpeg]'" in caplog.text
+    assert "pip install 'fastdata-images[gpu]'" in caplog.text
     pipeline = TrainPipeline(64, fast_decode=False)
     plans = [pipeline.plan(d, i) for i, d in enumerate(JPEGS)]
     want = cpu_batch(pipeline, JPEGS, list(range(len(JPEGS))))

@@ -212,7 +212,14 @@ def _check_in_processes(
     procs, pipes = [], []
     try:
         # Ctrl-C waits while the processes start: one that came in the middle of a fork would
-        # be lost in it, or end a child before it ignores it (Ctrl-C is this process's to handle)
+        # be lost in it, or end a child before it ignores it (Ctrl-C is this process's to
+        # handle). Blocking it is not enough: a native thread (a BLAS pool) may take it, and its
+        # handler would then raise inside a fork's hooks, where an exception is dropped; so it
+        # is only noted meanwhile, and raised once the processes have started.
+        previous = signal.getsignal(signal.SIGINT)
+        pressed: list[int] = []
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, lambda *_: pressed.append(1))
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for k in range(n):
@@ -226,6 +233,10 @@ def _check_in_processes(
                 pipes.append(recv)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            if previous is signal.default_int_handler:
+                signal.signal(signal.SIGINT, previous)
+        if pressed:
+            raise KeyboardInterrupt
         parts: list[Any] = [None] * n
         waiting = {id(conn): k for k, conn in enumerate(pipes)}
         while waiting:
