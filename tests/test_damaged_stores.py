@@ -692,3 +692,21 @@ def test_a_node_marked_as_a_sub_database_is_damage(store: Path) -> None:
     result = cli("verify", str(store), "-q")
     no_crash(result)
     assert result.returncode == 1 and "of a sub-database" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_header_whose_name_no_file_could_have_is_reported_not_a_traceback(
+    tmp_path: Path, workers: str
+) -> None:
+    # valid JSON, a lone surrogate: no file name encodes to it, so it cannot match the index
+    store = tiny_store(tmp_path, 200)
+    env = lmdb.open(str(store), subdir=True, lock=False)
+    with env.begin(write=True) as txn:
+        header = json.loads(bytes(txn.get(b"#0000000003")))
+        header["name"] = "\ud800"
+        txn.put(b"#0000000003", json.dumps(header).encode())
+    env.close()
+    result = cli("verify", str(store), "-q", "-j", workers)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "record 3 is '\\ud800'" in result.stdout + result.stderr

@@ -107,8 +107,8 @@ def nvimgcodec_install_hint() -> str:
     import torch
 
     if (torch.version.cuda or "").split(".")[0] == "13":
-        return "pip install 'fastdata-images[gpu-cu13]' (nvidia-nvimgcodec-cu13 with its nvJPEG)"
-    return "pip install 'fastdata-images[gpu]' (nvidia-nvimgcodec-cu12 with its nvJPEG)"
+        return "pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg (the gpu-cu13 extra)"
+    return "pip install nvidia-nvimgcodec-cu12 nvidia-nvjpeg-cu12 (the gpu extra)"
 
 
 def available_backends(device: torch.device | str = "cpu") -> list[str]:

@@ -142,7 +142,13 @@ class PrefetchLoader:
             def hand_over(item: Any) -> Any:
                 return item
 
-        with BackgroundGenerator(map(ahead, self.loader), max_prefetch=2) as batches:
+        # torch sets up a thread's intra-op threads on its first use, from the process's count,
+        # which a decode on the CPU lowers to one while it runs: the caller's are set up now
+        torch.get_num_threads()
+        # (a generator, not map(): a StopIteration that a decode raises is then an error, not
+        # the end of the epoch)
+        decoded = (ahead(batch) for batch in self.loader)
+        with BackgroundGenerator(decoded, max_prefetch=2) as batches:
             for item in batches:
                 yield hand_over(item)
 

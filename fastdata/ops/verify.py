@@ -157,13 +157,19 @@ def _compare_names(index: PackedStrings, seen: list[tuple[int, str]], report: Ve
     first, last = seen[0][0], seen[-1][0]
     if last - first + 1 == len(seen):
         text = "\0".join(name for _, name in seen)
-        if text.count("\0") == len(seen) - 1 and text.encode(  # (no name holds a NUL)
-            "utf-8", "surrogateescape"
-        ) == index.joined(first, last + 1):
-            seen.clear()
+        try:
+            joined = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a header's name that no file could have: told below
+            joined = b""
+        if text.count("\0") == len(seen) - 1 and joined == index.joined(first, last + 1):
+            seen.clear()  # (no name holds a NUL)
             return
     for i, name in seen:
-        if index[i] != name_bytes(name):
+        try:
+            same = index[i] == name_bytes(name)
+        except UnicodeEncodeError:
+            same, name = False, ascii(name)
+        if not same:
             report.broken.append(
                 f"each record's name is the one the index of names gives: record {i} is "
                 f"{name}, the index says {index[i].decode('utf-8', 'surrogateescape')}"

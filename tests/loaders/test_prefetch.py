@@ -192,3 +192,17 @@ def test_a_decoding_loader_stops_its_thread_and_reports_errors() -> None:
             break
         threading.Event().wait(0.05)
     assert threading.active_count() <= before
+
+
+def test_a_decode_that_raises_stopiteration_is_an_error_not_the_end_of_the_epoch() -> None:
+    def decode(batch):  # type: ignore[no-untyped-def]
+        if int(batch[1][0]) == 8:
+            next(iter([]))  # a bug in the decode: StopIteration escapes it
+        return batch
+
+    seen = []
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        for batch in PrefetchLoader(image_batches(n=5), device="cpu", decode=decode):
+            seen.append(batch)
+    assert len(seen) == 2
+
