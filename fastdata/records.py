@@ -12,12 +12,15 @@ import json
 import json.scanner
 import logging
 import os
+import re
 import shlex
 import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, cast
+
+import numpy as np
 
 from .errors import RecordError, StoreError
 from .fields import Schema, canonical
@@ -45,9 +48,11 @@ __all__ = [
     "StoreMeta",
     "check_labels",
     "checksum",
+    "checksums",
     "class_count",
     "name_bytes",
     "new_store_id",
+    "plain_headers",
     "skipped_file",
 ]
 
@@ -75,6 +80,11 @@ def _decode_json(text: str) -> Any:
 def checksum(data: bytes | memoryview) -> int:
     """CRC-32 of the bytes, as stored in every record (detects truncation and bit rot)."""
     return _crc32(data) & 0xFFFFFFFF
+
+
+def checksums(items: list[bytes | memoryview]) -> np.ndarray:
+    """:func:`checksum` of each, as one int64 array."""
+    return np.fromiter(map(_crc32, items), np.int64, len(items)) & 0xFFFFFFFF
 
 
 def new_store_id() -> str:
@@ -227,6 +237,55 @@ class RecordHeader:
             fields=values,
             fields_crc32=int(fcrc) if values is not None else -1,
         )
+
+
+_PLAIN = re.compile(
+    rb'^\{"name":"((?:[^"\\\x00-\x1f\x80-\xff]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*)",'
+    rb'"label":(-?(?:0|[1-9][0-9]{0,9})),"size":(0|[1-9][0-9]{0,15}),'
+    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":(?:true|false)\}$',
+    re.MULTILINE,
+)
+"""A header as :meth:`RecordHeader.to_json` writes it for a record without fields, one per
+line: every one it matches is a header that :meth:`RecordHeader.from_json` reads alike."""
+
+
+def plain_headers(
+    heads: list[bytes | memoryview],
+) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Many headers read at once, where each is one without fields as fastdata writes it: their
+    names joined by NULs (as :func:`name_bytes` gives them), and their labels, sizes and
+    checksums; None if any is not (then each is read with :meth:`RecordHeader.from_json`,
+    which accepts or names it).
+
+    It parses them in one pass over the headers joined by newlines, which no header as written
+    holds: the count of newlines shows that none does, so each line is one header, and the
+    pattern, anchored at both ends of a line, matches a line at most once."""
+    n = len(heads)
+    text = b"\n".join(heads)
+    if text.count(b"\n") != n - 1:
+        return None
+    found = _PLAIN.findall(text)
+    if len(found) != n or not n:
+        return None
+    names, labels, sizes, crcs = zip(*found, strict=True)
+    joined = b"\0".join(names)
+    if b"\\" in joined:  # (an escaped character: names read one at a time)
+        try:
+            text_names = [json.loads(b'"%s"' % name) for name in names]
+            joined = "\0".join(text_names).encode("utf-8", "surrogateescape")
+        except (ValueError, UnicodeEncodeError):
+            return None
+        if joined.count(b"\0") != n - 1:  # (a name holding a NUL: compared one at a time)
+            return None
+    crc_values = np.fromiter(map(int, crcs), np.int64, n)
+    if crc_values.max() >> 32:  # (one of 10 digits past 32 bits: named one at a time)
+        return None
+    return (
+        joined,
+        np.fromiter(map(int, labels), np.int64, n),
+        np.fromiter(map(int, sizes), np.int64, n),
+        crc_values,
+    )
 
 
 @dataclass(frozen=True)

@@ -710,3 +710,108 @@ def test_a_header_whose_name_no_file_could_have_is_reported_not_a_traceback(
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "record 3 is '\\ud800'" in result.stdout + result.stderr
+
+
+def _walks(data_file: Path, low: bytes | None, high: bytes | None, *, side_by_side: bool):
+    """A walk's entries (keys and values) and damage, its leaves checked under each branch side
+    by side or (with the depth its header gives hidden from it) one page at a time."""
+    import dataclasses
+
+    with lmdb_file.Tree(str(data_file)) as tree:
+        if not side_by_side:
+            tree.head = dataclasses.replace(tree.head, depth=0)
+        got = [(k, None if v is None else bytes(v)) for k, v in tree.entries(low, high)]
+        return got, [str(d) for d in tree.found]
+
+
+def deep_tree(path: Path) -> Path:
+    """An LMDB file of three levels: 3,000 records' headers and values under keys as a store
+    has them, a fifth of the values on overflow pages of their own, and two keys of other
+    lengths (so that some branches hold keys of different lengths)."""
+    import random
+
+    rng = random.Random(7)
+    env = lmdb.open(str(path), map_size=64 << 20, subdir=True)
+    with env.begin(write=True) as txn:
+        for i in range(3000):
+            txn.put(b"#%010d" % i, b'{"name":"c/%d.jpg","size":1}' % i)
+            size = rng.randrange(2100, 6000) if i % 5 == 0 else rng.randrange(1, 900)
+            txn.put(b"%010d" % i, rng.randbytes(size))
+        txn.put(b"__len__", b"3000")
+        txn.put(b"__keys__", b"x" * 50)
+    env.close()
+    return path / "data.mdb"
+
+
+def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(tmp_path: Path) -> None:
+    """Random damage to the tree's pages (headers, node offsets, node headers, keys, overflow
+    pointers): the walk that checks a branch's leaves all at once gives the same entries and
+    names the same damage as the walk that checks them one page at a time, over the whole tree
+    and over ranges."""
+    import random
+
+    source = deep_tree(tmp_path / "deep")
+    assert lmdb_file.check_file(str(source)).depth == 3
+    raw = source.read_bytes()
+    tree_pages = pages(source, lmdb_file.P_LEAF) + pages(source, lmdb_file.P_BRANCH) * 20
+    ranges = [(None, None), (b"#0000000100", b"0000000050"), (b"0000001007", b"0000002500")]
+    rng = random.Random(1234)
+    damaged = tmp_path / "damaged.mdb"
+    differences, found = [], 0
+    for trial in range(300):
+        data = bytearray(raw)
+        for _ in range(rng.choice([1, 1, 1, 3])):
+            page = rng.choice(tree_pages) * 4096
+            count = (struct.unpack_from("<H", data, page + 12)[0] - 16) // 2
+            node = struct.unpack_from("<H", data, page + 16 + 2 * rng.randrange(max(1, count)))[0]
+            at = rng.choice(
+                [
+                    rng.randrange(0, 16),  # the page header
+                    16 + rng.randrange(max(1, 2 * count)),  # the node offsets
+                    node + rng.randrange(0, 8),  # a node's header
+                    node + 8 + rng.randrange(0, 19),  # its key, or its overflow page
+                ]
+            )
+            data[page + min(at, 4095)] ^= 1 << rng.randrange(8)
+        damaged.write_bytes(bytes(data))
+        for low, high in ranges:
+            side = _walks(damaged, low, high, side_by_side=True)
+            single = _walks(damaged, low, high, side_by_side=False)
+            found += bool(single[1])
+            if side != single:
+                differences.append((trial, low, high, side[1], single[1]))
+    assert not differences, differences[:3]
+    assert found > 300  # (the damage was found, not missed by both)
+    whole = _walks(source, None, None, side_by_side=True)
+    assert whole == _walks(source, None, None, side_by_side=False) and len(whole[0]) == 6002
+
+
+@pytest.mark.parametrize(
+    "field", ["odd lower", "offset at the page's end", "last key past the next page's first"]
+)
+def test_leaves_checked_side_by_side_name_each_damage_as_one_page_at_a_time(
+    tmp_path: Path, field: str
+) -> None:
+    """Damage the random flips above rarely reach, to leaves of every place under their
+    branch (the last one's check reads nothing past its page)."""
+    source = deep_tree(tmp_path / "deep")
+    raw = source.read_bytes()
+    damaged = tmp_path / "damaged.mdb"
+    leaves = pages(source, lmdb_file.P_LEAF)
+    for page in leaves[::9] + leaves[-3:]:
+        data = bytearray(raw)
+        base = page * 4096
+        lower = struct.unpack_from("<H", data, base + 12)[0]
+        count = (lower - 16) // 2
+        last_node = struct.unpack_from("<H", data, base + 16 + 2 * (count - 1))[0]
+        if field == "odd lower":
+            struct.pack_into("<H", data, base + 12, lower | 1)
+        elif field == "offset at the page's end":
+            struct.pack_into("<H", data, base + 16 + 2 * (count - 1), 4096 - 6)
+        else:  # its last key made the largest of its length: past its bound
+            size = struct.unpack_from("<H", data, base + last_node + 6)[0]
+            data[base + last_node + 8 : base + last_node + 8 + size] = b"9" * size
+        damaged.write_bytes(bytes(data))
+        side = _walks(damaged, None, None, side_by_side=True)
+        assert side[1], page
+        assert side == _walks(damaged, None, None, side_by_side=False), page

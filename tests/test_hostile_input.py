@@ -386,3 +386,62 @@ def test_a_legacy_collection_with_one_absurd_path(tmp_path: Path, mongo_uri: str
     # what every spawned worker receives: the paths as they are, not 4 x 2 MB fixed-width slots
     assert len(pickle.dumps(ds)) < 2_200_000
     assert ds[1][0] == jpeg_bytes()
+
+
+def _headers_one_at_a_time(heads: list[bytes]) -> list[object]:
+    from fastdata.errors import RecordError
+    from fastdata.records import RecordHeader, name_bytes
+
+    out: list[object] = []
+    for head in heads:
+        try:
+            h = RecordHeader.from_json(head)
+            out.append((name_bytes(h.name), h.label, h.size, h.crc32, h.fields))
+        except (RecordError, UnicodeEncodeError):
+            out.append(None)
+    return out
+
+
+HOSTILE_HEADERS = [
+    b'{"name":"c/1.jpg","label":0,"size":3,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"c/\\u00e9\\udcff \\"q\\" \\\\ \\/","label":-0,"size":0,"crc32":0,"format":"png",'
+    b'"repaired":true}',
+    b'{"name":"a","label":1,"size":01,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"a","label":1,"size":-1,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"a","label":1,"size":1,"crc32":4294967296,"format":"jpeg","repaired":false}',
+    b'{"name":"a","label":99999999999,"size":1,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"a\\ud800","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"a\\u0000b","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"a","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false,"fields":{}}',
+    b'{"name":"a","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}\n{"x":1}',
+    b'{"name":"\xc3\xa9","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}',
+    b'{"name":"a","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false} ',
+    b'{"label":1,"name":"a","size":1,"crc32":7,"format":"jpeg","repaired":false}',
+    # two headers that are whole only together, beside one that is two
+    b'{"name":"a","label":1,"size":1,"crc32":7,"format":"',
+    b'","repaired":false}',
+    b'{"name":"a","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}\n'
+    b'{"name":"b","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}',
+]
+
+
+@pytest.mark.parametrize("picked", [[0], [0, 1], [0, 1, 0], *([0, k] for k in range(2, 16))])
+def test_headers_read_at_once_are_read_as_one_at_a_time(picked: list[int]) -> None:
+    """The headers a check reads many at once: every one read alike, or the whole lot left to
+    be read one at a time (where each is accepted or named)."""
+    import numpy as np
+
+    from fastdata.records import plain_headers
+
+    heads = [HOSTILE_HEADERS[k] for k in picked]
+    single = _headers_one_at_a_time(heads)
+    together = plain_headers(list(heads))
+    if together is None:
+        assert picked != [0] and picked != [0, 1, 0]  # (the plain ones are read at once)
+        return
+    assert all(h is not None and h[4] is None for h in single), picked
+    names, labels, sizes, crcs = together
+    assert names == b"\0".join(h[0] for h in single)  # type: ignore[index]
+    assert np.array_equal(labels, [h[1] for h in single])  # type: ignore[index]
+    assert np.array_equal(sizes, [h[2] for h in single])  # type: ignore[index]
+    assert np.array_equal(crcs, [h[3] for h in single])  # type: ignore[index]

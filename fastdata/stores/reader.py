@@ -10,17 +10,57 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StoreReplacedError
+from ..errors import RecordError, StoreReplacedError
 from ..packed import PackedStrings
 from ..records import Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MemoryReader", "ScanItem", "StoreReader"]
+__all__ = ["MemoryReader", "ScanBlock", "ScanItem", "StoreReader", "scan_item"]
 
 ScanItem = tuple[int, "RecordHeader | None", "bytes | memoryview", "str | None"]
 """A record as a full check reads it: its index, header, bytes, and why it cannot be read."""
+
+
+def scan_item(
+    location: str, i: int, head: bytes | memoryview, data: bytes | memoryview
+) -> ScanItem:
+    """Record ``i`` of the store at ``location`` as a full check reads it, from its header's
+    bytes and its own."""
+    try:
+        header = RecordHeader.from_json(head)
+    except RecordError:
+        try:  # again, to name the record (not formatted for every record read)
+            RecordHeader.from_json(head, f"{location}: record {i:010d}")
+        except RecordError as exc:
+            return i, None, b"", str(exc)
+        raise  # (it cannot pass the second time)
+    return i, header, data, None
+
+
+class ScanBlock:
+    """Records ``start .. start + len - 1`` as a full check reads them, side by side: every
+    one there, with its header's bytes and its own (a backend that reads whole runs of records
+    gives them so, to be checked all at once; :meth:`items` gives them one at a time)."""
+
+    __slots__ = ("data", "heads", "location", "start")
+
+    def __init__(
+        self,
+        location: str,
+        start: int,
+        heads: list[bytes | memoryview],
+        data: list[bytes | memoryview],
+    ) -> None:
+        self.location, self.start, self.heads, self.data = location, start, heads, data
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def items(self) -> Iterator[ScanItem]:
+        for j, (head, data) in enumerate(zip(self.heads, self.data, strict=True)):
+            yield scan_item(self.location, self.start + j, head, data)
 
 
 class StoreReader(abc.ABC):
@@ -250,10 +290,11 @@ class StoreReader(abc.ABC):
 
     def scan_records(
         self, damage: list[Any], batch_size: int = 256, *, start: int = 0, stop: int | None = None
-    ) -> Iterator[ScanItem]:
+    ) -> Iterator[ScanItem | ScanBlock]:
         """Records ``start .. stop-1`` (all by default) in index order, for a full check
         (``fastdata verify``): ``(index, header, bytes, None)``, or ``(index, None, b"", why)``
-        for one that cannot be read (reading goes on after it). Damage to the store's own
+        for one that cannot be read (reading goes on after it), or runs of them in a
+        :class:`ScanBlock`. Damage to the store's own
         structure (an LMDB file's pages) found on the way is added to ``damage`` by the time the
         iteration ends, each one named by its ``str()`` and placed by its ``page`` (a number);
         backends with no structure of their own to check add none."""

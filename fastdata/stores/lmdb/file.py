@@ -13,16 +13,20 @@ the one with the larger transaction id is current. Each page starts with a 16-by
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import struct
 import threading
-from collections.abc import Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from ...errors import StoreError
 
-__all__ = ["SLACK", "Damage", "Header", "Tree", "check_file", "pad", "walk"]
+__all__ = ["SLACK", "Damage", "Header", "Leaves", "Tree", "check_file", "pad", "walk"]
 
 MAGIC = 0xBEEFC0DE
 PAGE_HEADER = 16
@@ -240,6 +244,26 @@ class Tree:
         whose overflow pages are damaged (then listed as damage). Entries under a damaged page
         are not given (the damage names their keys). Subtrees outside the range are not read,
         so their damage is found only by a walk whose range they are in."""
+        for run in self.leaves(low, high):
+            if not values:
+                for key in run.keys:
+                    yield key, None
+                continue
+            for j, key in enumerate(run.keys):
+                yield key, self.value(run, j)
+
+    def value(self, run: Leaves, j: int) -> bytes | memoryview | None:
+        """The value of ``run``'s entry ``j`` (None if its overflow pages are damaged)."""
+        first = int(run.firsts[j])
+        start, size = int(run.starts[j]), int(run.sizes[j])
+        if first < 0:
+            return run.buf[start : start + size]
+        return self._overflow(first, size, run.keys[j])
+
+    def leaves(self, low: bytes | None = None, high: bytes | None = None) -> Iterator[Leaves]:
+        """The leaf entries whose keys lie in ``[low, high)``, as :meth:`entries` gives them,
+        a run of them at a time: the leaves under one branch page, checked side by side
+        (:func:`_check_leaves`), or one leaf page where they cannot be (then checked alone)."""
         head = self.head
         if head.root == P_INVALID:
             return
@@ -247,8 +271,13 @@ class Tree:
         ahead = head.used_bytes > 2 * AHEAD and hasattr(os, "preadv")
         mark = -1  # (the read-ahead is moved on once a chunk of leaves is read)
         seen = bytearray((last >> 3) + 1)
+        seen_bits = np.frombuffer(seen, np.uint8)  # (the same bytes, for the pages checked
+        # side by side)
         stack: list[_Bounds] = [(head.root, 0, None, None)]
         items: list[_Item] = []
+        above_leaves = head.depth - 2  # (a branch at this level has leaves for children, when
+        # the header tells the truth: when it does not, the leaves' check fails and they are
+        # walked one at a time)
         while stack:
             number, level, lo, hi = stack.pop()
             if (low is not None and hi is not None and hi <= low) or (
@@ -260,6 +289,15 @@ class Tree:
             seen[number >> 3] |= bit
             pushed = len(stack)
             data = os.pread(fd, psize, number * psize)
+            if level == above_leaves and not again:
+                run = self._leaves_under(data, number, lo, hi, seen_bits, low, high)
+                if run is not None:
+                    top = run.reached * psize
+                    if ahead and top > mark:
+                        mark = self._read_ahead(top) + AHEAD_CHUNK
+                    if len(run):
+                        yield run
+                    continue
             items.clear()
             what = _check_page(data, number, last, level, lo, hi, stack, items)
             if again:  # (its keys are checked against this place in the tree first, so that a
@@ -277,17 +315,65 @@ class Tree:
             inside = (low is None or (lo is not None and lo >= low)) and (
                 high is None or (hi is not None and hi <= high)
             )
-            for key, start, size, first in items:
-                if not inside and (
-                    (low is not None and key < low) or (high is not None and key >= high)
-                ):
-                    continue
-                if not values:
-                    yield key, None
-                elif first < 0:
-                    yield key, data[start : start + size]
-                else:
-                    yield key, self._overflow(first, size, key)
+            if not inside:
+                items[:] = [
+                    item
+                    for item in items
+                    if (low is None or item[0] >= low) and (high is None or item[0] < high)
+                ]
+            if items:
+                keys, starts, sizes, firsts = zip(*items, strict=True)
+                yield Leaves(data, None, starts, sizes, firsts, number, list(keys))
+
+    def _leaves_under(
+        self,
+        data: bytes,
+        number: int,
+        lo: bytes | None,
+        hi: bytes | None,
+        seen: np.ndarray,
+        low: bytes | None,
+        high: bytes | None,
+    ) -> Leaves | None:
+        """The entries in ``[low, high)`` under a branch page whose children are leaves (its
+        bytes ``data``, its key bounds ``lo`` and ``hi``): its children read with a call per
+        run of consecutive pages, and all checked side by side (:func:`_check_branch`,
+        :func:`_check_leaves`). None, with nothing marked as seen, where any of them is out of
+        the ordinary or fails a check: they are then walked a page at a time, which names what
+        is wrong."""
+        psize = self.head.psize
+        branch = _check_branch(data, number, self.head.last_page, lo, hi)
+        if branch is None:
+            return None
+        children, keys = branch
+        at = _KeyAt(keys.tobytes(), keys.shape[1], len(keys))
+        # the children whose keys may lie in the range: child j holds keys[j - 1] .. keys[j]
+        a = 0 if low is None else bisect_right(at, low)
+        b = len(children) if high is None else bisect_left(at, high) + 1
+        if a >= b:
+            return Leaves(b"", None, (), (), (), 0, [])
+        numbers = children[a:b]
+        byte, bit = numbers >> 3, np.left_shift(1, numbers & 7).astype(np.uint8)
+        if (seen[byte] & bit).any() or len(np.unique(numbers)) != len(numbers):
+            return None  # (reached before: a loop, for the walk one page at a time to name)
+        buf = bytearray(len(numbers) * psize)  # (a short read leaves zeros: no page passes)
+        view = memoryview(buf)
+        edges = [0, *(np.flatnonzero(np.diff(numbers) != 1) + 1).tolist(), len(numbers)]
+        for c, d in itertools.pairwise(edges):
+            os.preadv(self._fd, [view[c * psize : d * psize]], int(numbers[c]) * psize)
+        first_low = lo if a == 0 else at[a - 1]
+        last_high = hi if b == len(children) else at[b - 1]
+        run = _check_leaves(
+            buf, numbers, keys[a : b - 1], first_low, last_high, psize, self.head.last_page
+        )
+        if run is None:
+            return None
+        np.bitwise_or.at(seen, byte, bit)
+        assert run.rows is not None
+        got = _KeyAt(run.rows.tobytes(), run.rows.shape[1], len(run))
+        c = 0 if low is None else bisect_left(got, low)
+        d = len(run) if high is None else bisect_left(got, high)
+        return run if (c, d) == (0, len(run)) else run.cut(c, d)
 
     def _read_ahead(self, offset: int) -> int:
         """A walk has read a leaf at ``offset``: the read-ahead begins there, or moves on."""
@@ -397,6 +483,238 @@ def _prefetch(fd: int, pages: list[int], psize: int) -> None:
             start = page
         end = page
     os.posix_fadvise(fd, start * psize, (end - start + 1) * psize, os.POSIX_FADV_WILLNEED)
+
+
+class Leaves:
+    """A run of leaf entries in key order, from the pages they were read from.
+
+    Attributes:
+        buf: the pages' bytes; an entry's value on its page is ``buf[start : start + size]``.
+        rows: the keys, one row each, where they are all one length (None otherwise).
+        starts, sizes, firsts: each entry's value: where it starts in ``buf``, its size, and
+            its first overflow page (-1: on the page).
+        reached: the highest page number read.
+    """
+
+    __slots__ = ("_keys", "buf", "firsts", "reached", "rows", "sizes", "starts")
+
+    def __init__(
+        self,
+        buf: bytes | memoryview,
+        rows: np.ndarray | None,
+        starts: Sequence[int] | np.ndarray,
+        sizes: Sequence[int] | np.ndarray,
+        firsts: Sequence[int] | np.ndarray,
+        reached: int,
+        keys: list[bytes] | None = None,
+    ) -> None:
+        self.buf, self.rows, self.reached = buf, rows, reached
+        self.starts, self.sizes, self.firsts = starts, sizes, firsts
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def keys(self) -> list[bytes]:
+        if self._keys is None:
+            assert self.rows is not None
+            flat, width = self.rows.tobytes(), self.rows.shape[1]
+            self._keys = [flat[j : j + width] for j in range(0, len(flat), width)]
+        return self._keys
+
+    def cut(self, a: int, b: int) -> Leaves:
+        """Entries ``a .. b-1``."""
+        rows = None if self.rows is None else self.rows[a:b]
+        keys = None if self._keys is None else self._keys[a:b]
+        return Leaves(
+            self.buf,
+            rows,
+            self.starts[a:b],
+            self.sizes[a:b],
+            self.firsts[a:b],
+            self.reached,
+            keys,
+        )
+
+
+class _KeyAt:
+    """Fixed-width keys packed in one bytes object, as a sequence (for a binary search)."""
+
+    def __init__(self, flat: bytes, width: int, n: int) -> None:
+        self.flat, self.width, self.n = flat, width, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, j: int) -> bytes:
+        return self.flat[j * self.width : (j + 1) * self.width]
+
+
+_PAGE_DTYPES: dict[int, np.dtype] = {}
+_NODE_BYTES = np.arange(NODE_HEADER)
+
+
+def _page_dtype(psize: int) -> np.dtype:
+    dtype = _PAGE_DTYPES.get(psize)
+    if dtype is None:
+        dtype = _PAGE_DTYPES[psize] = np.dtype(
+            {
+                "names": ["pgno", "flags", "lower", "upper"],
+                "formats": ["<u8", "<u2", "<u2", "<u2"],
+                "offsets": [0, 10, 12, 14],
+                "itemsize": psize,
+            }
+        )
+    return dtype
+
+
+def _words(rows: np.ndarray) -> np.ndarray:
+    """Fixed-width keys (one uint8 row each) as big-endian 64-bit words, zero-padded, which
+    compare in the keys' order."""
+    n, width = rows.shape
+    pad = -width % 8
+    if pad:
+        rows = np.concatenate([rows, np.zeros((n, pad), np.uint8)], axis=1)
+    return np.ascontiguousarray(rows).view(">u8")
+
+
+def _before(a: np.ndarray, b: np.ndarray, *, strict: bool) -> np.ndarray:
+    """Row by row, whether key ``a`` sorts before key ``b`` (or equals it, if not
+    ``strict``); both as :func:`_words`."""
+    less = np.zeros(len(a), bool)
+    same = np.ones(len(a), bool)
+    for w in range(a.shape[1]):
+        less |= same & (a[:, w] < b[:, w])
+        same &= a[:, w] == b[:, w]
+    return less if strict else less | same
+
+
+def _check_branch(
+    data: bytes, number: int, last: int, low: bytes | None, high: bytes | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A branch page's children and the keys between them (one row each), checked as
+    :func:`_check_page` checks a branch page, all at once; None where any check fails or its
+    keys are of different lengths (for :func:`_check_page` to check and name)."""
+    psize = len(data)
+    if psize < PAGE_HEADER:
+        return None
+    pgno, _pad, flags, lower, upper = _PAGE.unpack_from(data, 0)
+    kind = flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META)
+    if pgno != number or kind != P_BRANCH or not PAGE_HEADER <= lower <= upper <= psize:
+        return None
+    count = (lower - PAGE_HEADER) // 2
+    if (lower - PAGE_HEADER) % 2 or count < 2:
+        return None
+    off = np.frombuffer(data, "<u2", count, PAGE_HEADER).astype(np.int64)
+    if (off < upper).any() or (off > psize - NODE_HEADER).any():
+        return None
+    flat = np.frombuffer(data, np.uint8)
+    node = flat[off[:, None] + _NODE_BYTES].view("<u2").astype(np.int64)
+    children = node[:, 0] | (node[:, 1] << 16) | (node[:, 2] << 32)
+    ksize = node[:, 3]
+    width = int(ksize[1])
+    if (
+        (off + NODE_HEADER + ksize > psize).any()
+        or (children < 2).any()
+        or (children > last).any()
+        or width == 0
+        or (ksize[1:] != width).any()
+    ):
+        return None
+    # node 0's key is empty: its child begins at the page's low key
+    keys = flat[(off[1:] + NODE_HEADER)[:, None] + np.arange(width)]
+    words = _words(keys)
+    if not _before(words[:-1], words[1:], strict=True).all():
+        return None
+    if (low is not None and keys[0].tobytes() <= low) or (
+        high is not None and keys[-1].tobytes() >= high
+    ):
+        return None
+    return children, keys
+
+
+def _check_leaves(
+    buf: bytearray,
+    numbers: np.ndarray,
+    between: np.ndarray,
+    low: bytes | None,
+    high: bytes | None,
+    psize: int,
+    last: int,
+) -> Leaves | None:
+    """The entries of leaf pages read side by side into ``buf`` (``numbers``, in key order;
+    ``between`` the keys their branch puts between them, one row each; ``low`` and ``high`` the
+    bounds of the first's keys and the last's), checked as :func:`_check_page` checks a leaf
+    page, all at once. None where any check fails or any page is out of the ordinary (keys of
+    different lengths, an empty page, flags other than a plain or an overflow value), for the
+    page-at-a-time walk to check and name."""
+    k = len(numbers)
+    pages = np.frombuffer(buf, _page_dtype(psize), count=k)
+    if not np.array_equal(pages["pgno"], numbers):
+        return None
+    kinds = pages["flags"] & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META)
+    lower, upper = pages["lower"].astype(np.int64), pages["upper"].astype(np.int64)
+    if (
+        (kinds != P_LEAF).any()
+        or (lower < PAGE_HEADER + 2).any()  # (an empty leaf: for the walk one at a time)
+        or (lower > upper).any()
+        or (upper > psize).any()
+        or ((lower - PAGE_HEADER) & 1).any()
+    ):
+        return None
+    count = (lower - PAGE_HEADER) >> 1
+    most = int(count.max())
+    offsets = np.frombuffer(buf, "<u2").reshape(k, psize // 2)[:, 8 : 8 + most]
+    row = np.repeat(np.arange(k), count)
+    off = offsets[np.arange(most) < count[:, None]].astype(np.int64)
+    if (off < upper[row]).any() or (off > psize - NODE_HEADER).any():
+        return None
+    flat = np.frombuffer(buf, np.uint8)
+    at = row * psize + off
+    node = flat[at[:, None] + _NODE_BYTES].view("<u2").astype(np.int64)
+    size = node[:, 0] | (node[:, 1] << 16)
+    nflags, ksize = node[:, 2], node[:, 3]
+    width = int(ksize[0])
+    if width == 0 or (ksize != width).any():
+        return None
+    start = off + NODE_HEADER + width
+    big = nflags == F_BIGDATA
+    if (~big & (nflags != 0)).any() or (~big & (start + size > psize)).any():
+        return None
+    firsts = np.full(len(off), -1, np.int64)
+    if big.any():
+        if (big & (start + 8 > psize)).any():
+            return None
+        where = (row * psize + start)[big]
+        first = flat[where[:, None] + np.arange(8)].view("<u8").ravel()
+        if ((first < 2) | (first > last)).any():
+            return None
+        first = first.astype(np.int64)
+        if (first + (size[big] + PAGE_HEADER - 1) // psize > last).any():
+            return None
+        firsts[big] = first
+    keys = flat[(at + NODE_HEADER)[:, None] + np.arange(width)]
+    words = _words(keys)
+    if not _before(words[:-1], words[1:], strict=True).all():
+        return None
+    # each page's keys within the bounds its branch gave it: its first at or after its low
+    # bound, its last before its high bound
+    ends = np.cumsum(count)
+    if k > 1:
+        if between.shape[1] != width:
+            return None  # (keys of other lengths: for the walk one page at a time)
+        bounds = _words(between)
+        if not (
+            _before(bounds, words[(ends - count)[1:]], strict=False).all()
+            and _before(words[ends[:-1] - 1], bounds, strict=True).all()
+        ):
+            return None
+    if (low is not None and keys[0].tobytes() < low) or (
+        high is not None and keys[-1].tobytes() >= high
+    ):
+        return None
+    return Leaves(memoryview(buf), keys, row * psize + start, size, firsts, int(numbers.max()))
 
 
 def _check_page(

@@ -26,7 +26,7 @@ from ...records import (
     check_labels,
     skipped_file,
 )
-from ..reader import ScanItem, StoreReader
+from ..reader import ScanBlock, ScanItem, StoreReader, scan_item
 from . import file as lmdb_file
 from .env import Lease, _data_file, open_reader
 from .layout import (
@@ -296,12 +296,13 @@ class LMDBStore(_Leased):
 
     def scan_records(
         self, damage: list[Any], batch_size: int = 256, *, start: int = 0, stop: int | None = None
-    ) -> Iterator[ScanItem]:
+    ) -> Iterator[ScanItem | ScanBlock]:
         """Read from the data file itself, in one pass: every page of the B-tree is checked
         (:class:`~fastdata.stores.lmdb.file.Tree`) and every record's header and bytes taken
         from the pages as they are read, so that nothing is read twice and nothing damaged is
-        handed to LMDB. An append that begins meanwhile may reuse the pages read (see
-        "appends"): then the check is refused, to be run again."""
+        handed to LMDB. Runs of records whose keys are all in place come as a
+        :class:`~fastdata.stores.reader.ScanBlock`. An append that begins meanwhile may reuse
+        the pages read (see "appends"): then the check is refused, to be run again."""
         lease = self._env()
         before = lease.entry.epoch()
         with lmdb_file.Tree(_data_file(self.path)) as tree:
@@ -320,47 +321,126 @@ class LMDBStore(_Leased):
                 )
             damage.extend(tree.found)
 
-    def _paired(self, tree: lmdb_file.Tree, start: int, stop: int) -> Iterator[ScanItem]:
+    def _paired(
+        self, tree: lmdb_file.Tree, start: int, stop: int
+    ) -> Iterator[ScanItem | ScanBlock]:
         """Records ``start .. stop-1`` from the tree: the headers and the bytes sort apart, so
-        two walks go through them side by side."""
-        end: tuple[bytes | None, Any] = (None, None)
-        heads = tree.entries(header_key(start), header_key(stop))
-        datas = tree.entries(record_key(start), record_key(stop))
-        head_key, head = next(heads, end)
-        data_key, data = next(datas, end)
-        for i in range(start, stop):
-            key = b"%010d" % i  # record_key, inline
-            while head_key is not None and head_key[1:] < key:  # (a key of no record)
-                head_key, head = next(heads, end)
-            while data_key is not None and data_key < key:
-                data_key, data = next(datas, end)
-            if data_key != key or head_key is None or head_key[1:] != key:
-                where = f"{self.path}: record {key.decode()}"
-                missing = key if data_key != key else b"#" + key
-                under = tree.covering(missing)
-                yield (
-                    i,
-                    None,
-                    b"",
-                    (
-                        f"lies under damaged page {under.page}; not read"
-                        if under is not None
-                        else f"{where}{'' if missing == key else ': its header'} is missing; the "
-                        "store is damaged, convert it again"
-                    ),
-                )
-            elif data is None or head is None:
-                under = tree.covering(key if data is None else b"#" + key)
-                page = f"page {under.page}" if under is not None else "a page"
-                yield i, None, b"", f"its bytes lie on damaged {page}; not read"
-            else:
-                try:
-                    header = RecordHeader.from_json(head)
-                except RecordError:
-                    try:  # again, to name the record (not formatted for every record read)
-                        RecordHeader.from_json(head, f"{self.path}: record {key.decode()}")
-                    except RecordError as exc:
-                        yield i, None, b"", str(exc)
-                        continue
-                    raise  # (it cannot pass the second time)
-                yield i, header, data, None
+        two walks go through them side by side. Where the next keys of both are the records'
+        own, one after the other, they come as a block; elsewhere one record at a time."""
+        heads = _Walk(tree, tree.leaves(header_key(start), header_key(stop)))
+        datas = _Walk(tree, tree.leaves(record_key(start), record_key(stop)))
+        i = start
+        while i < stop:
+            n = _in_place(heads, datas, i, stop)
+            if n:
+                head_values, data_values = heads.values(n), datas.values(n)
+                if None in head_values or None in data_values:  # (damaged overflow pages)
+                    n = min(_none_at(head_values), _none_at(data_values))
+                if n:
+                    yield ScanBlock(self.path, i, head_values[:n], data_values[:n])  # type: ignore[arg-type]
+                    heads.skip(n)
+                    datas.skip(n)
+                    i += n
+                    continue
+            yield self._one(tree, heads, datas, i)
+            i += 1
+
+    def _one(self, tree: lmdb_file.Tree, heads: _Walk, datas: _Walk, i: int) -> ScanItem:
+        """Record ``i``, where the walks are at its keys or past them."""
+        key = b"%010d" % i  # record_key, inline
+        while heads.key is not None and heads.key[1:] < key:  # (a key of no record)
+            heads.value()
+            heads.skip(1)
+        while datas.key is not None and datas.key < key:
+            datas.value()
+            datas.skip(1)
+        head_key, data_key = heads.key, datas.key
+        if data_key != key or head_key is None or head_key[1:] != key:
+            where = f"{self.path}: record {key.decode()}"
+            missing = key if data_key != key else b"#" + key
+            under = tree.covering(missing)
+            return (
+                i,
+                None,
+                b"",
+                (
+                    f"lies under damaged page {under.page}; not read"
+                    if under is not None
+                    else f"{where}{'' if missing == key else ': its header'} is missing; the "
+                    "store is damaged, convert it again"
+                ),
+            )
+        head, data = heads.value(), datas.value()
+        heads.skip(1)
+        datas.skip(1)
+        if data is None or head is None:
+            under = tree.covering(key if data is None else b"#" + key)
+            page = f"page {under.page}" if under is not None else "a page"
+            return i, None, b"", f"its bytes lie on damaged {page}; not read"
+        return scan_item(self.path, i, head, data)
+
+
+class _Walk:
+    """One walk's entries (:meth:`~fastdata.stores.lmdb.file.Tree.leaves`), with a place in
+    them."""
+
+    def __init__(self, tree: lmdb_file.Tree, runs: Iterator[lmdb_file.Leaves]) -> None:
+        self.tree, self._runs = tree, runs
+        self.run: lmdb_file.Leaves | None = None
+        self.at = 0
+        self._next()
+
+    def _next(self) -> None:
+        self.run, self.at = next(self._runs, None), 0
+
+    @property
+    def key(self) -> bytes | None:
+        """The key here (None: past the last)."""
+        return None if self.run is None else self.run.keys[self.at]
+
+    def value(self) -> bytes | memoryview | None:
+        """The value here (None if its overflow pages are damaged)."""
+        assert self.run is not None
+        return self.tree.value(self.run, self.at)
+
+    def values(self, n: int) -> list[bytes | memoryview | None]:
+        """The values of the ``n`` entries from here, within this run."""
+        run, a = self.run, self.at
+        assert run is not None
+        if max(run.firsts[a : a + n]) < 0:  # (all on their pages)
+            buf = run.buf
+            starts = np.asarray(run.starts[a : a + n])
+            ends = (starts + np.asarray(run.sizes[a : a + n])).tolist()
+            return [buf[s:e] for s, e in zip(starts.tolist(), ends, strict=True)]
+        return [self.tree.value(run, j) for j in range(a, a + n)]
+
+    def skip(self, n: int) -> None:
+        """Move on ``n`` entries (within this run)."""
+        assert self.run is not None
+        self.at += n
+        if self.at >= len(self.run):
+            self._next()
+
+
+_DIGITS = 10 ** np.arange(9, -1, -1, dtype=np.int64)
+
+
+def _in_place(heads: _Walk, datas: _Walk, i: int, stop: int) -> int:
+    """How many records from ``i`` (before ``stop``) the two walks hold next, in their places:
+    record ``j``'s header under ``#`` + its key and its bytes under its key, one after the
+    other, each walk within its run (0 where the next is not so)."""
+    hr, dr = heads.run, datas.run
+    if hr is None or dr is None or hr.rows is None or dr.rows is None:
+        return 0
+    if hr.rows.shape[1] != 11 or dr.rows.shape[1] != 10 or stop > 10**10:
+        return 0
+    n = min(len(hr) - heads.at, len(dr) - datas.at, stop - i)
+    want = (np.arange(i, i + n, dtype=np.int64)[:, None] // _DIGITS % 10 + 48).astype(np.uint8)
+    head_keys = hr.rows[heads.at : heads.at + n]
+    same = (dr.rows[datas.at : datas.at + n] == want).all(axis=1)
+    same &= (head_keys[:, 1:] == want).all(axis=1) & (head_keys[:, 0] == ord("#"))
+    return n if same.all() else int(same.argmin())
+
+
+def _none_at(values: list[Any]) -> int:
+    return values.index(None) if None in values else len(values)
