@@ -239,9 +239,13 @@ class RecordHeader:
         )
 
 
+_NAME_CHARS = rb'[^"\\\x00-\x1f\x80-\xff]*'
 _PLAIN = re.compile(
-    rb'^\{"name":"((?:[^"\\\x00-\x1f\x80-\xff]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*)",'
-    rb'"label":(-?(?:0|[1-9][0-9]{0,9})),"size":(0|[1-9][0-9]{0,15}),'
+    rb'^\{"name":"('
+    + _NAME_CHARS
+    + rb'(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})'
+    + _NAME_CHARS
+    + rb')*)","label":(-?(?:0|[1-9][0-9]{0,9})),"size":(0|[1-9][0-9]{0,15}),'
     rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":(?:true|false)\}$',
     re.MULTILINE,
 )

@@ -85,18 +85,27 @@ def verify_store(
     except FastdataError:  # (the check of the invariants names it)
         index = None
     damage: list[Any] = []
-    if n > 1:
-        _check_in_processes(reader, report, damage, index, n, decode, batch_size, progress)
+
+    def whole_store() -> list[str]:
+        """The invariants of the whole store it breaks."""
+        found = VerifyReport(reader.location)
+        if reader.has_checksums:
+            _check_invariants(reader, found, index)
+        return found.broken
+
+    if n > 1:  # (the whole store is checked here meanwhile)
+        args = (reader, report, damage, index, n, decode, batch_size, progress, whole_store)
+        broken = _check_in_processes(*args)
     else:
         _check_range(reader, report, damage, index, 0, total, decode, batch_size, progress)
+        broken = whole_store()
     # in page order, each once (a page above the parts of two processes is met by both): the
     # same report however many processes checked
     unique = {str(d): d for d in damage}
     report.damaged_pages = sorted(unique, key=lambda text: (unique[text].page, text))
     if progress is not None:
         progress(total, total)
-    if reader.has_checksums:
-        _check_invariants(reader, report, index)
+    report.broken.extend(broken)
     return report
 
 
@@ -241,9 +250,11 @@ def _check_in_processes(
     decode: bool,
     batch_size: int,
     progress: Callable[[int, int], None] | None,
-) -> None:
+    meanwhile: Callable[[], list[str]],
+) -> list[str]:
     """Check ``n`` parts of the store in ``n`` forked processes, side by side; their reports,
-    merged in index order, make ``report``."""
+    merged in index order, make ``report``. What ``meanwhile()`` gives, called here while they
+    check, is returned."""
     from multiprocessing.connection import wait
 
     total = len(reader)
@@ -278,6 +289,7 @@ def _check_in_processes(
                 signal.signal(signal.SIGINT, previous)
         if pressed:
             raise KeyboardInterrupt
+        found = meanwhile()
         parts: list[Any] = [None] * n
         waiting = {id(conn): k for k, conn in enumerate(pipes)}
         while waiting:
@@ -305,12 +317,13 @@ def _check_in_processes(
     for part in parts:
         if isinstance(part, BaseException):
             raise part
-    for part, found in parts:
+    for part, part_damage in parts:
         report.checked += part.checked
         report.decoded += part.decoded
         report.failures.extend(part.failures)
         report.broken.extend(part.broken)
-        damage.extend(found)
+        damage.extend(part_damage)
+    return found
 
 
 def _child(
