@@ -17,6 +17,7 @@ import pytest
 
 from fastdata import convert
 from fastdata.stores.lmdb import file as lmdb_file
+from fastdata.stores.reader import ScanBlock
 
 from .conftest import jpeg_bytes, tiny_store, write
 from .procs import cli, run_script
@@ -815,3 +816,88 @@ def test_leaves_checked_side_by_side_name_each_damage_as_one_page_at_a_time(
         side = _walks(damaged, None, None, side_by_side=True)
         assert side[1], page
         assert side == _walks(damaged, None, None, side_by_side=False), page
+
+
+def test_leaves_below_the_deepest_level_a_walk_follows_are_a_loop_either_way(
+    tmp_path: Path,
+) -> None:
+    """A chain of one-node branch pages above the root puts the leaves at level 65: the walk
+    a page at a time takes them for a loop, and the walk side by side does too."""
+    source = deep_tree(tmp_path / "deep")
+    head = lmdb_file.check_file(str(source))
+    data = bytearray(source.read_bytes()[: (head.last_page + 1) * 4096])
+    chain, first = 63, head.last_page + 1
+    for k in range(chain):
+        child = first + k + 1 if k + 1 < chain else head.root
+        page = bytearray(4096)
+        struct.pack_into("<QHHHH", page, 0, first + k, 0, lmdb_file.P_BRANCH, 18, 4096 - 8)
+        struct.pack_into("<H", page, 16, 4096 - 8)
+        struct.pack_into("<HHHH", page, 4096 - 8, child & 0xFFFF, child >> 16, 0, 0)
+        data += page
+    for meta in (0, 4096):  # the root, the depth and the last page, in both meta pages
+        struct.pack_into("<H", data, meta + 94, head.depth + chain)
+        struct.pack_into("<QQ", data, meta + 128, first, first + chain - 1)
+    damaged = tmp_path / "chained.mdb"
+    damaged.write_bytes(bytes(data) + bytes(128 << 10))
+    side = _walks(damaged, None, None, side_by_side=True)
+    assert side == _walks(damaged, None, None, side_by_side=False)
+    assert not side[0] and "reached twice (a loop in the tree)" in side[1][0]
+
+
+def test_a_check_reads_each_damaged_value_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every value on pages of its own damaged, under leaves checked side by side: each record
+    is reported, and its pages are read at most twice (not once for every record checked after
+    it in the run)."""
+    from fastdata.stores.lmdb.reader import LMDBStore
+
+    source = deep_tree(tmp_path / "deep")
+    raw = source.read_bytes()
+    runs = [
+        p
+        for p in pages(source, lmdb_file.P_OVERFLOW)
+        if struct.unpack_from("<I", raw, p * 4096 + 12)[0] > 0
+    ]
+    assert len(runs) == 600
+    for page in runs:
+        smash(source, page, 0, struct.pack("<Q", 1))
+    reads = [0]
+    overflow = lmdb_file.Tree._overflow
+
+    def counted(self: lmdb_file.Tree, *args: object) -> object:
+        reads[0] += 1
+        return overflow(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lmdb_file.Tree, "_overflow", counted)
+    reader = object.__new__(LMDBStore)
+    reader.path = str(tmp_path / "deep")
+    with lmdb_file.Tree(str(source)) as tree:
+        got = list(reader._paired(tree, 0, 3000))
+    unread = [
+        i for item in got if not isinstance(item, ScanBlock) and "damaged" in str(item[3])
+        for i in [item[0]]
+    ]
+    assert unread == list(range(0, 3000, 5))
+    assert reads[0] <= 2 * 600, reads[0]
+
+
+def test_a_check_in_blocks_reports_in_the_order_of_one_record_at_a_time(tmp_path: Path) -> None:
+    """A name that differs from the index early and a label that differs from the labels list
+    more than 4,096 records later: listed in the order the records come, as when every record
+    is read one at a time."""
+    from fastdata import open_store
+    from fastdata.ops.verify import verify_store
+
+    store = tiny_store(tmp_path, 5000)
+    env = lmdb.open(str(store), map_size=1 << 30, subdir=True)
+    with env.begin(write=True) as txn:
+        head = json.loads(txn.get(b"#0000004500"))
+        head["label"] = 7
+        txn.put(b"#0000004500", json.dumps(head, separators=(",", ":")).encode())
+        names = txn.get(b"__names__")
+        at = names.index(b"c/0063.jpg")
+        txn.put(b"__names__", names[:at] + b"c/X063.jpg" + names[at + 10 :])
+    env.close()
+    broken = verify_store(open_store(store), workers=1).broken
+    assert len(broken) == 2 and "record 63" in broken[0] and "record 4500" in broken[1], broken

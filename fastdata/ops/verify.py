@@ -54,6 +54,9 @@ class VerifyReport:
         return not self.failures and not self.damaged_pages and not self.broken
 
 
+NAMES_EVERY = 4096
+"""Records read between comparisons of the names read with the index of names."""
+
 PARALLEL_FROM = 20_000
 """Stores of at least this many records are checked by several processes (where they can be)."""
 
@@ -128,8 +131,18 @@ def _check_range(
     checked = reader.has_checksums
     schema = reader.meta.schema if checked else None
     failures = report.failures
-    seen: list[tuple[int, str]] = []  # (records read since the last comparison, their names)
+    seen: list[tuple[int, str]] = []  # (records read one at a time since the last comparison,
+    # and their names: compared every NAMES_EVERY records read, counting blocks, so that what
+    # is reported comes in the same order as when every record is read one at a time)
+    read = [0]
     told = start
+
+    def count(n: int) -> None:
+        read[0] += n
+        if read[0] >= NAMES_EVERY:
+            read[0] -= NAMES_EVERY
+            if seen and index is not None:
+                _compare_names(index, seen, report)
 
     def one(i: int, h: RecordHeader | None, data: bytes | memoryview, why: str | None) -> None:
         if h is None:
@@ -143,8 +156,7 @@ def _check_range(
             )
         if index is not None:
             seen.append((i, h.name))
-            if len(seen) == 4096:
-                _compare_names(index, seen, report)
+        count(1)
         if len(data) != h.size:
             failures.append(Failure(i, h.name, f"size {len(data)}, expected {h.size}"))
         elif checksum(data) != h.crc32:
@@ -165,6 +177,7 @@ def _check_range(
                     one(*record)
             else:
                 report.checked += len(item)
+                count(len(item))
             i = item.start + len(item) - 1
         else:
             i = item[0]

@@ -4,7 +4,8 @@ LMDB maps ``data.mdb`` into memory and follows the page numbers it finds there. 
 (an interrupted copy, a full disk) or a damaged page makes it touch memory past the end of the
 file, which kills the process with SIGBUS or SIGSEGV instead of raising an error. So nothing is
 handed to LMDB before the file's header has been checked here against the file's size, and
-``fastdata verify`` walks every page of the B-tree here, in Python, where damage is an error.
+``fastdata verify`` walks every page of the B-tree here, with ``pread`` (never mapped), where
+damage is an error.
 
 Layout (LMDB 0.9, 64-bit, little-endian): pages of ``psize`` bytes; pages 0 and 1 are meta pages,
 the one with the larger transaction id is current. Each page starts with a 16-byte header
@@ -176,9 +177,12 @@ class Tree:
 
     Every branch and leaf page reached is checked: its page number and type, its bounds, every
     node's offset and key length, every child page and overflow run within the file; a value's
-    overflow pages are checked too when it is read. A damaged page's subtree is not followed;
-    its damage names the keys it holds. The first ``limit`` damaged pages are listed in
-    :attr:`damage`; :attr:`more` counts the rest.
+    overflow pages are checked too when it is read. The leaves under a branch page are read
+    with a call per run of consecutive pages and checked side by side with numpy; where any of
+    them fails a check or is out of the ordinary, they are walked a page at a time, which names
+    what is wrong (so the entries and the damage found are the same either way). A damaged
+    page's subtree is not followed; its damage names the keys it holds. The first ``limit``
+    damaged pages are listed in :attr:`damage`; :attr:`more` counts the rest.
 
     Raises:
         StoreError: the file's header is damaged or the file is truncated.
@@ -289,7 +293,8 @@ class Tree:
             seen[number >> 3] |= bit
             pushed = len(stack)
             data = os.pread(fd, psize, number * psize)
-            if level == above_leaves and not again:
+            if level == above_leaves and level < 64 and not again:  # (a leaf deeper than 64
+                # is taken for a loop, by the walk a page at a time)
                 run = self._leaves_under(data, number, lo, hi, seen_bits, low, high)
                 if run is not None:
                     top = run.reached * psize

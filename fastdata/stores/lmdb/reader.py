@@ -333,9 +333,10 @@ class LMDBStore(_Leased):
         while i < stop:
             n = _in_place(heads, datas, i, stop)
             if n:
-                head_values, data_values = heads.values(n), datas.values(n)
-                if None in head_values or None in data_values:  # (damaged overflow pages)
-                    n = min(_none_at(head_values), _none_at(data_values))
+                data_values = datas.values(n)
+                head_values = heads.values(len(data_values))
+                # (up to a value on damaged pages: that record is read alone, below)
+                n = min(_none_at(head_values), _none_at(data_values))
                 if n:
                     yield ScanBlock(self.path, i, head_values[:n], data_values[:n])  # type: ignore[arg-type]
                     heads.skip(n)
@@ -404,7 +405,9 @@ class _Walk:
         return self.tree.value(self.run, self.at)
 
     def values(self, n: int) -> list[bytes | memoryview | None]:
-        """The values of the ``n`` entries from here, within this run."""
+        """The values of the ``n`` entries from here, within this run; fewer where values on
+        pages of their own reach :data:`BLOCK_BYTES`, and up to the first whose pages are
+        damaged (None, last)."""
         run, a = self.run, self.at
         assert run is not None
         if max(run.firsts[a : a + n]) < 0:  # (all on their pages)
@@ -412,7 +415,17 @@ class _Walk:
             starts = np.asarray(run.starts[a : a + n])
             ends = (starts + np.asarray(run.sizes[a : a + n])).tolist()
             return [buf[s:e] for s, e in zip(starts.tolist(), ends, strict=True)]
-        return [self.tree.value(run, j) for j in range(a, a + n)]
+        out: list[bytes | memoryview | None] = []
+        held = 0
+        for j in range(a, a + n):
+            value = self.tree.value(run, j)
+            out.append(value)
+            if value is None:
+                break
+            held += len(value)
+            if held >= BLOCK_BYTES:
+                break
+        return out
 
     def skip(self, n: int) -> None:
         """Move on ``n`` entries (within this run)."""
@@ -423,6 +436,9 @@ class _Walk:
 
 
 _DIGITS = 10 ** np.arange(9, -1, -1, dtype=np.int64)
+BLOCK_BYTES = 64 << 20
+"""A block of records with values on pages of their own holds at most about this many bytes of
+them (plus one value)."""
 
 
 def _in_place(heads: _Walk, datas: _Walk, i: int, stop: int) -> int:
