@@ -134,13 +134,14 @@ def _check_range(
     seen: list[tuple[int, str]] = []  # (records read one at a time since the last comparison,
     # and their names: compared every NAMES_EVERY records read, counting blocks, so that what
     # is reported comes in the same order as when every record is read one at a time)
-    read = [0]
+    read = 0
     told = start
 
     def count(n: int) -> None:
-        read[0] += n
-        if read[0] >= NAMES_EVERY:
-            read[0] -= NAMES_EVERY
+        nonlocal read
+        read += n
+        if read >= NAMES_EVERY:
+            read -= NAMES_EVERY
             if seen and index is not None:
                 _compare_names(index, seen, report)
 

@@ -595,6 +595,18 @@ def _before(a: np.ndarray, b: np.ndarray, *, strict: bool) -> np.ndarray:
     return less if strict else less | same
 
 
+def _node_headers(flat: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The 8-byte headers of the nodes at ``at`` in ``flat``, as four int64 columns: the low
+    and high halves of the value's size (a branch's: of its child), its flags (a branch's: the
+    child's top bits) and the key's size."""
+    return flat[at[:, None] + _NODE_BYTES].view("<u2").astype(np.int64)
+
+
+def _ascending(words: np.ndarray) -> bool:
+    """Whether the keys (as :func:`_words`) are in strictly ascending order."""
+    return bool(_before(words[:-1], words[1:], strict=True).all())
+
+
 def _check_branch(
     data: bytes, number: int, last: int, low: bytes | None, high: bytes | None
 ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -615,7 +627,7 @@ def _check_branch(
     if (off < upper).any() or (off > psize - NODE_HEADER).any():
         return None
     flat = np.frombuffer(data, np.uint8)
-    node = flat[off[:, None] + _NODE_BYTES].view("<u2").astype(np.int64)
+    node = _node_headers(flat, off)
     children = node[:, 0] | (node[:, 1] << 16) | (node[:, 2] << 32)
     ksize = node[:, 3]
     width = int(ksize[1])
@@ -629,8 +641,7 @@ def _check_branch(
         return None
     # node 0's key is empty: its child begins at the page's low key
     keys = flat[(off[1:] + NODE_HEADER)[:, None] + np.arange(width)]
-    words = _words(keys)
-    if not _before(words[:-1], words[1:], strict=True).all():
+    if not _ascending(_words(keys)):
         return None
     if (low is not None and keys[0].tobytes() <= low) or (
         high is not None and keys[-1].tobytes() >= high
@@ -677,7 +688,7 @@ def _check_leaves(
         return None
     flat = np.frombuffer(buf, np.uint8)
     at = row * psize + off
-    node = flat[at[:, None] + _NODE_BYTES].view("<u2").astype(np.int64)
+    node = _node_headers(flat, at)
     size = node[:, 0] | (node[:, 1] << 16)
     nflags, ksize = node[:, 2], node[:, 3]
     width = int(ksize[0])
@@ -701,7 +712,7 @@ def _check_leaves(
         firsts[big] = first
     keys = flat[(at + NODE_HEADER)[:, None] + np.arange(width)]
     words = _words(keys)
-    if not _before(words[:-1], words[1:], strict=True).all():
+    if not _ascending(words):
         return None
     # each page's keys within the bounds its branch gave it: its first at or after its low
     # bound, its last before its high bound

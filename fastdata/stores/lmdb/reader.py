@@ -435,7 +435,9 @@ class _Walk:
             self._next()
 
 
-_DIGITS = 10 ** np.arange(9, -1, -1, dtype=np.int64)
+_KEY_WIDTH = len(record_key(0))
+"""A record's key: its index in decimal digits, of this many (a header's: ``#`` and those)."""
+_DIGITS = 10 ** np.arange(_KEY_WIDTH - 1, -1, -1, dtype=np.int64)
 BLOCK_BYTES = 64 << 20
 """A block of records with values on pages of their own holds at most about this many bytes of
 them (plus one value)."""
@@ -448,7 +450,7 @@ def _in_place(heads: _Walk, datas: _Walk, i: int, stop: int) -> int:
     hr, dr = heads.run, datas.run
     if hr is None or dr is None or hr.rows is None or dr.rows is None:
         return 0
-    if hr.rows.shape[1] != 11 or dr.rows.shape[1] != 10 or stop > 10**10:
+    if hr.rows.shape[1] != _KEY_WIDTH + 1 or dr.rows.shape[1] != _KEY_WIDTH or stop > 10**10:
         return 0
     n = min(len(hr) - heads.at, len(dr) - datas.at, stop - i)
     want = (np.arange(i, i + n, dtype=np.int64)[:, None] // _DIGITS % 10 + 48).astype(np.uint8)
