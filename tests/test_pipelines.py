@@ -6,7 +6,18 @@ import pytest
 from PIL import Image
 
 from fastdata import LMDBImageDataset, convert
-from fastdata.images.pipelines import EvalPipeline, TrainPipeline, sample_crop
+from fastdata.errors import CorruptImageError
+from fastdata.images.codec import first_rows
+from fastdata.images.decode import decode_array
+from fastdata.images.pipelines import (
+    CropPlan,
+    EvalPipeline,
+    TrainPipeline,
+    _resize,
+    _shrink_for,
+    render,
+    sample_crop,
+)
 
 from .conftest import jpeg_bytes, png_bytes, write
 
@@ -127,3 +138,121 @@ def test_corrupt_record_error_names_it(tmp_path) -> None:  # type: ignore[no-unt
     convert(tmp_path / "src", tmp_path / "s.lmdb")
     ds = LMDBImageDataset(tmp_path / "s.lmdb", pipeline=EvalPipeline(16))
     assert ds[0][0].shape == (16, 16, 3)
+
+
+def photo_jpeg(width: int, height: int, seed: int = 0, **save: object) -> bytes:
+    """A noisy image (every block differs, so rows decoded wrongly would show)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // width, y * 255 // height, (x * y) % 256], -1)
+    arr = np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+    img = Image.fromarray(arr, "RGB")
+    mode = save.pop("mode", "RGB")
+    if mode != "RGB":
+        img = img.convert(str(mode))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+def whole_image_render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
+    """What the pipelines do with every row of the image decoded."""
+    shrink = _shrink_for(plan.box[2], plan.box[3], *plan.out)
+    img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
+    y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
+    return _resize(img[y0:y1, x0:x1], *plan.out, plan.flip)
+
+
+# (width, height, Pillow's save options): 4:4:4, 4:2:2, 4:2:0 (MCUs of 8 and 16 rows), sizes
+# that are not whole MCUs, grayscale, a sequential extended-Huffman frame is not made by Pillow
+SEQUENTIAL = [
+    (333, 500, {"subsampling": 0}),
+    (500, 375, {"subsampling": 1}),
+    (501, 377, {"subsampling": 2}),
+    (1200, 900, {"subsampling": 2}),  # reduced by the decoder (1/2, 1/4) for small outputs
+    (300, 257, {"mode": "L"}),
+]
+
+
+@pytest.mark.parametrize(("width", "height", "save"), SEQUENTIAL)
+@pytest.mark.parametrize("fast", [True, False])
+def test_decoding_down_to_the_crop_gives_the_pixels_of_the_whole_image(
+    width: int, height: int, save: dict[str, object], fast: bool
+) -> None:
+    """A train crop decodes only the rows down to its bottom edge: the output is the same, pixel
+    for pixel, as from the whole image decoded, in both decoder modes and at every scale."""
+    data = photo_jpeg(width, height, **dict(save))
+    assert first_rows(data, 1) is not None  # the short path is taken
+    for size in (224, 96, 56):
+        pipe = TrainPipeline(size, fast_decode=fast)
+        for seed in range(40):
+            plan = pipe.plan(data, seed)
+            assert np.array_equal(render(data, plan, fast), whole_image_render(data, plan, fast))
+    pipe2 = EvalPipeline(64, crop_pct=0.5, fast_decode=fast)
+    plan = pipe2.plan(data)
+    assert np.array_equal(pipe2(data), whole_image_render(data, plan, fast))
+
+
+def test_only_the_rows_asked_for_are_declared() -> None:
+    data = photo_jpeg(500, 375, subsampling=2)  # MCUs of 16 rows
+    for rows in (16, 1, 17, 100, 352):
+        cut = first_rows(data, rows)
+        assert cut is not None
+        short, declared = cut
+        assert len(short) == len(data) and short != data
+        top = decode_array(short)  # (the exact decoder mode, whose chroma needs the rows below)
+        assert top.shape == (declared, 500, 3)
+        assert np.array_equal(top[:rows], decode_array(data)[:rows])
+        # whole MCU rows past the rows asked for, and one more (the upsampling's context)
+        assert declared % 16 == 0 and rows + 16 <= declared < rows + 32
+    assert first_rows(data, 352) is not None and first_rows(data, 353) is None  # no MCU row saved
+    assert first_rows(data, 10_000) is None
+
+
+def test_jpegs_whose_scan_cannot_end_early_are_decoded_whole() -> None:
+    progressive = photo_jpeg(400, 300, progressive=True)
+    cmyk = photo_jpeg(400, 300, mode="CMYK")
+    sequential = photo_jpeg(400, 300)
+    sof = sequential.index(b"\xff\xc0")
+    sos = sequential.index(b"\xff\xda")
+    # a height left to a DNL marker; a first scan that holds one of the three components
+    dnl = sequential[: sof + 5] + b"\x00\x00" + sequential[sof + 7 :]
+    one_of_three = sequential[: sos + 4] + b"\x01" + sequential[sos + 5 :]
+    for data in (progressive, cmyk, dnl, one_of_three, png_bytes(), b"", b"\xff\xd8"):
+        assert first_rows(data, 10) is None
+    for data in (progressive, cmyk):
+        pipe = TrainPipeline(64)
+        for seed in range(5):
+            plan = pipe.plan(data, seed)
+            assert np.array_equal(render(data, plan, True), whole_image_render(data, plan, True))
+
+
+def test_damaged_headers_never_make_a_short_decode_fail_otherwise() -> None:
+    """Bytes flipped in the headers or the image cut anywhere: ``first_rows`` answers (a copy or
+    None) without raising, and the pipeline gives what decoding the whole image gives: pixels,
+    or a CorruptImageError naming the image."""
+    data = photo_jpeg(200, 150, subsampling=2)
+    head = data.index(b"\xff\xda") + 14
+    rng = random.Random(7)
+    plan = TrainPipeline(32).plan(data, 1)
+    for _ in range(400):
+        bad = bytearray(data[: rng.randint(2, len(data))])
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(2, min(head, len(bad)))
+            bad[at] = rng.randrange(256)
+        damaged = bytes(bad)
+        cut = first_rows(damaged, rng.randint(0, 200))
+        assert cut is None or len(cut[0]) == len(damaged)
+        try:
+            whole = whole_image_render(damaged, plan, True)
+        except CorruptImageError:
+            with pytest.raises(CorruptImageError):
+                render(damaged, plan, True)
+            continue
+        except Exception:  # the whole-image path's own failures are not at stake here
+            continue
+        try:
+            short = render(damaged, plan, True)
+        except CorruptImageError:
+            continue  # this damage shows only in the rows the short decode reads
+        assert short.shape == whole.shape

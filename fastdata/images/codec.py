@@ -20,6 +20,7 @@ __all__ = [
     "EOI",
     "JpegState",
     "SOI",
+    "first_rows",
     "inspect_jpeg",
     "is_jpeg",
     "repair_if_cut",
@@ -32,6 +33,11 @@ EOI = b"\xff\xd9"
 _SOS = 0xDA
 # Markers that stand alone, without a length field: TEM, RST0-7, SOI, EOI.
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8), 0xD8, 0xD9})
+# Start-of-frame markers: C0 baseline and C1 extended sequential, Huffman-coded (the only ones
+# whose scan can end early, see first_rows); C2 progressive, C3 lossless, C5-C7 differential,
+# C9-CB and CD-CF arithmetic-coded (C4 DHT, C8 JPG and CC DAC are not frames).
+_SEQUENTIAL = frozenset({0xC0, 0xC1})
+_OTHER_FRAMES = frozenset({0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
 def sniff(data: bytes | memoryview) -> str | None:
@@ -119,6 +125,65 @@ def inspect_jpeg(data: bytes) -> tuple[JpegState, str]:
     if data.rfind(EOI, end) >= 0:
         return JpegState.OK, ""
     return JpegState.MISSING_EOI, "end-of-image marker FF D9 missing"
+
+
+def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
+    """The JPEG ``data`` declaring only its first rows: a copy whose frame header gives a height
+    of at least ``rows`` (whole rows of MCUs, plus one row of MCUs so that the chroma upsampling
+    of the last rows wanted sees the rows below them). A decoder then decodes only those rows,
+    with the same pixels as in the whole image, and skips the rest of the scan: decoding the
+    top of an image costs about its share of the rows.
+
+    Returns the copy and the height it declares; None where that does not hold or saves
+    nothing: not a JPEG, or not a sequential Huffman-coded one (progressive, lossless,
+    arithmetic-coded: a decoder must read every scan of those whole), not one or three
+    components, a first scan that does not hold every component, a height left to a DNL marker,
+    headers that do not parse, or ``rows`` within the last row of MCUs.
+    """
+    n = len(data)
+    if not data.startswith(SOI):
+        return None
+    pos = 2
+    frame: tuple[int, int, int] | None = None  # (offset of the height, components, MCU rows)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+            continue
+        if marker in _STANDALONE:
+            if marker in (0xD8, 0xD9):
+                return None
+            pos += 2
+            continue
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2 or pos + 2 + length > n:
+            return None
+        if marker in _SEQUENTIAL:
+            count = data[pos + 9] if length >= 8 else 0
+            if frame is not None or count not in (1, 3) or length != 8 + 3 * count:
+                return None
+            factors = [data[pos + 11 + 3 * i] & 0x0F for i in range(count)]
+            if min(factors) < 1:
+                return None
+            frame = (pos + 5, count, 8 * max(factors))
+        elif marker in _OTHER_FRAMES:
+            return None
+        elif marker == _SOS:
+            if frame is None or length < 3 or data[pos + 4] != frame[1]:
+                return None
+            at, _, mcu_rows = frame
+            height = (data[at] << 8) | data[at + 1]
+            declared = (-(-max(rows, 1) // mcu_rows) + 1) * mcu_rows
+            if height == 0 or declared >= height:
+                return None
+            out = bytearray(data)
+            out[at] = declared >> 8
+            out[at + 1] = declared & 0xFF
+            return bytes(out), declared
+        pos += 2 + length
+    return None
 
 
 def repair_jpeg(data: bytes) -> tuple[bytes, bool]:

@@ -23,6 +23,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptImageError
+from .codec import first_rows
 from .codec import is_jpeg as _is_jpeg
 
 if TYPE_CHECKING:
@@ -199,6 +200,53 @@ def decode_array(
         return np.array(img.convert("RGB"))  # a writable copy: torch takes it as it is
     except Exception as exc:
         raise CorruptImageError(name, f"cannot decode image: {exc}") from exc
+
+
+def decode_top(
+    data: bytes,
+    rows: int,
+    *,
+    shrink: int = 1,
+    fast: bool = False,
+    size: tuple[int, int],
+) -> tuple[np.ndarray, int]:
+    """Decode at least the first ``rows`` rows (counted at full size) of an image, leniently, at
+    ``1/shrink`` of its size as :func:`decode_array` does; a JPEG whose scan can end early is
+    decoded only that far (:func:`~fastdata.images.codec.first_rows`: the same pixels, for about
+    that share of the time). ``size`` is ``(height, width)`` as :func:`image_size` gave it.
+
+    Returns:
+        The pixels (the whole image, or only its top rows) and the height of the whole image
+        decoded at that scale, so that a caller maps full-size rows to the array's as it would
+        for the whole image.
+
+    Raises:
+        CorruptImageError: as :func:`decode_array`.
+    """
+    height, width = size
+    cut = first_rows(data, rows) if _simplejpeg is not None and width >= 8 else None
+    if cut is not None:
+        short, declared = cut
+        want = (-(-declared // shrink), -(-width // shrink))
+        try:
+            img = _simplejpeg.decode_jpeg(
+                short,
+                colorspace="RGB",
+                fastdct=fast,
+                fastupsample=fast,
+                min_height=want[0] if shrink > 1 else 0,
+                min_width=want[1] if shrink > 1 else 0,
+                strict=False,
+            )
+        except (ValueError, RuntimeError):
+            pass  # the whole image, below, says what is wrong
+        else:
+            # At the scale asked for (the only one that gives this width, the sides differing
+            # by an eighth between scales), as the whole image would be decoded.
+            if img.shape[:2] == want:
+                return img, -(-height // shrink)
+    img = decode_array(data, shrink=shrink, fast=fast, size=size)
+    return img, img.shape[0]
 
 
 def decode_pil(data: bytes | memoryview, name: str = "<bytes>") -> Image.Image:

@@ -4,8 +4,9 @@
 flip; ``EvalPipeline`` resizes the short side and takes the center crop. Both decode JPEGs with
 libjpeg-turbo (``simplejpeg``) when it is installed, and at a reduced size when the region they
 keep is at least twice the output (the decoder scales by 1/2, 1/4 or 1/8 in the DCT domain, which
-is cheaper than decoding everything; other factors cost more than they save). Resizing uses
-torch's antialiased uint8 kernel.
+is cheaper than decoding everything; other factors cost more than they save), and only down to
+the bottom of the region they keep (a sequential JPEG's scan can end there: the rows below are
+never decoded). Resizing uses torch's antialiased uint8 kernel.
 
 Randomness comes from a per-sample seed, so a sample gets the same crop and flip whichever worker
 process decodes it: ``create_loader`` derives the seed from its own seed, the epoch and the index.
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .decode import decode_array, image_size
+from .decode import decode_array, decode_top, image_size
 
 __all__ = [
     "CropPlan",
@@ -114,9 +115,16 @@ def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
     """Follow ``plan`` on the CPU: decode (reduced where the box allows), cut the box, resize
     it to the output, flip and jitter it; an ``H x W x 3`` uint8 array."""
     out_h, out_w = plan.out
-    shrink = _shrink_for(plan.box[2], plan.box[3], out_h, out_w)
-    img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
-    y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
+    top, _, kept_h, kept_w = plan.box
+    shrink = _shrink_for(kept_h, kept_w, out_h, out_w)
+    # only the rows down to the box's bottom edge (and a scaled pixel more, for the rounding)
+    img, rows = decode_top(
+        data, math.ceil(top + kept_h) + shrink, shrink=shrink, fast=fast, size=plan.full
+    )
+    y0, x0, y1, x1 = plan.pixels(rows, img.shape[1])
+    if y1 > img.shape[0]:  # (never, by the margins above; but never a cut-off crop either)
+        img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
+        y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
     image = _resize(img[y0:y1, x0:x1], out_h, out_w, plan.flip)
     return color_jitter(image, plan.jitter) if plan.jitter else image
 
