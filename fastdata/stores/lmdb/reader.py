@@ -461,4 +461,5 @@ def _in_place(heads: _Walk, datas: _Walk, i: int, stop: int) -> int:
 
 
 def _none_at(values: list[Any]) -> int:
-    return values.index(None) if None in values else len(values)
+    """Where the first None is in values from :meth:`_Walk.values` (it can only be last)."""
+    return len(values) - 1 if values and values[-1] is None else len(values)
