@@ -25,9 +25,12 @@ def world(good_folder: Path, tmp_path: Path) -> dict[str, Path]:
     convert(good_folder, damaged)
     data = damaged / "data.mdb"
     raw = bytearray(data.read_bytes())
-    at = raw.find((good_folder / "cat" / "003.jpg").read_bytes()[-100:-40])  # its own bytes
-    assert at > 0  # inside one record's bytes
-    raw[at : at + 8] = bytes(8)
+    own = (good_folder / "cat" / "003.jpg").read_bytes()[-100:-40]  # inside its bytes alone
+    at = raw.find(own)
+    assert at > 0
+    while at > 0:  # every copy: a page the last commit copied keeps the old one, left free
+        raw[at : at + 8] = bytes(8)
+        at = raw.find(own, at + 1)
     data.write_bytes(bytes(raw))
     manifest = tmp_path / "labels.csv"
     manifest.write_text("path,label\ngood/cat/000.jpg,cat\ngood/dog/000.jpg,dog\n")
