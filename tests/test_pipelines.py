@@ -206,6 +206,9 @@ def test_only_the_rows_asked_for_are_declared() -> None:
         # whole MCU rows past the rows asked for, and one more (the upsampling's context)
         assert declared % 16 == 0 and rows + 16 <= declared < rows + 32
     assert first_rows(data, 352) is not None and first_rows(data, 353) is None  # no MCU row saved
+    assert first_rows(memoryview(data), 100) == first_rows(data, 100)  # any buffer
+    plan = TrainPipeline(64).plan(data, 3)
+    assert np.array_equal(render(memoryview(data), plan, True), render(data, plan, True))  # type: ignore[arg-type]
     assert first_rows(data, 10_000) is None
 
 

@@ -127,7 +127,7 @@ def inspect_jpeg(data: bytes) -> tuple[JpegState, str]:
     return JpegState.MISSING_EOI, "end-of-image marker FF D9 missing"
 
 
-def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
+def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
     """The JPEG ``data`` declaring only its first rows: a copy whose frame header gives a height
     of at least ``rows`` (whole rows of MCUs, plus one row of MCUs so that the chroma upsampling
     of the last rows wanted sees the rows below them). A decoder then decodes only those rows,
@@ -141,7 +141,7 @@ def first_rows(data: bytes, rows: int) -> tuple[bytes, int] | None:
     headers that do not parse, or ``rows`` within the last row of MCUs.
     """
     n = len(data)
-    if not data.startswith(SOI):
+    if bytes(data[:2]) != SOI:
         return None
     pos = 2
     frame: tuple[int, int, int] | None = None  # (offset of the height, components, MCU rows)

@@ -203,7 +203,7 @@ def decode_array(
 
 
 def decode_top(
-    data: bytes,
+    data: bytes | memoryview,
     rows: int,
     *,
     shrink: int = 1,
