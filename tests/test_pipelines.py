@@ -8,7 +8,7 @@ from PIL import Image
 from fastdata import LMDBImageDataset, convert
 from fastdata.errors import CorruptImageError
 from fastdata.images.codec import first_rows
-from fastdata.images.decode import decode_array
+from fastdata.images.decode import decode_array, image_size
 from fastdata.images.pipelines import (
     CropPlan,
     EvalPipeline,
@@ -259,3 +259,66 @@ def test_damaged_headers_never_make_a_short_decode_fail_otherwise() -> None:
         except CorruptImageError:
             continue  # this damage shows only in the rows the short decode reads
         assert short.shape == whole.shape
+
+
+def test_a_jpeg_whose_whole_decode_fails_after_the_scan_is_decoded_whole() -> None:
+    """What follows the scan decides whether the whole image decodes (a second frame or scan, a
+    second image's start, a marker libjpeg refuses): a crop gets what the whole image gets, for
+    every seed, never pixels in one epoch and an error in the next."""
+    data = photo_jpeg(320, 240, subsampling=2)
+    body = data[:-2]
+    for extra in (
+        body[body.index(b"\xff\xc0") : body.index(b"\xff\xc0") + 19],  # a second SOF
+        b"\xff\xd8",  # a second image's start (one whose end-of-image was cut off)
+        b"\xff\x05\x00\x04\xab\xcd",  # a marker no JPEG has
+        b"\xff\xc8\x00\x04\xab\xcd",
+    ):
+        bad = body + extra + b"\xff\xd9"
+        assert first_rows(bad, 10) is None
+        pipe = TrainPipeline(64)
+        for seed in range(12):
+            plan = pipe.plan(bad, seed)
+            try:
+                whole = whole_image_render(bad, plan, True)
+            except CorruptImageError:
+                with pytest.raises(CorruptImageError):
+                    render(bad, plan, True)
+            else:
+                assert np.array_equal(render(bad, plan, True), whole)
+    # restart markers and fill bytes before the end are a scan's own: the short path holds
+    assert first_rows(body + b"\xff\xff\xd9", 10) is not None
+
+
+def test_a_side_over_what_a_decoder_takes_is_decoded_whole() -> None:
+    data = bytearray(photo_jpeg(64, 48))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 7] = (65535).to_bytes(2, "big")  # libjpeg refuses over 65,500
+    assert first_rows(bytes(data), 10) is None
+
+
+def test_headers_are_walked_within_a_bound_and_as_bytes_whatever_the_buffer() -> None:
+    data = photo_jpeg(200, 150)
+    sos = data.index(b"\xff\xda")
+    fill = data[:sos] + b"\xff" * 100_000 + data[sos:]  # fill bytes before the scan
+    assert first_rows(fill, 10) is None  # not walked one by one: decoded whole
+    com = b"\xff\xfe" + (254).to_bytes(2, "big") + b"c" * 252  # a comment of 254 bytes first
+    commented = data[:2] + com + data[2:]
+    expected = first_rows(commented, 40)
+    assert expected is not None
+    as_array = np.frombuffer(commented, np.uint8)  # numpy's scalars would overflow as bytes
+    assert first_rows(as_array, 40) == expected  # type: ignore[arg-type]
+
+
+def test_a_subsampling_without_a_name_is_read_not_a_crash() -> None:
+    """libjpeg-turbo's header reader names subsamplings; one it has no name for (luma 1x4,
+    chroma 1x1) is still a JPEG: its size is read, and a pipeline decodes it or names it."""
+    data = bytearray(photo_jpeg(64, 48, subsampling=0))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 11] = 0x14  # the first component sampled 1x4 (its scan no longer fits: damaged)
+    assert image_size(bytes(data)) == (48, 64)
+    try:
+        out = TrainPipeline(32)(bytes(data), 1)
+    except CorruptImageError:
+        pass
+    else:
+        assert out.shape == (32, 32, 3)

@@ -13,6 +13,7 @@ decoders accept it. A file cut inside its headers, or one without SOI, is corrup
 from __future__ import annotations
 
 import enum
+import re
 
 from ..errors import CorruptImageError
 
@@ -134,19 +135,23 @@ def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
     with the same pixels as in the whole image, and skips the rest of the scan: decoding the
     top of an image costs about its share of the rows.
 
-    Returns the copy and the height it declares; None where that does not hold or saves
-    nothing: not a JPEG, or not a sequential Huffman-coded one (progressive, lossless,
+    Returns the copy and the height it declares; None where that does not hold, or might not,
+    or saves nothing: not a JPEG, or not a sequential Huffman-coded one (progressive, lossless,
     arithmetic-coded: a decoder must read every scan of those whole), not one or three
-    components, a first scan that does not hold every component, a height left to a DNL marker,
-    headers that do not parse, or ``rows`` within the last row of MCUs.
+    components, a first scan that does not hold every component, anything but the end-of-image
+    marker after that scan (a decoder that reads the whole image might fail there), a height
+    left to a DNL marker, sides over a decoder's 65,500, headers that do not parse or take more
+    than :data:`_MOST_STEPS` steps to walk, or ``rows`` within the last row of MCUs.
     """
+    if not isinstance(data, bytes):
+        data = bytes(data)  # (indexed as bytes, whatever buffer it came in)
     n = len(data)
-    if bytes(data[:2]) != SOI:
+    if not data.startswith(SOI):
         return None
     pos = 2
     frame: tuple[int, int, int] | None = None  # (offset of the height, components, MCU rows)
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
+    for _ in range(_MOST_STEPS):
+        if pos + 4 > n or data[pos] != 0xFF:
             return None
         marker = data[pos + 1]
         if marker == 0xFF:  # a fill byte
@@ -165,7 +170,8 @@ def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
             if frame is not None or count not in (1, 3) or length != 8 + 3 * count:
                 return None
             factors = [data[pos + 11 + 3 * i] & 0x0F for i in range(count)]
-            if min(factors) < 1:
+            width = (data[pos + 7] << 8) | data[pos + 8]
+            if min(factors) < 1 or width > _MOST_SIDE:
                 return None
             frame = (pos + 5, count, 8 * max(factors))
         elif marker in _OTHER_FRAMES:
@@ -176,14 +182,26 @@ def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
             at, _, mcu_rows = frame
             height = (data[at] << 8) | data[at + 1]
             declared = (-(-max(rows, 1) // mcu_rows) + 1) * mcu_rows
-            if height == 0 or declared >= height:
+            if height == 0 or height > _MOST_SIDE or declared >= height:
                 return None
-            out = bytearray(data)
-            out[at] = declared >> 8
-            out[at + 1] = declared & 0xFF
-            return bytes(out), declared
+            after = _MARKER_AFTER_SCAN.search(data, pos + 2 + length)
+            if after is None or data[after.end() - 1] != 0xD9:
+                return None
+            view = memoryview(data)
+            short = b"".join((view[:at], declared.to_bytes(2, "big"), view[at + 2 :]))
+            return short, declared
         pos += 2 + length
     return None
+
+
+_MOST_STEPS = 256
+"""Segments and fill bytes :func:`first_rows` walks before the scan, at most (a JPEG has a few
+dozen; past that, the whole image is decoded, which skips them at the decoder's speed)."""
+_MOST_SIDE = 65500
+"""The largest side libjpeg decodes."""
+_MARKER_AFTER_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+"""The first marker after a scan's entropy-coded data (in which every ``FF`` is followed by
+``00``, a restart marker or more ``FF`` fill)."""
 
 
 def repair_jpeg(data: bytes) -> tuple[bytes, bool]:

@@ -135,8 +135,8 @@ def image_size(data: bytes | memoryview, name: str = "<bytes>") -> tuple[int, in
     if _simplejpeg is not None and _is_jpeg(data):
         try:
             h, w, _, _ = _simplejpeg.decode_jpeg_header(data)
-        except ValueError:
-            pass  # Pillow below says what is wrong
+        except (ValueError, KeyError):  # (KeyError: a subsampling it has no name for, 4:4:1)
+            pass  # Pillow below reads it, or says what is wrong
         else:
             _check_pixels(int(h), int(w), name)
             return int(h), int(w)
