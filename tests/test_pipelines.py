@@ -322,3 +322,25 @@ def test_a_subsampling_without_a_name_is_read_not_a_crash() -> None:
         pass
     else:
         assert out.shape == (32, 32, 3)
+
+
+def test_a_decoder_failing_after_a_warning_leaves_no_memory_of_before_in_the_pixels() -> None:
+    """libjpeg-turbo counts a failure after a warning as a warning, and a lenient decode then
+    hands back rows it never wrote: they must be the same every time (black), never whatever
+    the memory held (another image's pixels, freed)."""
+    data = bytearray(photo_jpeg(96, 80))
+    sos = data.index(b"\xff\xda")
+    assert data[sos + 4] == 3
+    data[sos + 6] = 0x68  # the first component's tables: none defined (a failure)
+    data[sos + 12] = 0x12  # the scan's end of spectral selection, out of range (a warning)
+    bad = bytes(data)
+    plan = TrainPipeline(32).plan(bad, 5)
+    outcomes = []
+    for fill in (0x00, 0xAB, 0x55, 0xFF):
+        np.full(96 * 80 * 3, fill, np.uint8)  # memory freed just before, holding something
+        for run in (lambda: decode_array(bad), lambda: render(bad, plan, True)):
+            try:
+                outcomes.append(run().tobytes())
+            except CorruptImageError:
+                outcomes.append(b"refused")
+    assert outcomes[0::2] == [outcomes[0]] * 4 and outcomes[1::2] == [outcomes[1]] * 4

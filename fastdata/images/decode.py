@@ -179,19 +179,18 @@ def decode_array(
 
     h, w = size if size is not None else image_size(data, name)
     if _simplejpeg is not None and _is_jpeg(data):
+        scaled = (-(-h // shrink), -(-w // shrink))
         try:
-            return _simplejpeg.decode_jpeg(
-                data,
-                colorspace="RGB",
-                fastdct=fast,
-                fastupsample=fast,
-                min_height=-(-h // shrink) if shrink > 1 else 0,
-                min_width=-(-w // shrink) if shrink > 1 else 0,
-                strict=strict,
-            )
+            return _turbo(data, scaled, shrink, fast, strict=True)
         except (ValueError, RuntimeError) as exc:
-            if strict and isinstance(exc, ValueError) and _corrupt_scan(exc):
-                raise CorruptImageError(name, f"damaged JPEG data: {exc}") from None
+            if strict:
+                if isinstance(exc, ValueError) and _corrupt_scan(exc):
+                    raise CorruptImageError(name, f"damaged JPEG data: {exc}") from None
+            else:
+                try:
+                    return _turbo(data, scaled, shrink, fast, strict=False)
+                except (ValueError, RuntimeError):
+                    pass
             # JPEGs outside libjpeg-turbo's fast path: Pillow below
     img = _open(data, name)
     try:
@@ -228,16 +227,8 @@ def decode_top(
     if cut is not None:
         short, declared = cut
         want = (-(-declared // shrink), -(-width // shrink))
-        try:
-            img = _simplejpeg.decode_jpeg(
-                short,
-                colorspace="RGB",
-                fastdct=fast,
-                fastupsample=fast,
-                min_height=want[0] if shrink > 1 else 0,
-                min_width=want[1] if shrink > 1 else 0,
-                strict=False,
-            )
+        try:  # (leniently: skipping the rest of the scan is a warning)
+            img = _turbo(short, want, shrink, fast, strict=False)
         except (ValueError, RuntimeError):
             pass  # the whole image, below, says what is wrong
         else:
@@ -247,6 +238,31 @@ def decode_top(
                 return img, -(-height // shrink)
     img = decode_array(data, shrink=shrink, fast=fast, size=size)
     return img, img.shape[0]
+
+
+def _turbo(
+    data: bytes | memoryview, scaled: tuple[int, int], shrink: int, fast: bool, *, strict: bool
+) -> np.ndarray:
+    """libjpeg-turbo's decode at ``1/shrink`` (``scaled`` is the size that gives). Leniently,
+    into zeros: a decoder that fails after a warning counts the failure as a warning too, and
+    the rows it never wrote are then black, not whatever the memory held before (the pixels of
+    another image, freed).
+
+    Raises:
+        ValueError, RuntimeError: as ``simplejpeg.decode_jpeg`` (strictly: at any warning).
+    """
+    import numpy as np
+
+    return _simplejpeg.decode_jpeg(
+        data,
+        colorspace="RGB",
+        fastdct=fast,
+        fastupsample=fast,
+        min_height=scaled[0] if shrink > 1 else 0,
+        min_width=scaled[1] if shrink > 1 else 0,
+        buffer=None if strict else np.zeros(scaled[0] * scaled[1] * 3, np.uint8),
+        strict=strict,
+    )
 
 
 def decode_pil(data: bytes | memoryview, name: str = "<bytes>") -> Image.Image:
