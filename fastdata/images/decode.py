@@ -179,18 +179,11 @@ def decode_array(
 
     h, w = size if size is not None else image_size(data, name)
     if _simplejpeg is not None and _is_jpeg(data):
-        scaled = (-(-h // shrink), -(-w // shrink))
         try:
-            return _turbo(data, scaled, shrink, fast, strict=True)
+            return _turbo(data, (-(-h // shrink), -(-w // shrink)), shrink, fast, strict=strict)
         except (ValueError, RuntimeError) as exc:
-            if strict:
-                if isinstance(exc, ValueError) and _corrupt_scan(exc):
-                    raise CorruptImageError(name, f"damaged JPEG data: {exc}") from None
-            else:
-                try:
-                    return _turbo(data, scaled, shrink, fast, strict=False)
-                except (ValueError, RuntimeError):
-                    pass
+            if strict and isinstance(exc, ValueError) and _corrupt_scan(exc):
+                raise CorruptImageError(name, f"damaged JPEG data: {exc}") from None
             # JPEGs outside libjpeg-turbo's fast path: Pillow below
     img = _open(data, name)
     try:
@@ -244,9 +237,9 @@ def _turbo(
     data: bytes | memoryview, scaled: tuple[int, int], shrink: int, fast: bool, *, strict: bool
 ) -> np.ndarray:
     """libjpeg-turbo's decode at ``1/shrink`` (``scaled`` is the size that gives). Leniently,
-    into zeros: a decoder that fails after a warning counts the failure as a warning too, and
-    the rows it never wrote are then black, not whatever the memory held before (the pixels of
-    another image, freed).
+    into zeros (as fast as into fresh memory, measured): a decoder that fails after a warning
+    counts the failure as a warning too, and the rows it never wrote are then black, not
+    whatever the memory held before (the pixels of another image, freed).
 
     Raises:
         ValueError, RuntimeError: as ``simplejpeg.decode_jpeg`` (strictly: at any warning).
