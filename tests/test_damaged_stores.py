@@ -600,8 +600,11 @@ print(len(report.failures), peak)
 
     def peak() -> tuple[int, int]:
         out = subprocess.run(
-            [sys.executable, "-c", code, str(store)], capture_output=True, text=True,
-            env=_cli_env(), check=True,
+            [sys.executable, "-c", code, str(store)],
+            capture_output=True,
+            text=True,
+            env=_cli_env(),
+            check=True,
         ).stdout.split()
         return int(out[0]), int(out[1]) * 1024
 
@@ -830,27 +833,46 @@ def test_leaves_checked_side_by_side_name_each_damage_as_one_page_at_a_time(
 def test_leaves_below_the_deepest_level_a_walk_follows_are_a_loop_either_way(
     tmp_path: Path,
 ) -> None:
-    """A chain of one-node branch pages above the root puts the leaves at level 65: the walk
-    a page at a time takes them for a loop, and the walk side by side does too."""
+    """A chain of branch pages above the root puts the leaves at level 65: the walk a page at
+    a time takes them for a loop, and the walk side by side does too. (Each branch of the chain
+    has two nodes, as LMDB's branches do: the next page of the chain, and a leaf of one key
+    past all the keys below.)"""
     source = deep_tree(tmp_path / "deep")
     head = lmdb_file.check_file(str(source))
     data = bytearray(source.read_bytes()[: (head.last_page + 1) * 4096])
     chain, first = 63, head.last_page + 1
+    leaves = first + chain  # (leaf k beside branch k of the chain)
     for k in range(chain):
         child = first + k + 1 if k + 1 < chain else head.root
+        key = b"\xff" + bytes([255 - k])  # (smaller at each level down: every bound holds)
         page = bytearray(4096)
-        struct.pack_into("<QHHHH", page, 0, first + k, 0, lmdb_file.P_BRANCH, 18, 4096 - 8)
-        struct.pack_into("<H", page, 16, 4096 - 8)
+        upper = 4096 - 8 - 10
+        struct.pack_into("<QHHHH", page, 0, first + k, 0, lmdb_file.P_BRANCH, 20, upper)
+        struct.pack_into("<HH", page, 16, 4096 - 8, upper)
         struct.pack_into("<HHHH", page, 4096 - 8, child & 0xFFFF, child >> 16, 0, 0)
+        side = leaves + k
+        struct.pack_into("<HHHH", page, upper, side & 0xFFFF, side >> 16, 0, len(key))
+        page[upper + 8 : upper + 8 + len(key)] = key
+        data += page
+    for k in range(chain):
+        key = b"\xff" + bytes([255 - k])
+        page = bytearray(4096)
+        upper = 4096 - 8 - 4
+        struct.pack_into("<QHHHH", page, 0, leaves + k, 0, lmdb_file.P_LEAF, 18, upper)
+        struct.pack_into("<H", page, 16, upper)
+        struct.pack_into("<HHHH", page, upper, 2, 0, 0, len(key))
+        page[upper + 8 : upper + 12] = key + b"ok"
         data += page
     for meta in (0, 4096):  # the root, the depth and the last page, in both meta pages
         struct.pack_into("<H", data, meta + 94, head.depth + chain)
-        struct.pack_into("<QQ", data, meta + 128, first, first + chain - 1)
+        struct.pack_into("<QQ", data, meta + 128, first, leaves + chain - 1)
     damaged = tmp_path / "chained.mdb"
     damaged.write_bytes(bytes(data) + bytes(128 << 10))
     side = _walks(damaged, None, None, side_by_side=True)
     assert side == _walks(damaged, None, None, side_by_side=False)
-    assert not side[0] and "reached twice (a loop in the tree)" in side[1][0]
+    beside = sorted(b"\xff" + bytes([255 - k]) for k in range(chain))
+    assert [key for key, _ in side[0]] == beside  # (only the leaves above level 65)
+    assert "reached twice (a loop in the tree)" in side[1][0]
 
 
 def test_a_check_reads_each_damaged_value_a_bounded_number_of_times(
@@ -884,7 +906,9 @@ def test_a_check_reads_each_damaged_value_a_bounded_number_of_times(
     with lmdb_file.Tree(str(source)) as tree:
         got = list(reader._paired(tree, 0, 3000))
     unread = [
-        i for item in got if not isinstance(item, ScanBlock) and "damaged" in str(item[3])
+        i
+        for item in got
+        if not isinstance(item, ScanBlock) and "damaged" in str(item[3])
         for i in [item[0]]
     ]
     assert unread == list(range(0, 3000, 5))
@@ -910,3 +934,37 @@ def test_a_check_in_blocks_reports_in_the_order_of_one_record_at_a_time(tmp_path
     env.close()
     broken = verify_store(open_store(store), workers=1).broken
     assert len(broken) == 2 and "record 63" in broken[0] and "record 4500" in broken[1], broken
+
+
+def one_node(data_file: Path, page: int) -> None:
+    """Make a branch page hold only its first node (its lower bound moved down)."""
+    smash(data_file, page, 12, struct.pack("<H", 16 + 2))
+
+
+def test_a_branch_of_one_node_is_damage_not_the_end_of_the_process(tmp_path: Path) -> None:
+    """LMDB stops the process (an assertion, then abort) on a branch page with one node. At the
+    root, every read would meet it: it is refused before LMDB maps the file, as a damaged store.
+    Deeper, the walk names it as damage, as any other damaged page."""
+    store = tiny_store(tmp_path, 3000)
+    data_file = store / "data.mdb"
+    head = lmdb_file.check_file(str(data_file))
+    assert head.depth == 3
+    raw = data_file.read_bytes()
+    at = head.root * 4096
+    count = (struct.unpack_from("<H", raw, at + 12)[0] - 16) // 2
+    assert count >= 3
+    middle = struct.unpack_from("<H", raw, at + 16 + 2 * (count // 2))[0]  # a middle child:
+    lo, hi, flags = struct.unpack_from("<HHH", raw, at + middle)  # records, away from the
+    inner = lo | (hi << 16) | (flags << 32)  # keys an open reads (the progress, the metadata)
+    one_node(data_file, inner)
+    with lmdb_file.Tree(str(data_file)) as tree:
+        list(tree.entries())
+        found = {d.page: d.what for d in tree.damage}
+    assert "1 node" in found[inner]
+    result = cli("verify", str(store), "-q")
+    no_crash(result)
+    assert result.returncode == 1 and f"page {inner}" in result.stdout + result.stderr
+    one_node(data_file, head.root)
+    for result in (cli("info", str(store)), cli("verify", str(store), "-q")):
+        no_crash(result)
+        assert result.returncode == 1 and f"page {head.root}" in result.stderr

@@ -111,6 +111,33 @@ def check_file(path: str) -> Header:
     return current
 
 
+def check_root(path: str, head: Header) -> None:
+    """Refuse a file whose root page is a branch of fewer than two nodes, before LMDB maps it:
+    LMDB asserts that a branch has two or more, and an assertion stops the whole process
+    (``abort``), whatever the caller would have done with an error. (A branch deeper down is
+    named by :class:`Tree`'s walk, as any damaged page.)
+
+    Raises:
+        StoreError: such a root.
+    """
+    if head.root == P_INVALID:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            page = os.pread(fd, PAGE_HEADER, head.root * head.psize)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(page) < PAGE_HEADER:
+        return  # (past the end: check_file names a truncated file)
+    _, _, flags, lower, _ = _PAGE.unpack_from(page, 0)
+    if flags & P_BRANCH and lower < PAGE_HEADER + 4:
+        count = max(0, (lower - PAGE_HEADER) // 2)
+        raise _damaged(path, f"root page {head.root} is a branch of {count} node(s)")
+
+
 def pad(path: str) -> None:
     """Make sure :data:`SLACK` zero bytes follow the last page (a sparse extension)."""
     head = check_file(path)
@@ -757,6 +784,8 @@ def _check_page(
     if not PAGE_HEADER <= lower <= upper <= psize or (lower - PAGE_HEADER) % 2:
         return f"damaged (bounds {lower}-{upper})"
     count = (lower - PAGE_HEADER) // 2
+    if kind == P_BRANCH and count < 2:  # (LMDB stops the process on one: an assertion)
+        return f"damaged (a branch of {count} node{'' if count == 1 else 's'}, not two or more)"
     offsets_of = _OFFSETS.get(count)
     if offsets_of is None:
         offsets_of = _OFFSETS[count] = struct.Struct(f"<{count}H")
