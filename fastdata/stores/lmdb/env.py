@@ -611,7 +611,7 @@ def open_reader(path: str) -> Lease:
             entry = _envs.get(key)
             if entry is not None:
                 return _lease(entry)
-            lmdb_file.check_root(data_file, lmdb_file.check_file(data_file))
+            lmdb_file.check_file(data_file, for_lmdb=True)
             # The data file itself is opened (py-lmdb refuses a folder it has open already, even
             # when the file in it was replaced). lock=False: readers of a finished store need no
             # lock file (and may lack write access); read-ahead off (see "read-ahead" above).
@@ -682,7 +682,7 @@ def open_writable(folder: str, map_size: int, *, durable: bool = False) -> Lease
                     f"{folder}: the store is open in this process ({entry.refs} user(s)); close "
                     "the datasets over it (dataset.close()) before writing to it"
                 )
-            lmdb_file.check_root(data_file, lmdb_file.check_file(data_file))
+            lmdb_file.check_file(data_file, for_lmdb=True)
         # Batches are committed without fsync and the store is flushed once, before its metadata
         # is written: an fsync per batch costs a journal commit each and, measured, as much again
         # as the whole conversion. A killed process loses nothing committed (the page cache holds

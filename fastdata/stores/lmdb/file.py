@@ -73,11 +73,16 @@ def _meta(page: bytes) -> Header | None:
     return Header(psize, last_page, txnid, root, depth, entries)
 
 
-def check_file(path: str) -> Header:
-    """Check an LMDB data file's header against its size before anything maps it.
+def check_file(path: str, *, for_lmdb: bool = False) -> Header:
+    """Check an LMDB data file's header against its size before anything maps it; ``for_lmdb``
+    (before LMDB maps it), its root page too: LMDB asserts that a branch has two or more
+    nodes, and an assertion stops the whole process (``abort``), whatever the caller would
+    have done with an error (a branch deeper down is named by :class:`Tree`'s walk, as any
+    damaged page).
 
     Raises:
-        StoreError: unreadable, not an LMDB file, or shorter than its header says (truncated).
+        StoreError: unreadable, not an LMDB file, shorter than its header says (truncated), or
+            (``for_lmdb``) a root that is a branch of fewer than two nodes.
     """
     try:
         # (without blocking: opening a FIFO for reading waits for a writer, forever)
@@ -95,9 +100,12 @@ def check_file(path: str) -> Header:
                 raise _damaged(path, f"page size {head.psize} in its header")
             f.seek(head.psize)
             second = _meta(f.read(160))
+            current = max((m for m in (head, second) if m is not None), key=lambda m: m.txnid)
+            root = b""
+            if for_lmdb and current.psize == head.psize and current.root != P_INVALID:
+                root = os.pread(fd, PAGE_HEADER, current.root * head.psize)
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    current = max((m for m in (head, second) if m is not None), key=lambda m: m.txnid)
     if current.psize != head.psize or current.last_page < 1:
         raise _damaged(path, "inconsistent meta pages")
     if size < current.used_bytes:
@@ -108,34 +116,12 @@ def check_file(path: str) -> Header:
         )
     if current.root != P_INVALID and not 2 <= current.root <= current.last_page:
         raise _damaged(path, f"root page {current.root} outside the file")
+    if len(root) == PAGE_HEADER:
+        _, _, flags, lower, _ = _PAGE.unpack_from(root, 0)
+        if flags & P_BRANCH and lower < PAGE_HEADER + 4:
+            count = max(0, (lower - PAGE_HEADER) // 2)
+            raise _damaged(path, f"root page {current.root} is a branch of {count} node(s)")
     return current
-
-
-def check_root(path: str, head: Header) -> None:
-    """Refuse a file whose root page is a branch of fewer than two nodes, before LMDB maps it:
-    LMDB asserts that a branch has two or more, and an assertion stops the whole process
-    (``abort``), whatever the caller would have done with an error. (A branch deeper down is
-    named by :class:`Tree`'s walk, as any damaged page.)
-
-    Raises:
-        StoreError: such a root.
-    """
-    if head.root == P_INVALID:
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            page = os.pread(fd, PAGE_HEADER, head.root * head.psize)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(page) < PAGE_HEADER:
-        return  # (past the end: check_file names a truncated file)
-    _, _, flags, lower, _ = _PAGE.unpack_from(page, 0)
-    if flags & P_BRANCH and lower < PAGE_HEADER + 4:
-        count = max(0, (lower - PAGE_HEADER) // 2)
-        raise _damaged(path, f"root page {head.root} is a branch of {count} node(s)")
 
 
 def pad(path: str) -> None:
