@@ -90,32 +90,184 @@ def test_reads_through_a_subset_and_in_a_worker_are_the_same(store: Path) -> Non
     assert [clone[i][0] for i in range(len(clone))] == want
 
 
-def test_a_store_read_from_the_disk_asks_for_each_batch_at_once(
+def _own_pages(lease: object, keys: list[bytes]) -> set[tuple[int, int]]:
+    """The byte ranges in the file of the values of ``keys`` that LMDB keeps on pages of their
+    own (such a value begins just past a page's header; a value in a leaf page never does)."""
+    from fastdata.stores.lmdb.file import PAGE_HEADER
+
+    lo = lease.entry.span[0]  # type: ignore[attr-defined]
+    with lease.env.begin(buffers=True) as txn:  # type: ignore[attr-defined]
+        views = [txn.get(k) for k in keys]
+        places = {(address_module.address(v) - lo, len(v)) for v in views if v is not None}
+    return {(at, n) for at, n in places if at % mmap.PAGESIZE == PAGE_HEADER}
+
+
+def test_a_store_read_from_the_disk_asks_for_each_value_before_looking_any_up(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a batch that came from the disk, the next announces every value before copying
-    any (one request each, all in flight together), and still returns the same bytes."""
+    """After a batch that came from the disk, the next asks for the pages of every value that
+    lies on pages of its own, each in one request of exactly its bytes, all before LMDB looks up
+    any of them (LMDB's lookup would fault them in one page at a time, one read from the disk
+    each), and returns the same bytes; a batch from memory asks for nothing."""
     want = bare_values(store)
     ds = LMDBImageDataset(store, output="bytes")
     ds[0]
     lease = ds.reader._env()  # type: ignore[attr-defined]
-    asked: list[tuple[int, int]] = []
-    real = os.posix_fadvise
-
-    def record(fd: int, offset: int, length: int, advice: int) -> None:
-        asked.append((offset, length))
-        real(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", record)
-    lease._cold = 1
     batch = list(range(0, len(want), 3))
+    own = _own_pages(lease, [record_key(i) for i in batch])
+    assert 0 < len(own) < len(batch)  # (values on pages of their own and in leaf pages)
+    events: list[tuple[str, int, int]] = []
+    real_advise, real_env = os.posix_fadvise, lease.env
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        events.append(("ask", offset, length))
+        real_advise(fd, offset, length, advice)
+
+    class Txn:
+        def __init__(self, txn: object) -> None:
+            self.txn = txn
+
+        def get(self, key: bytes) -> object:
+            events.append(("get", int(key), 0))
+            return self.txn.get(key)  # type: ignore[attr-defined]
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.txn, name)
+
+    class Env:
+        def begin(self, **kw: object) -> Txn:
+            return Txn(real_env.begin(**kw))
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real_env, name)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    monkeypatch.setattr(lease, "env", Env())
+    lease._cold = 1
     assert [d for d, _ in ds.__getitems__(batch)] == [want[i] for i in batch]
-    assert sorted(length for _, length in asked) == sorted(len(want[i]) for i in batch)
+    first_get = next(n for n, e in enumerate(events) if e[0] == "get")
+    assert own <= {(at, n) for _, at, n in events[:first_get]}
+    assert [e[1] for e in events if e[0] == "get"] == batch
     assert not lease._cold  # served from memory: the next batch asks for nothing
-    asked.clear()
+    events.clear()
     assert ds[7][0] == want[7]
     ds.__getitems__(batch)
-    assert asked == []
+    assert all(e[0] == "get" for e in events)
+
+
+def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small records (within their leaf pages: nothing tells whether a batch's pages were in
+    memory but its time): each batch timed unannounced that came from the disk starts a run
+    twice as long as the last (up to a bound), so a store larger than memory pays for few
+    unannounced batches; one from memory brings the run back to its first length."""
+    from fastdata.stores.lmdb import env as env_module
+
+    from .test_hostile_input import write_store_with
+
+    write_store_with(tmp_path / "s.lmdb", [bytes([i]) * 300 for i in range(200)])
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    ds[0]
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    batch = [1, 2, 3]
+    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", -(10**12))  # every batch: from disk
+    runs = []
+    for _ in range(6):
+        ds.__getitems__(batch)  # timed
+        runs.append(lease._cold)
+        for _ in range(lease._cold):
+            assert ds.__getitems__(batch)[1][0] == bytes([2]) * 300  # announced
+        assert lease._cold == 0
+    first, most = env_module.COLD_BATCHES, env_module.COLD_BATCHES_MOST
+    assert runs == [min(first << k, most) for k in range(6)]
+    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", 10**12)  # from memory
+    ds.__getitems__(batch)
+    assert lease._cold == 0 and lease._cold_run == first
+
+
+def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
+    tmp_path: Path,
+) -> None:
+    """Values on pages of their own: a store opened cold announces every batch (its first
+    one too) as long as the values asked for are not in memory, and stops at the first batch
+    whose values are, with no batch timed unannounced in between."""
+    from .test_hostile_input import write_store_with
+
+    rng = np.random.default_rng(5)
+    images = [rng.bytes(30_000) for _ in range(64)]
+    write_store_with(tmp_path / "s.lmdb", images)
+    data_file = tmp_path / "s.lmdb" / "data.mdb"
+    fd = os.open(data_file, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    for part in ([0, 9, 17], [30, 2, 44], [5, 63]):
+        assert lease._cold  # (announced)
+        got = ds.__getitems__(part)
+        assert [d for d, _ in got] == [images[i] for i in part]
+        if not lease._cold:
+            pytest.skip("this file system kept the store's pages in memory")
+    assert lease._cold == 1
+    ds.__getitems__([0, 30])  # in memory now
+    assert lease._cold == 0
+    assert [ds[i][0] for i in (1, 63)] == [images[1], images[63]]
+
+
+def test_the_places_found_down_the_tree_are_where_lmdb_finds_the_values(tmp_path: Path) -> None:
+    """value_places finds, for any keys (missing ones, values in leaf pages, a tree of several
+    levels), exactly the byte ranges of the values LMDB keeps on pages of their own."""
+    from fastdata.stores.lmdb.file import value_places
+
+    from .test_hostile_input import write_store_with
+
+    rng = np.random.default_rng(3)
+    sizes = [int(s) for s in rng.choice([300, 1500, 5000, 20000], 3000)]
+    write_store_with(tmp_path / "s.lmdb", [rng.bytes(n) for n in sizes])
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    ds[0]
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    keys = [record_key(i) for i in rng.permutation(3100)]  # (100 not there)
+    want = _own_pages(lease, keys)
+    assert len(want) > 1000
+    fd = os.open(tmp_path / "s.lmdb" / "data.mdb", os.O_RDONLY)
+    try:
+        assert sorted(value_places(fd, keys)) == sorted(want)
+        assert value_places(fd, [*keys[:1], b"#" + keys[0], b"zzz", b""]) == value_places(
+            fd, keys[:1]
+        )
+    finally:
+        os.close(fd)
+
+
+def test_finding_places_in_a_damaged_file_gives_only_places_inside_it(tmp_path: Path) -> None:
+    """The descent is advice read from an untrusted file: on pages with any bytes changed, it
+    raises nothing, ends, and gives only ranges inside the file."""
+    from fastdata.stores.lmdb.file import value_places
+
+    from .test_hostile_input import write_store_with
+
+    rng = np.random.default_rng(4)
+    write_store_with(tmp_path / "s.lmdb", [rng.bytes(int(n)) for n in rng.integers(100, 9000, 600)])
+    clean = (tmp_path / "s.lmdb" / "data.mdb").read_bytes()
+    keys = [record_key(i) for i in range(600)] + [b"#" + record_key(i) for i in range(0, 600, 7)]
+    damaged = tmp_path / "damaged.mdb"
+    for trial in range(300):
+        data = bytearray(clean)
+        for _ in range(int(rng.integers(1, 40))):
+            at = int(rng.integers(0, len(data)))
+            data[at : at + 8] = rng.bytes(8) if trial % 3 else b"\xff" * 8
+        if trial % 5 == 0:
+            del data[int(rng.integers(0, len(data))) :]
+        damaged.write_bytes(bytes(data))
+        fd = os.open(damaged, os.O_RDONLY)
+        try:
+            for at, n in value_places(fd, keys):
+                assert at >= 0 and at + n <= len(data)
+        finally:
+            os.close(fd)
 
 
 def test_a_source_file_is_read_whole_and_never_past_the_limit(tmp_path: Path) -> None:

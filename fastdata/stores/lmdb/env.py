@@ -275,13 +275,19 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # Readers map the store with the kernel's read-ahead off (LMDB's MDB_NORDAHEAD: MADV_RANDOM on
 # the whole map): with it on, a cold random read of a 2 kB record pulled about 0.5-1.5 MB from
 # the disk, and a store larger than the page cache spent its reads evicting useful pages. With it
-# off a record is read a page at a time as it is copied. A batch that came from the disk (its
-# copies took longer than memory could: COLD_NS_PER_PAGE) makes the next COLD_BATCHES batches
-# announce their values first (POSIX_FADV_WILLNEED on each byte range: one request per value,
-# all of a batch's requests in flight at once), then one is timed again; from memory, advice
-# would only cost a system call per value. A scan in index order (verify, export) asks for
-# sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it requested while it runs.
-# ``scripts/bench_readahead.py`` measures these against a bare lmdb loop.
+# off, LMDB's lookup (and py-lmdb's touch of every page of the value before it returns) brings a
+# record in a page at a time: one read from the disk per 4 kB page, one after the other, 29 of
+# them for a 116 kB JPEG. So a batch that came from the disk (its lookups and copies took longer
+# than memory could: COLD_NS_PER_PAGE) makes the next batches announce their values before any
+# is looked up: the tree is read down to each value's place with pread (file.value_places: the
+# leaf pages of the batch asked for together on the way), and each value's pages asked for in one
+# request (POSIX_FADV_WILLNEED), all of the batch's requests in flight at once. After
+# COLD_BATCHES such batches one is timed unannounced again; while the store keeps coming from the
+# disk the run doubles (up to COLD_BATCHES_MOST), so the batches that pay for the check are few.
+# From memory, announcing would cost a descent per key for nothing. A scan in index order
+# (verify, export) asks for sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it
+# requested while it runs. ``scripts/bench_readahead.py`` and ``scripts/bench_lmdb.py`` measure
+# these against a bare lmdb loop.
 
 COLD_NS_PER_PAGE = 16_000
 """A batch whose values took longer than this per page they span (plus COLD_NS_SLACK) to look
@@ -292,6 +298,9 @@ COLD_NS_SLACK = 50_000
 COLD_BATCHES = 16
 """Batches announced after one that came from the disk, before one is timed again (a batch
 announced looks as fast as memory: its pages come in together)."""
+COLD_BATCHES_MOST = 256
+"""The longest run of batches announced: runs double from COLD_BATCHES while the timed batch
+after each still comes from the disk."""
 SCAN_WINDOW = 32 << 20
 """How far ahead of a scan its pages are requested."""
 
@@ -299,12 +308,14 @@ _libc: Any = None
 
 
 def _c_library() -> Any:
-    """The C library's ``madvise`` and ``mmap`` (Linux), or False where they cannot be had."""
+    """The C library's ``madvise``, ``mincore`` and ``mmap`` (Linux), or False where they
+    cannot be had."""
     global _libc
     if _libc is None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
             libc.mmap.argtypes = (
                 ctypes.c_void_p,
                 ctypes.c_size_t,
@@ -327,6 +338,17 @@ def _madvise(address: int, length: int, advice: int) -> None:
         return
     start = address - address % mmap.PAGESIZE
     libc.madvise(start, address + length - start, advice)  # advice only: its failure is harmless
+
+
+def _resident(address: int) -> bool | None:
+    """Whether the page of this process's map at ``address`` is in memory (None: unknown)."""
+    libc = _c_library()
+    if not libc:
+        return None
+    vec = ctypes.create_string_buffer(1)
+    if libc.mincore(address - address % mmap.PAGESIZE, 1, vec) != 0:
+        return None
+    return bool(vec.raw[0] & 1)
 
 
 # ------------------------------------------------------------------------------ past the end
@@ -396,21 +418,25 @@ class Lease:
     _ahead: int | None = None
     """In a scan: the file offset up to which read-ahead was requested."""
 
-    _cold = 0
-    """Batches left to announce their values before copying them (set when one came from the
-    disk)."""
+    _cold = 1
+    """Batches left to announce their values before looking them up: set when one came from
+    the disk; the first batch is announced (nothing is known of the store's pages yet)."""
+    _cold_run = COLD_BATCHES
+    """How many batches the next run of announced ones is (see "read-ahead")."""
+    _large = True
+    """Whether the last batch's values spanned a page or more each, on average: then even one
+    value alone is worth announcing (a record within its leaf page is not: the descent to it
+    would read the page LMDB's lookup reads, one more time)."""
 
     def _advise(self, offset: int, n: int) -> None:
-        """Ask for a value's pages in one request; in a scan, keep a window of the file past
-        the last value read on its way in (records are stored in index order)."""
+        """In a scan, keep a window of the file past the value read (``n`` bytes at
+        ``offset``) on its way in (records are stored in index order)."""
         fd = self.entry.fd
-        if fd is None:
+        if fd is None or self._ahead is None:
             return
         with suppress(OSError):  # advice only
             end = offset + n
-            if self._ahead is None:
-                os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
-            elif end + SCAN_WINDOW // 2 > self._ahead:
+            if end + SCAN_WINDOW // 2 > self._ahead:
                 start = max(end, self._ahead)
                 self._ahead = end + SCAN_WINDOW
                 os.posix_fadvise(fd, start, self._ahead - start, os.POSIX_FADV_WILLNEED)
@@ -452,16 +478,15 @@ class Lease:
         # The path of every raw read: a few comparisons per value beyond LMDB's own lookup and
         # copy. Values outside the file's bounds go through value(), which looks again.
         started = time.perf_counter_ns()
+        in_memory = None
+        if self._cold > 0 and (len(keys) > 1 or self._large):
+            in_memory = self._announce(keys)
         get = txn.get
         views = [get(k) for k in keys]
         entry = self.entry
         lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
         advising = self._cold > 0 or self._ahead is not None
-        if self._cold > 0:
-            for view in views:
-                if view is not None and lo <= (at := address(view)) and at + len(view) <= hi:
-                    self._advise(at - lo, len(view))
-        elif advising:  # a scan: its window is kept ahead of the furthest value
+        if self._ahead is not None:  # a scan: its window is kept ahead of the furthest value
             ends = [address(v) + len(v) for v in views if v is not None]
             if ends and lo <= max(ends) <= hi:
                 self._advise(max(ends) - lo, 0)
@@ -480,13 +505,37 @@ class Lease:
                 append(self.value(view, where(n)))
             spanned += size
         pages = len(views) + spanned // mmap.PAGESIZE  # (about the pages the values span)
-        if self._cold:
+        self._large = spanned >= len(views) * mmap.PAGESIZE
+        if in_memory is not None:  # (announced, and known to be from the disk or not)
+            self._cold = 1 if not in_memory else 0
+            self._cold_run = COLD_BATCHES
+        elif self._cold:
             self._cold -= 1
-        elif not advising and (
-            time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK
-        ):
-            self._cold = COLD_BATCHES  # then one batch unannounced again, timed
+        elif not advising:
+            if time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK:
+                self._cold = self._cold_run  # then one batch unannounced again, timed
+                self._cold_run = min(2 * self._cold_run, COLD_BATCHES_MOST)
+            else:
+                self._cold_run = COLD_BATCHES
         return out
+
+    def _announce(self, keys: Sequence[bytes]) -> bool | None:
+        """Ask for the pages of the values of ``keys`` that lie on pages of their own, each
+        value in one request, before LMDB's lookup touches them (see "read-ahead"). Whether
+        the first page of every one of them was in memory already (None: none lies on pages of
+        its own, or it cannot be known)."""
+        entry = self.entry
+        fd, span = entry.fd, entry.span
+        if fd is None or entry.writable:
+            return None
+        lo, hi = span if span is not None else (0, 0)  # (no span: nothing can be known)
+        seen: set[bool | None] = set()  # (each value's first page: in memory or not, or None)
+        with suppress(OSError):  # advice only
+            for offset, n in lmdb_file.value_places(fd, keys):
+                if False not in seen:  # (one from the disk decides)
+                    seen.add(_resident(lo + offset) if lo + offset < hi else None)
+                os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
+        return False if False in seen else (True if seen == {True} else None)
 
     def read(self, fn: Callable[[Any], T], where: str) -> T:
         """``fn(txn)`` in a read transaction (``buffers=True``), begun again in a new one when

@@ -27,7 +27,17 @@ import numpy as np
 
 from ...errors import StoreError
 
-__all__ = ["SLACK", "Damage", "Header", "Leaves", "Tree", "check_file", "pad", "walk"]
+__all__ = [
+    "SLACK",
+    "Damage",
+    "Header",
+    "Leaves",
+    "Tree",
+    "check_file",
+    "pad",
+    "value_places",
+    "walk",
+]
 
 MAGIC = 0xBEEFC0DE
 PAGE_HEADER = 16
@@ -501,6 +511,108 @@ def _prefetch(fd: int, pages: list[int], psize: int) -> None:
             start = page
         end = page
     os.posix_fadvise(fd, start * psize, (end - start + 1) * psize, os.POSIX_FADV_WILLNEED)
+
+
+def value_places(fd: int, keys: Sequence[bytes]) -> list[tuple[int, int]]:
+    """Where the values of ``keys`` that lie on pages of their own (LMDB's overflow pages) are
+    in the file, as ``(offset, size)``, found as LMDB finds them, down the tree from the
+    current root, with ``pread``; each level's pages are asked for together first (one request
+    per run, all in flight at once). This is what lets a reader ask for a value's pages before
+    LMDB touches them: LMDB's lookup faults them in one page at a time, a read from the disk
+    each on a cold store.
+
+    Advice only: anything out of the ordinary (a page not what its parent says, a node outside
+    its page, a key not there, a value outside the file) ends the search under it, silently;
+    the lookup itself checks and names it. Every place given lies inside the file."""
+    places: list[tuple[int, int]] = []
+    try:
+        size = os.fstat(fd).st_size
+        metas = [_meta(os.pread(fd, 160, 0))]
+        head = metas[0]
+        if head is None or head.psize & (head.psize - 1) or not 512 <= head.psize <= 65536:
+            return places
+        psize = head.psize
+        metas.append(_meta(os.pread(fd, 160, psize)))
+        current = max((m for m in metas if m is not None), key=lambda m: m.txnid)
+        last = min(current.last_page, size // psize - 1)
+        level = {current.root: sorted(set(keys))} if 2 <= current.root <= last else {}
+        for _ in range(64):  # (LMDB's trees are far shallower: a deeper one is a loop)
+            if not level:
+                break
+            numbers = sorted(level)
+            if len(numbers) > 1:
+                _prefetch(fd, numbers, psize)
+            below: dict[int, list[bytes]] = {}
+            for number in numbers:
+                page = os.pread(fd, psize, number * psize)
+                if len(page) == psize:
+                    _places_on(page, number, level[number], last, size, below, places)
+            level = {child: found for child, found in below.items() if 2 <= child <= last}
+    except OSError:
+        pass
+    return places
+
+
+def _places_on(
+    page: bytes,
+    number: int,
+    keys: list[bytes],
+    last: int,
+    size: int,
+    below: dict[int, list[bytes]],
+    places: list[tuple[int, int]],
+) -> None:
+    """One page of :func:`value_places`' descent: a branch's children (with the keys under
+    each) into ``below``, a leaf's places of ``keys`` into ``places``."""
+    psize = len(page)
+    pgno, _pad, flags, lower, upper = _PAGE.unpack_from(page, 0)
+    kind = flags & (P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META)
+    if pgno != number or kind not in (P_BRANCH, P_LEAF) or not PAGE_HEADER <= lower <= upper:
+        return
+    count = (lower - PAGE_HEADER) // 2
+    if upper > psize or count < 1:
+        return
+    offsets = struct.unpack_from(f"<{count}H", page, PAGE_HEADER)
+    if min(offsets) < upper or max(offsets) > psize - NODE_HEADER:
+        return
+    nodes = _NodeKeys(page, offsets)
+    try:
+        if kind == P_BRANCH:
+            for key in keys:
+                lo, hi, top, _ = _NODE.unpack_from(page, offsets[bisect_right(nodes, key, 1) - 1])
+                below.setdefault(lo | (hi << 16) | (top << 32), []).append(key)
+            return
+        for key in keys:
+            j = bisect_left(nodes, key)
+            if j == count or nodes[j] != key:
+                continue
+            lo, hi, nflags, ksize = _NODE.unpack_from(page, offsets[j])
+            start = offsets[j] + NODE_HEADER + ksize
+            if nflags != F_BIGDATA or start + 8 > psize:
+                continue  # (a value on the leaf itself: read already)
+            first = _PGNO.unpack_from(page, start)[0]
+            offset, n = first * psize + PAGE_HEADER, lo | (hi << 16)
+            if 2 <= first <= last and offset + n <= size:
+                places.append((offset, n))
+    except ValueError:  # (a node's key runs past the page)
+        return
+
+
+class _NodeKeys:
+    """The keys of a page's nodes, by index, as a sequence (for a binary search)."""
+
+    def __init__(self, page: bytes, offsets: tuple[int, ...]) -> None:
+        self.page, self.offsets = page, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, j: int) -> bytes:
+        at = self.offsets[j] + NODE_HEADER
+        end = at + _NODE.unpack_from(self.page, self.offsets[j])[3]
+        if end > len(self.page):
+            raise ValueError("a key past the page")
+        return self.page[at:end]
 
 
 class Leaves:
