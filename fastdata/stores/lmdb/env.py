@@ -276,18 +276,22 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # the whole map): with it on, a cold random read of a 2 kB record pulled about 0.5-1.5 MB from
 # the disk, and a store larger than the page cache spent its reads evicting useful pages. With it
 # off, LMDB's lookup (and py-lmdb's touch of every page of the value before it returns) brings a
-# record in a page at a time: one read from the disk per 4 kB page, one after the other, 29 of
-# them for a 116 kB JPEG. So a batch that came from the disk (its lookups and copies took longer
-# than memory could: COLD_NS_PER_PAGE) makes the next batches announce their values before any
-# is looked up: the tree is read down to each value's place with pread (file.value_places: the
-# leaf pages of the batch asked for together on the way), and each value's pages asked for in one
-# request (POSIX_FADV_WILLNEED), all of the batch's requests in flight at once. After
-# COLD_BATCHES such batches one is timed unannounced again; while the store keeps coming from the
-# disk the run doubles (up to COLD_BATCHES_MOST), so the batches that pay for the check are few.
-# From memory, announcing would cost a descent per key for nothing. A scan in index order
-# (verify, export) asks for sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it
-# requested while it runs. ``scripts/bench_readahead.py`` and ``scripts/bench_lmdb.py`` measure
-# these against a bare lmdb loop.
+# record in a page at a time: one read from the disk per 4 kB page, one after the other, 28 of
+# them for a 114 kB JPEG. So the first batch, and the batches after one that came from the disk
+# (its lookups and copies took longer than memory could: COLD_NS_PER_PAGE), announce their
+# values before any is looked up: the tree is read down to each value's place with pread
+# (file.value_places; the leaf pages of the batch asked for together on the way), and each value
+# on pages of its own asked for in one request (POSIX_FADV_WILLNEED), all of the batch's requests
+# in flight at once. Whether the first page of each such value was in memory already (mincore)
+# says when to stop: at the first batch whose values all were. A batch of records within their
+# leaf pages tells nothing of the kind: COLD_BATCHES of them are announced, then one is timed
+# unannounced again, and while the store keeps coming from the disk the run doubles (up to
+# COLD_BATCHES_MOST), so that few batches pay for the check. A lone record within its leaf page is
+# not announced (the descent would read the page LMDB's lookup reads). From memory, announcing
+# would cost a descent per key for nothing. A scan in index order (export, copy) asks for
+# sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it requested while it runs.
+# ``scripts/bench_readahead.py`` and ``scripts/bench_lmdb.py`` measure these against a bare lmdb
+# loop.
 
 COLD_NS_PER_PAGE = 16_000
 """A batch whose values took longer than this per page they span (plus COLD_NS_SLACK) to look
