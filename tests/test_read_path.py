@@ -158,13 +158,15 @@ def test_a_store_read_from_the_disk_asks_for_each_value_before_looking_any_up(
 def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small records (within their leaf pages: nothing tells whether a batch's pages were in
-    memory but its time): each batch timed unannounced that came from the disk starts a run
-    twice as long as the last (up to a bound), so a store larger than memory pays for few
-    unannounced batches; one from memory brings the run back to its first length."""
+    """Where whether pages are in memory cannot be known (no mincore), only a batch's time
+    tells: each batch timed unannounced that came from the disk starts a run twice as long as
+    the last (up to a bound), so a store larger than memory pays for few unannounced batches;
+    one from memory brings the run back to its first length."""
     from fastdata.stores.lmdb import env as env_module
 
     from .test_hostile_input import write_store_with
+
+    monkeypatch.setattr(env_module, "_resident", lambda address: None)
 
     write_store_with(tmp_path / "s.lmdb", [bytes([i]) * 300 for i in range(200)])
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
@@ -186,12 +188,38 @@ def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     assert lease._cold == 0 and lease._cold_run == first
 
 
+def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small records in memory, a batch timed as from the disk (a pause of the thread): the
+    next batch is announced, finds its leaf pages in memory, and announcing stops there."""
+    from fastdata.stores.lmdb import env as env_module
+
+    from .test_hostile_input import write_store_with
+
+    write_store_with(tmp_path / "s.lmdb", [bytes([i % 256]) * 900 for i in range(3000)])
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    batch = list(range(0, 3000, 47))
+    ds.__getitems__(batch)
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    assert lease._cold == 0
+    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", -(10**12))
+    ds.__getitems__(batch)  # timed: taken for a batch from the disk
+    assert lease._cold == env_module.COLD_BATCHES
+    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", 10**12)
+    assert ds.__getitems__(batch)[1][0] == bytes([47]) * 900  # announced: all in memory
+    assert lease._cold == 0 and lease._cold_run == env_module.COLD_BATCHES
+
+
 def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
     tmp_path: Path,
 ) -> None:
     """Values on pages of their own: a store opened cold announces every batch (its first
-    one too) as long as the values asked for are not in memory, and stops at the first batch
-    whose values are, with no batch timed unannounced in between."""
+    one too) as long as the values asked for are not in memory (a value whose first page alone
+    is, is not), and stops at the first batch whose values are, with no batch timed
+    unannounced in between."""
+    from fastdata.stores.lmdb.file import value_places
+
     from .test_hostile_input import write_store_with
 
     rng = np.random.default_rng(5)
@@ -201,6 +229,9 @@ def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
     fd = os.open(data_file, os.O_RDONLY)
     os.fsync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    places, _ = value_places(fd, [record_key(i) for i in (0, 9, 17)])
+    for at, _n in places:  # (the first page of each in memory, the rest not)
+        os.pread(fd, 100, at)
     os.close(fd)
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
     lease = ds.reader._env()  # type: ignore[attr-defined]
@@ -234,10 +265,12 @@ def test_the_places_found_down_the_tree_are_where_lmdb_finds_the_values(tmp_path
     assert len(want) > 1000
     fd = os.open(tmp_path / "s.lmdb" / "data.mdb", os.O_RDONLY)
     try:
-        assert sorted(value_places(fd, keys)) == sorted(want)
+        assert sorted(value_places(fd, keys)[0]) == sorted(want)
         assert value_places(fd, [*keys[:1], b"#" + keys[0], b"zzz", b""]) == value_places(
             fd, keys[:1]
         )
+        assert value_places(fd, keys, lambda offset: True)[1] is True
+        assert value_places(fd, keys, lambda offset: offset < 1 << 20)[1] is False
     finally:
         os.close(fd)
 
@@ -264,7 +297,7 @@ def test_finding_places_in_a_damaged_file_gives_only_places_inside_it(tmp_path: 
         damaged.write_bytes(bytes(data))
         fd = os.open(damaged, os.O_RDONLY)
         try:
-            for at, n in value_places(fd, keys):
+            for at, n in value_places(fd, keys)[0]:
                 assert at >= 0 and at + n <= len(data)
         finally:
             os.close(fd)

@@ -282,13 +282,14 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # values before any is looked up: the tree is read down to each value's place with pread
 # (file.value_places; the leaf pages of the batch asked for together on the way), and each value
 # on pages of its own asked for in one request (POSIX_FADV_WILLNEED), all of the batch's requests
-# in flight at once. Whether the first page of each such value was in memory already (mincore)
-# says when to stop: at the first batch whose values all were. A batch of records within their
-# leaf pages tells nothing of the kind: COLD_BATCHES of them are announced, then one is timed
-# unannounced again, and while the store keeps coming from the disk the run doubles (up to
-# COLD_BATCHES_MOST), so that few batches pay for the check. A lone record within its leaf page is
-# not announced (the descent would read the page LMDB's lookup reads). From memory, announcing
-# would cost a descent per key for nothing. A scan in index order (export, copy) asks for
+# in flight at once. Whether the pages of the descent (the leaf pages above all) and the first
+# and last page of each value were in memory already (mincore) says when to stop: at the first
+# batch where all were. Where that cannot be known (no mincore), COLD_BATCHES batches are
+# announced, then one is timed unannounced again, and while the store keeps coming from the disk
+# the run doubles (up to COLD_BATCHES_MOST), so that few batches pay for the check. A lone record
+# within its leaf page is not announced (the descent would read the page LMDB's lookup reads).
+# From memory, announcing would cost a descent per key for nothing: a batch taken for one from
+# the disk (a pause of the thread) costs one. A scan in index order (export, copy) asks for
 # sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it requested while it runs.
 # ``scripts/bench_readahead.py`` and ``scripts/bench_lmdb.py`` measure these against a bare lmdb
 # loop.
@@ -526,20 +527,24 @@ class Lease:
     def _announce(self, keys: Sequence[bytes]) -> bool | None:
         """Ask for the pages of the values of ``keys`` that lie on pages of their own, each
         value in one request, before LMDB's lookup touches them (see "read-ahead"). Whether
-        the first page of every one of them was in memory already (None: none lies on pages of
-        its own, or it cannot be known)."""
+        every page of the descent to them and the first and last page of each were in memory
+        already (None: it cannot be known)."""
         entry = self.entry
         fd, span = entry.fd, entry.span
         if fd is None or entry.writable:
             return None
         lo, hi = span if span is not None else (0, 0)  # (no span: nothing can be known)
-        seen: set[bool | None] = set()  # (each value's first page: in memory or not, or None)
-        with suppress(OSError):  # advice only
-            for offset, n in lmdb_file.value_places(fd, keys):
-                if False not in seen:  # (one from the disk decides)
-                    seen.add(_resident(lo + offset) if lo + offset < hi else None)
+
+        def resident(offset: int) -> bool | None:
+            return _resident(lo + offset) if lo + offset < hi else None
+
+        try:
+            places, in_memory = lmdb_file.value_places(fd, keys, resident)
+            for offset, n in places:
                 os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
-        return False if False in seen else (True if seen == {True} else None)
+        except OSError:  # advice only
+            return None
+        return in_memory
 
     def read(self, fn: Callable[[Any], T], where: str) -> T:
         """``fn(txn)`` in a read transaction (``buffers=True``), begun again in a new one when

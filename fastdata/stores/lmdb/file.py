@@ -20,7 +20,7 @@ import stat
 import struct
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -513,7 +513,9 @@ def _prefetch(fd: int, pages: list[int], psize: int) -> None:
     os.posix_fadvise(fd, start * psize, (end - start + 1) * psize, os.POSIX_FADV_WILLNEED)
 
 
-def value_places(fd: int, keys: Sequence[bytes]) -> list[tuple[int, int]]:
+def value_places(
+    fd: int, keys: Sequence[bytes], resident: Callable[[int], bool | None] | None = None
+) -> tuple[list[tuple[int, int]], bool | None]:
     """Where the values of ``keys`` that lie on pages of their own (LMDB's overflow pages) are
     in the file, as ``(offset, size)``, found as LMDB finds them, down the tree from the
     current root, with ``pread``; each level's pages are asked for together first (one request
@@ -523,23 +525,38 @@ def value_places(fd: int, keys: Sequence[bytes]) -> list[tuple[int, int]]:
 
     Advice only: anything out of the ordinary (a page not what its parent says, a node outside
     its page, a key not there, a value outside the file) ends the search under it, silently;
-    the lookup itself checks and names it. Every place given lies inside the file."""
+    the lookup itself checks and names it. Every place given lies inside the file.
+
+    ``resident(offset)`` (whether the file's page at ``offset`` is in memory, None: unknown) is
+    asked of every page of the descent before it is read, and of each value's first and last
+    page: the second result is whether all of them were (None: unknown, or nothing asked)."""
     places: list[tuple[int, int]] = []
+    seen: set[bool | None] = set()
+
+    def ask(offset: int) -> None:
+        if resident is not None and False not in seen:  # (one from the disk decides)
+            seen.add(resident(offset))
+
+    def in_memory() -> bool | None:
+        return False if False in seen else (True if seen == {True} else None)
+
     try:
         size = os.fstat(fd).st_size
         metas = [_meta(os.pread(fd, 160, 0))]
         head = metas[0]
         if head is None or head.psize & (head.psize - 1) or not 512 <= head.psize <= 65536:
-            return places
+            return places, None
         psize = head.psize
         metas.append(_meta(os.pread(fd, 160, psize)))
         current = max((m for m in metas if m is not None), key=lambda m: m.txnid)
         last = min(current.last_page, size // psize - 1)
         level = {current.root: sorted(set(keys))} if 2 <= current.root <= last else {}
-        for _ in range(64):  # (LMDB's trees are far shallower: a deeper one is a loop)
+        for _ in range(CURSOR_DEPTH):  # (deeper, LMDB gives up too: a loop)
             if not level:
                 break
             numbers = sorted(level)
+            for number in numbers:
+                ask(number * psize)
             if len(numbers) > 1:
                 _prefetch(fd, numbers, psize)
             below: dict[int, list[bytes]] = {}
@@ -550,7 +567,14 @@ def value_places(fd: int, keys: Sequence[bytes]) -> list[tuple[int, int]]:
             level = {child: found for child, found in below.items() if 2 <= child <= last}
     except OSError:
         pass
-    return places
+    for offset, n in places:
+        ask(offset)
+        ask(offset + n - 1)
+    return places, in_memory()
+
+
+CURSOR_DEPTH = 32
+"""The deepest path LMDB's cursor follows from the root (its CURSOR_STACK)."""
 
 
 def _places_on(
