@@ -83,6 +83,17 @@ def _meta(page: bytes) -> Header | None:
     return Header(psize, last_page, txnid, root, depth, entries)
 
 
+def _metas(fd: int) -> tuple[Header | None, Header | None]:
+    """The first meta page's facts (None: no LMDB header) and the current meta page's, the one
+    of the two with the larger transaction id (None: the first's page size is none LMDB
+    writes, so the second cannot be found)."""
+    head = _meta(os.pread(fd, 160, 0))
+    if head is None or head.psize & (head.psize - 1) or not 512 <= head.psize <= 65536:
+        return head, None
+    second = _meta(os.pread(fd, 160, head.psize))
+    return head, max((m for m in (head, second) if m is not None), key=lambda m: m.txnid)
+
+
 def check_file(path: str, *, for_lmdb: bool = False) -> Header:
     """Check an LMDB data file's header against its size before anything maps it; ``for_lmdb``
     (before LMDB maps it), its root page too: LMDB asserts that a branch has two or more
@@ -97,23 +108,21 @@ def check_file(path: str, *, for_lmdb: bool = False) -> Header:
     try:
         # (without blocking: opening a FIFO for reading waits for a writer, forever)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
+        try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise StoreError(f"{path}: not a regular file, so not an LMDB data file")
             size = info.st_size
-            first = f.read(160)
-            head = _meta(first)
+            head, current = _metas(fd)
             if head is None:
                 raise _damaged(path, "no LMDB header (not an LMDB data file, or overwritten)")
-            if head.psize & (head.psize - 1) or not 512 <= head.psize <= 65536:
+            if current is None:
                 raise _damaged(path, f"page size {head.psize} in its header")
-            f.seek(head.psize)
-            second = _meta(f.read(160))
-            current = max((m for m in (head, second) if m is not None), key=lambda m: m.txnid)
             root = b""
             if for_lmdb and current.psize == head.psize and current.root != P_INVALID:
                 root = os.pread(fd, PAGE_HEADER, current.root * head.psize)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if current.psize != head.psize or current.last_page < 1:
@@ -542,13 +551,10 @@ def value_places(
 
     try:
         size = os.fstat(fd).st_size
-        metas = [_meta(os.pread(fd, 160, 0))]
-        head = metas[0]
-        if head is None or head.psize & (head.psize - 1) or not 512 <= head.psize <= 65536:
+        head, current = _metas(fd)
+        if head is None or current is None:
             return places, None
         psize = head.psize
-        metas.append(_meta(os.pread(fd, 160, psize)))
-        current = max((m for m in metas if m is not None), key=lambda m: m.txnid)
         last = min(current.last_page, size // psize - 1)
         level = {current.root: sorted(set(keys))} if 2 <= current.root <= last else {}
         for _ in range(CURSOR_DEPTH):  # (deeper, LMDB gives up too: a loop)
