@@ -327,3 +327,133 @@ def test_a_source_file_is_read_whole_and_never_past_the_limit(tmp_path: Path) ->
         assert grown == data[:5001]
     finally:
         os.close(fd)
+
+
+def _asks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every request for pages from here on, as ``(offset, length)``."""
+    asked: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            asked.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    return asked
+
+
+def _covered(place: tuple[int, int], asked: list[tuple[int, int]]) -> bool:
+    """Whether the requests cover every byte of ``place``."""
+    at, n = place
+    reached = at
+    for offset, length in sorted(asked):
+        if offset <= reached < offset + length:
+            reached = offset + length
+    return reached >= at + n
+
+
+def _evicted(data_file: Path) -> None:
+    fd = os.open(data_file, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_value_of_many_pages_from_the_disk_is_asked_for_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value larger than the kernel reads for one request (its read-ahead, 128 KiB by
+    default: it drops the rest) is asked for in requests of at most that, which together cover
+    every byte of it; then read as stored."""
+    from fastdata.stores.lmdb.file import ASK_MOST
+
+    from .test_hostile_input import write_store_with
+
+    rng = np.random.default_rng(6)
+    images = [rng.bytes(900_000), rng.bytes(200), rng.bytes(300_000)]
+    write_store_with(tmp_path / "s.lmdb", images)
+    _evicted(tmp_path / "s.lmdb" / "data.mdb")
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    places = _own_pages(lease, [record_key(0), record_key(2)])
+    assert len(places) == 2
+    asked = _asks(monkeypatch)
+    assert [d for d, _ in ds.__getitems__([0, 2])] == [images[0], images[2]]
+    assert all(_covered(place, asked) for place in places)
+    assert asked and all(length <= ASK_MOST for _, length in asked)
+
+
+def test_a_store_opened_from_the_disk_asks_for_its_labels_and_names_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The labels (4 or 8 bytes a record, read on opening) and the index of names (read by verify,
+    append, copy) are values of many pages: each is asked for whole before LMDB reads it, not
+    faulted in a page at a time, a read from the disk each."""
+    from fastdata import open_store
+    from fastdata.stores.lmdb.layout import LABELS_KEY, NAMES_KEY
+
+    image = jpeg_bytes(8, 8)
+    for i in range(1000):
+        write(tmp_path / "images" / f"c{i % 2}" / f"{i:04d}.jpg", image)
+    convert(tmp_path / "images", tmp_path / "s.lmdb")
+    _evicted(tmp_path / "s.lmdb" / "data.mdb")
+    asked = _asks(monkeypatch)
+    reader = open_store(tmp_path / "s.lmdb")
+    lease = reader._env()  # type: ignore[attr-defined]
+    (labels,) = _own_pages(lease, [LABELS_KEY])
+    assert labels[1] >= 4 * 1000 and _covered(labels, asked)
+    (names,) = _own_pages(lease, [NAMES_KEY])
+    assert not _covered(names, asked)
+    index = reader.names_index()  # type: ignore[attr-defined]
+    assert _covered(names, asked)
+    assert index is not None and index[999] == b"c1/0999.jpg"
+    assert np.array_equal(reader.labels, np.repeat([0, 1], 500))
+
+
+def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What reads a file ahead of a full check: every byte of it comes into memory, each
+    chunk once, with sendfile to the null device (no copy) or, where that fails, with reads."""
+    from fastdata.stores.lmdb import env as env_module
+    from fastdata.stores.lmdb.file import AHEAD_CHUNK, _Sink
+
+    path = tmp_path / "big.bin"
+    size = 3 * AHEAD_CHUNK + 12345
+    path.write_bytes(np.random.default_rng(7).bytes(size))
+
+    def read_all() -> list[int]:
+        _evicted(path)
+        fd = os.open(path, os.O_RDONLY)
+        sink = _Sink()
+        try:
+            got, offset = [], 0
+            while got[-1:] != [0]:
+                got.append(sink.read(fd, offset))
+                offset += got[-1]
+            return got
+        finally:
+            sink.close()
+            os.close(fd)
+
+    def in_memory() -> bool | None:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            base = np.frombuffer(mapped, np.uint8).ctypes.data
+            return all(env_module._resident(base + k) for k in range(0, size, mmap.PAGESIZE))
+
+    want = [AHEAD_CHUNK] * 3 + [12345, 0]
+    assert read_all() == want
+    assert in_memory() in (True, None)  # (None: no mincore here)
+    sent: list[int] = []
+
+    def refused(out: int, fd: int, offset: int | None, count: int) -> int:
+        sent.append(count)
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "sendfile", refused)
+    assert read_all() == want
+    assert in_memory() in (True, None)
+    assert len(sent) <= 1  # (tried once, then reads)

@@ -281,8 +281,9 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # (its lookups and copies took longer than memory could: COLD_NS_PER_PAGE), announce their
 # values before any is looked up: the tree is read down to each value's place with pread
 # (file.value_places; the leaf pages of the batch asked for together on the way), and each value
-# on pages of its own asked for in one request (POSIX_FADV_WILLNEED), all of the batch's requests
-# in flight at once. Whether the pages of the descent (the leaf pages above all) and the first
+# on pages of its own asked for whole (POSIX_FADV_WILLNEED, in requests of at most file.ASK_MOST:
+# the kernel drops what one asks for past its read-ahead size), all of the batch's requests in
+# flight at once. The labels (read on opening) and the index of names are asked for so too. Whether the pages of the descent (the leaf pages above all) and the first
 # and last page of each value were in memory already (mincore) says when to stop: at the first
 # batch where all were. Where that cannot be known (no mincore), COLD_BATCHES batches are
 # announced, then one is timed unannounced again, and while the store keeps coming from the disk
@@ -444,7 +445,7 @@ class Lease:
             if end + SCAN_WINDOW // 2 > self._ahead:
                 start = max(end, self._ahead)
                 self._ahead = end + SCAN_WINDOW
-                os.posix_fadvise(fd, start, self._ahead - start, os.POSIX_FADV_WILLNEED)
+                lmdb_file.ask(fd, start, self._ahead - start)
 
     def value_at(self, key: bytes) -> bytes | None:
         """The value of one key on the shortest path there is, or None where that path cannot
@@ -524,9 +525,15 @@ class Lease:
                 self._cold_run = COLD_BATCHES
         return out
 
+    def ask_for(self, keys: Sequence[bytes]) -> None:
+        """Ask for the pages of the values of ``keys`` that lie on pages of their own before
+        reading them: a value of many pages (the labels, the names) then comes from the disk
+        in a few large reads, not one read a page as LMDB's lookup faults it in."""
+        self._announce(keys)
+
     def _announce(self, keys: Sequence[bytes]) -> bool | None:
         """Ask for the pages of the values of ``keys`` that lie on pages of their own, each
-        value in one request, before LMDB's lookup touches them (see "read-ahead"). Whether
+        value whole, before LMDB's lookup touches them (see "read-ahead"). Whether
         every page of the descent to them and the first and last page of each were in memory
         already (None: it cannot be known)."""
         entry = self.entry
@@ -541,7 +548,7 @@ class Lease:
         try:
             places, in_memory = lmdb_file.value_places(fd, keys, resident)
             for offset, n in places:
-                os.posix_fadvise(fd, offset, n, os.POSIX_FADV_WILLNEED)
+                lmdb_file.ask(fd, offset, n)
         except OSError:  # advice only
             return None
         return in_memory

@@ -18,9 +18,11 @@ import itertools
 import os
 import stat
 import struct
+import sys
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 
 import numpy as np
@@ -486,40 +488,86 @@ class _ReadAhead:
         os.close(self._fd)
 
     def _run(self) -> None:
-        view = memoryview(bytearray(AHEAD_CHUNK))
-        offset = self._start
-        while offset < self._end:
-            with self._moved:
-                while offset >= self._until and not self._stopped:
-                    self._moved.wait()
-                if self._stopped:
+        sink = _Sink()
+        try:
+            offset = self._start
+            while offset < self._end:
+                with self._moved:
+                    while offset >= self._until and not self._stopped:
+                        self._moved.wait()
+                    if self._stopped:
+                        return
+                try:
+                    got = sink.read(self._fd, offset)
+                except OSError:
                     return
+                if got <= 0:
+                    return
+                offset += got
+        finally:
+            sink.close()
+
+
+class _Sink:
+    """Reads a file a chunk at a time into the page cache and nowhere else: sent to the null
+    device (``sendfile``, where the system has it: the kernel reads the pages and copies
+    nothing), else read into one buffer, over and over."""
+
+    def __init__(self) -> None:
+        self._null = -1
+        self._view: memoryview | None = None
+        if sys.platform == "linux" and hasattr(os, "sendfile"):
+            with suppress(OSError):
+                self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+
+    def read(self, fd: int, offset: int) -> int:
+        """Bytes read from ``offset`` (at most :data:`AHEAD_CHUNK`; 0 at the end)."""
+        if self._null >= 0:
             try:
-                got = os.preadv(self._fd, [view], offset)
-            except OSError:
-                return
-            if got <= 0:
-                return
-            offset += got
+                return os.sendfile(self._null, fd, offset, AHEAD_CHUNK)
+            except OSError:  # (a system whose null device takes no pages: read them)
+                os.close(self._null)
+                self._null = -1
+        if self._view is None:
+            self._view = memoryview(bytearray(AHEAD_CHUNK))
+        return os.preadv(fd, [self._view], offset)
+
+    def close(self) -> None:
+        if self._null >= 0:
+            os.close(self._null)
+            self._null = -1
 
 
 PREFETCH_GAP = 16
 """Child pages this close together are asked for as one run (the pages between come along)."""
 
+ASK_MOST = 128 << 10
+"""The most bytes asked for in one request. The kernel reads no more for one than the larger of
+the device's read-ahead and its largest transfer (128 KiB by default), and drops the rest."""
+
+
+def ask(fd: int, offset: int, n: int) -> None:
+    """Ask the kernel to read ``n`` bytes of the file from ``offset`` now, without waiting for
+    them (in requests of at most :data:`ASK_MOST`)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    end = offset + n
+    while offset < end:
+        os.posix_fadvise(fd, offset, min(ASK_MOST, end - offset), os.POSIX_FADV_WILLNEED)
+        offset += ASK_MOST
+
 
 def _prefetch(fd: int, pages: list[int], psize: int) -> None:
     """Ask the kernel to read a branch page's children now, in runs, while the walk goes on:
     one page at a time, a cold file's walk waits for the disk once per page."""
-    if not hasattr(os, "posix_fadvise"):
-        return
     pages = sorted(pages)
     start = end = pages[0]
     for page in pages[1:]:
         if page - end > PREFETCH_GAP:
-            os.posix_fadvise(fd, start * psize, (end - start + 1) * psize, os.POSIX_FADV_WILLNEED)
+            ask(fd, start * psize, (end - start + 1) * psize)
             start = page
         end = page
-    os.posix_fadvise(fd, start * psize, (end - start + 1) * psize, os.POSIX_FADV_WILLNEED)
+    ask(fd, start * psize, (end - start + 1) * psize)
 
 
 def value_places(
@@ -542,7 +590,7 @@ def value_places(
     places: list[tuple[int, int]] = []
     seen: set[bool | None] = set()
 
-    def ask(offset: int) -> None:
+    def note(offset: int) -> None:
         if resident is not None and False not in seen:  # (one from the disk decides)
             seen.add(resident(offset))
 
@@ -562,7 +610,7 @@ def value_places(
                 break
             numbers = sorted(level)
             for number in numbers:
-                ask(number * psize)
+                note(number * psize)
             if len(numbers) > 1:
                 _prefetch(fd, numbers, psize)
             below: dict[int, list[bytes]] = {}
@@ -574,8 +622,8 @@ def value_places(
     except OSError:
         pass
     for offset, n in places:
-        ask(offset)
-        ask(offset + n - 1)
+        note(offset)
+        note(offset + n - 1)
     return places, in_memory()
 
 

@@ -144,6 +144,8 @@ class LMDBStore(_Leased):
                 return raw_meta, None
             return raw_meta, lease.value(txn.get(LABELS_KEY), f"{self.path}: the labels")
 
+        if labels:
+            lease.ask_for([META_KEY, LABELS_KEY])
         raw_meta, raw_labels = lease.read(get, self.path)
         if raw_meta is None:
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
@@ -226,6 +228,7 @@ class LMDBStore(_Leased):
 
     def names_index(self) -> PackedStrings | None:
         lease = self._env()
+        lease.ask_for([NAMES_KEY])
         raw = lease.read(
             lambda txn: lease.value(txn.get(NAMES_KEY), f"{self.path}: the names"), self.path
         )
