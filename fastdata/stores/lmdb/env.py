@@ -278,20 +278,21 @@ def _span(key: tuple[int, int], size: int) -> tuple[int, int] | None:
 # off, LMDB's lookup (and py-lmdb's touch of every page of the value before it returns) brings a
 # record in a page at a time: one read from the disk per 4 kB page, one after the other, 28 of
 # them for a 114 kB JPEG. So the first batch, and the batches after one that came from the disk
-# (its lookups and copies took longer than memory could: COLD_NS_PER_PAGE), announce their
-# values before any is looked up: the tree is read down to each value's place with pread
-# (file.value_places; the leaf pages of the batch asked for together on the way), and each value
-# on pages of its own asked for whole (POSIX_FADV_WILLNEED, in requests of at most file.ASK_MOST:
-# the kernel drops what one asks for past its read-ahead size), all of the batch's requests in
-# flight at once. The labels (read on opening) and the index of names are asked for so too. Whether the pages of the descent (the leaf pages above all) and the first
-# and last page of each value were in memory already (mincore) says when to stop: at the first
-# batch where all were. Where that cannot be known (no mincore), COLD_BATCHES batches are
-# announced, then one is timed unannounced again, and while the store keeps coming from the disk
-# the run doubles (up to COLD_BATCHES_MOST), so that few batches pay for the check. A lone record
-# within its leaf page is not announced (the descent would read the page LMDB's lookup reads).
-# From memory, announcing would cost a descent per key for nothing: a batch taken for one from
-# the disk (a pause of the thread) costs one. A scan in index order (export, copy) asks for
-# sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of it requested while it runs.
+# (its lookups and copies took longer than memory could: COLD_NS_PER_PAGE), announce their values
+# before any is looked up: the tree is read down to each value's place with pread
+# (file.value_places; the leaf pages of the batch asked for together on the way), and each value on
+# pages of its own asked for whole (POSIX_FADV_WILLNEED, in requests of at most file.ASK_MOST: the
+# kernel drops what one asks for past its read-ahead size), all of the batch's requests in flight at
+# once. The labels (read on opening) and the index of names are asked for so too. Whether the pages
+# of the descent (the leaf pages above all) and the first and last page of each value were in memory
+# already (mincore) says when to stop: at the first batch where all were. Where that cannot be known
+# (no mincore), COLD_BATCHES batches are announced, then one is timed unannounced again, and while
+# the store keeps coming from the disk the run doubles (up to COLD_BATCHES_MOST), so that few
+# batches pay for the check. A lone record within its leaf page is not announced (the descent would
+# read the page LMDB's lookup reads). From memory, announcing would cost a descent per key for
+# nothing: a batch taken for one from the disk (a pause of the thread) costs one. A scan in index
+# order (export, copy) asks for sequential read-ahead (MADV_SEQUENTIAL) and keeps a window ahead of
+# it requested while it runs.
 # ``scripts/bench_readahead.py`` and ``scripts/bench_lmdb.py`` measure these against a bare lmdb
 # loop.
 
