@@ -417,7 +417,8 @@ def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What reads a file ahead of a full check: every byte of it comes into memory, each
-    chunk once, with sendfile to the null device (no copy) or, where that fails, with reads."""
+    chunk once, with sendfile to the null device (no copy) or, where that fails or what stands
+    at the null device's path is not one, with reads."""
     from fastdata.stores.lmdb import env as env_module
     from fastdata.stores.lmdb.file import AHEAD_CHUNK, _Sink
 
@@ -457,3 +458,9 @@ def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile
     assert read_all() == want
     assert in_memory() in (True, None)
     assert len(sent) <= 1  # (tried once, then reads)
+    monkeypatch.undo()
+    stand_in = tmp_path / "null"  # a plain file where the null device should be: not written
+    stand_in.write_bytes(b"")
+    monkeypatch.setattr(os, "devnull", str(stand_in))
+    assert read_all() == want
+    assert stand_in.stat().st_size == 0

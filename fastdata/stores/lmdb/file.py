@@ -518,7 +518,11 @@ class _Sink:
         self._view: memoryview | None = None
         if sys.platform == "linux" and hasattr(os, "sendfile"):
             with suppress(OSError):
-                self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+                null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+                if stat.S_ISCHR(os.fstat(null).st_mode):  # (never a file standing in for it)
+                    self._null = null
+                else:
+                    os.close(null)
 
     def read(self, fd: int, offset: int) -> int:
         """Bytes read from ``offset`` (at most :data:`AHEAD_CHUNK`; 0 at the end)."""
