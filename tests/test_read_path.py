@@ -464,3 +464,79 @@ def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile
     monkeypatch.setattr(os, "devnull", str(stand_in))
     assert read_all() == want
     assert stand_in.stat().st_size == 0
+
+
+def test_a_branchs_children_are_asked_for_as_about_the_pages_themselves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check asks for a branch's children before reading them: a run of pages next to each
+    other as one span, but pages a damaged branch spreads apart only each alone (not the
+    gigabytes between them), and nothing at all stops the check where the kernel refuses."""
+    from fastdata.stores.lmdb.file import _prefetch, walk
+
+    from .test_damaged_stores import deep_tree
+
+    sparse = tmp_path / "sparse.bin"
+    with open(sparse, "wb") as f:
+        f.truncate(20_000 * 4096)
+    fd = os.open(sparse, os.O_RDONLY)
+    try:
+        asked = _asks(monkeypatch)
+        _prefetch(fd, list(range(100, 300)), 4096)
+        assert _covered((100 * 4096, 200 * 4096), asked)
+        assert sum(n for _, n in asked) == 200 * 4096
+        asked.clear()
+        spread = list(range(0, 16 * 1000, 16))
+        _prefetch(fd, spread + spread, 4096)  # (each twice, as a damaged branch may list them)
+        assert all(_covered((page * 4096, 4096), asked) for page in spread)
+        assert sum(n for _, n in asked) <= 2 * 1000 * 4096
+    finally:
+        os.close(fd)
+    monkeypatch.undo()
+    source = deep_tree(tmp_path / "deep")
+
+    def refused(*args: object) -> None:
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "posix_fadvise", refused)
+    assert walk(str(source)) == []
+
+
+def test_nothing_but_the_null_device_is_sent_a_store_to_read_it_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the null device's path holds a FIFO (opening it to write would wait for a reader
+    forever) or a terminal (it would be sent the store's bytes), the read-ahead reads instead,
+    and opens nothing that would block."""
+    import threading
+
+    from fastdata.stores.lmdb.file import _Sink
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(os, "devnull", str(fifo))
+    made: list[_Sink] = []
+    thread = threading.Thread(target=lambda: made.append(_Sink()), daemon=True)
+    thread.start()
+    thread.join(10)
+    try:
+        assert not thread.is_alive(), "the read-ahead blocked opening a FIFO"
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # (lets a blocked open go on)
+    assert made[0]._null == -1
+    leader, follower = os.openpty()
+    try:
+        monkeypatch.setattr(os, "devnull", os.ttyname(follower))
+        sink = _Sink()
+        assert sink._null == -1
+        data = tmp_path / "data.bin"
+        data.write_bytes(b"x" * 10_000)
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            assert sink.read(fd, 0) == 10_000
+        finally:
+            os.close(fd)
+            sink.close()
+    finally:
+        os.close(leader)
+        os.close(follower)

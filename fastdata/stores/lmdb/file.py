@@ -518,11 +518,16 @@ class _Sink:
         self._view: memoryview | None = None
         if sys.platform == "linux" and hasattr(os, "sendfile"):
             with suppress(OSError):
-                null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-                if stat.S_ISCHR(os.fstat(null).st_mode):  # (never a file standing in for it)
-                    self._null = null
-                else:
-                    os.close(null)
+                # the null device itself, checked before it is opened (opening some devices
+                # does something, a FIFO would block) and after: never a file, a terminal or
+                # anything else standing at its path, which would be sent the whole store
+                if _is_null(os.stat(os.devnull)):
+                    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+                    null = os.open(os.devnull, flags)
+                    if _is_null(os.fstat(null)):
+                        self._null = null
+                    else:
+                        os.close(null)
 
     def read(self, fd: int, offset: int) -> int:
         """Bytes read from ``offset`` (at most :data:`AHEAD_CHUNK`; 0 at the end)."""
@@ -542,8 +547,14 @@ class _Sink:
             self._null = -1
 
 
+def _is_null(st: os.stat_result) -> bool:
+    """Whether ``st`` is Linux's null device (character device 1, 3)."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+
+
 PREFETCH_GAP = 16
-"""Child pages this close together are asked for as one run (the pages between come along)."""
+"""Child pages this close together are asked for as one run (the pages between come along),
+where the run spans at most twice as many pages as it holds."""
 
 ASK_MOST = 128 << 10
 """The most bytes asked for in one request. The kernel reads no more for one than the larger of
@@ -552,26 +563,40 @@ the device's read-ahead and its largest transfer (128 KiB by default), and drops
 
 def ask(fd: int, offset: int, n: int) -> None:
     """Ask the kernel to read ``n`` bytes of the file from ``offset`` now, without waiting for
-    them (in requests of at most :data:`ASK_MOST`)."""
+    them (in requests of at most :data:`ASK_MOST`). Advice only: a request refused ends it."""
     if not hasattr(os, "posix_fadvise"):
         return
     end = offset + n
-    while offset < end:
-        os.posix_fadvise(fd, offset, min(ASK_MOST, end - offset), os.POSIX_FADV_WILLNEED)
-        offset += ASK_MOST
+    with suppress(OSError):
+        while offset < end:
+            os.posix_fadvise(fd, offset, min(ASK_MOST, end - offset), os.POSIX_FADV_WILLNEED)
+            offset += ASK_MOST
 
 
 def _prefetch(fd: int, pages: list[int], psize: int) -> None:
     """Ask the kernel to read a branch page's children now, in runs, while the walk goes on:
-    one page at a time, a cold file's walk waits for the disk once per page."""
-    pages = sorted(pages)
-    start = end = pages[0]
+    one page at a time, a cold file's walk waits for the disk once per page. What is asked for
+    is at most about twice the pages themselves, however a damaged branch spreads them."""
+    pages = sorted(set(pages))
+    run = [pages[0]]
     for page in pages[1:]:
-        if page - end > PREFETCH_GAP:
-            ask(fd, start * psize, (end - start + 1) * psize)
-            start = page
-        end = page
-    ask(fd, start * psize, (end - start + 1) * psize)
+        if page - run[-1] > PREFETCH_GAP:
+            _ask_run(fd, run, psize)
+            run = [page]
+        else:
+            run.append(page)
+    _ask_run(fd, run, psize)
+
+
+def _ask_run(fd: int, run: list[int], psize: int) -> None:
+    """Pages ``run`` (ascending, each within PREFETCH_GAP of the last) asked for: as one span
+    where it is at most twice as long as the pages it holds, else each page alone."""
+    span = run[-1] - run[0] + 1
+    if span <= 2 * len(run):
+        ask(fd, run[0] * psize, span * psize)
+        return
+    for page in run:
+        ask(fd, page * psize, psize)
 
 
 def value_places(
