@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """`fastdata verify` against reading the store's file once, each with the page cache evicted.
 
-Interleaved in rounds, side by side: verify as the command runs it (one process per CPU, at most
-8), verify in one process, and reading ``data.mdb`` once from start to end with a plain loop (the
-least any full check must pay). Each verify runs in a fresh process, as the command does.
+Interleaved in rounds (each round begins with the next of the three), side by side: verify as the
+command runs it (one process per CPU, at most 8), verify in one process, and reading ``data.mdb``
+once from start to end with a plain loop (the least any full check must pay). Each verify runs in
+a fresh process, as the command does.
 
     python scripts/bench_verify.py                          # 100,000 tiny JPEGs, temporary
     python scripts/bench_verify.py --images 1000000 --workdir /data/bench --keep
@@ -81,15 +82,26 @@ def main() -> None:
         store = args.store or build(work, args.images)
         data_file = store / "data.mdb"
         times: dict[str, list[float]] = {"verify": [], "verify, 1 process": [], "read": []}
-        processes = 1
-        for _ in range(args.rounds):
+        processes = n = 1
+
+        def verify() -> float:
+            nonlocal processes, n
             found = verify_in_child(store, "auto")
             assert found["ok"], f"{store}: verify found damage; measure a sound store"
-            processes = int(found["processes"])
-            times["verify"].append(found["seconds"])
-            times["verify, 1 process"].append(verify_in_child(store, "1")["seconds"])
-            times["read"].append(read_once(data_file))
-        n = int(found["checked"])
+            processes, n = int(found["processes"]), int(found["checked"])
+            return found["seconds"]
+
+        runs = {
+            "verify": verify,
+            "verify, 1 process": lambda: verify_in_child(store, "1")["seconds"],
+            "read": lambda: read_once(data_file),
+        }
+        names = list(runs)
+        for r in range(args.rounds):
+            # each round begins with the next one: on a virtual machine, what ran just before
+            # (two processes reading halves of the file, say) changes the next one's disk speed
+            for name in names[r % 3 :] + names[: r % 3]:
+                times[name].append(runs[name]())
         size = data_file.stat().st_size
         print(f"{store}: {n:,} records, {size / 1e9:.2f} GB; {args.rounds} rounds, interleaved")
         read = statistics.median(times["read"])
