@@ -328,6 +328,7 @@ def test_an_append_during_verify_is_not_taken_for_damage(tmp_path: Path) -> None
     from fastdata import open_store
     from fastdata.errors import StoreError
     from fastdata.ops.verify import verify_store
+    from fastdata.stores.reader import ScanBlock
 
     store = big_store(tmp_path)
     more = tmp_path / "more"
@@ -336,7 +337,8 @@ def test_an_append_during_verify_is_not_taken_for_damage(tmp_path: Path) -> None
     reader = open_store(store)
     damage: list[str] = []
     scan = reader.scan_records(damage)
-    assert next(scan)[3] is None  # the check has begun
+    first = next(scan)  # the check has begun: a block of records, or one record, all sound
+    assert isinstance(first, ScanBlock) or first[3] is None
     appended = cli("convert", str(more), str(store), "--append", "-q")
     assert appended.returncode == 0, appended.stderr
     with pytest.raises(StoreError, match="an append began while") as caught:
@@ -913,6 +915,90 @@ def test_a_check_reads_each_damaged_value_a_bounded_number_of_times(
     ]
     assert unread == list(range(0, 3000, 5))
     assert reads[0] <= 2 * 600, reads[0]
+
+
+def _paired_records(source: Path, folder: Path) -> tuple[list[object], list[str]]:
+    """What a check reads of records 0 .. 2999 of ``source``: each record as one would be read
+    alone (index, header, bytes, why not), and the damage found."""
+    from fastdata.stores.lmdb.reader import LMDBStore
+    from fastdata.stores.reader import scan_item
+
+    reader = object.__new__(LMDBStore)
+    reader.path = str(folder)
+    out: list[object] = []
+    with lmdb_file.Tree(str(source)) as tree:
+        for item in reader._paired(tree, 0, 3000):
+            if isinstance(item, ScanBlock):
+                records = [
+                    scan_item(reader.path, item.start + j, h, d)
+                    for j, (h, d) in enumerate(zip(item.heads, item.data, strict=True))
+                ]
+            else:
+                records = [item]
+            for i, header, data, why in records:
+                out.append((i, header, bytes(data), why))
+        return out, [str(d) for d in tree.found]
+
+
+def test_values_on_pages_of_their_own_are_read_in_stretches_and_checked_as_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check reads values on pages of their own that lie one after the other in one call per
+    stretch, not one or two per value; with random damage to their pages' headers and to the
+    leaves, it reads the same records, bytes and damage as reading each value alone."""
+    import random
+
+    from .test_hostile_input import write_store_with
+
+    rng = random.Random(99)
+    write_store_with(
+        tmp_path / "own", [rng.randbytes(rng.randrange(2100, 7000)) for _ in range(3000)]
+    )
+    reads = [0]
+    real_pread = os.pread
+
+    def counted(fd: int, n: int, offset: int) -> bytes:
+        reads[0] += 1
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", counted)
+    clean = _paired_records(tmp_path / "own" / "data.mdb", tmp_path / "own")
+    assert reads[0] < 300, reads[0]  # (3,000 values on pages of their own)
+    monkeypatch.undo()
+    assert len(clean[0]) == 3000 and not clean[1]
+    assert all(why is None for *_, why in clean[0])
+    for source in (tmp_path / "own" / "data.mdb", deep_tree(tmp_path / "deep")):
+        raw = source.read_bytes()
+        overflow = [
+            p
+            for p in pages(source, lmdb_file.P_OVERFLOW)
+            if struct.unpack_from("<I", raw, p * 4096 + 12)[0] > 0
+        ]
+        leaves = pages(source, lmdb_file.P_LEAF)
+        damaged = tmp_path / "damaged" / "data.mdb"
+        damaged.parent.mkdir(exist_ok=True)
+        differences, found = [], 0
+        for trial in range(60):
+            data = bytearray(raw)
+            for _ in range(rng.choice([1, 2, 5])):
+                if rng.random() < 0.7:  # an overflow run's header: its page number, flags, count
+                    at = rng.choice(overflow) * 4096 + rng.choice([0, 1, 10, 12, 13])
+                else:  # a leaf's node: its size or its overflow page
+                    page = rng.choice(leaves) * 4096
+                    count = (struct.unpack_from("<H", data, page + 12)[0] - 16) // 2
+                    node = struct.unpack_from("<H", data, page + 16 + 2 * rng.randrange(count))[0]
+                    at = page + node + rng.choice([0, 1, 19, 20])
+                data[min(at, len(data) - 1)] ^= 1 << rng.randrange(8)
+            damaged.write_bytes(bytes(data))
+            stretched = _paired_records(damaged, damaged.parent)
+            monkeypatch.setattr(lmdb_file, "STRETCH_BYTES", 0)  # (every value read alone)
+            alone = _paired_records(damaged, damaged.parent)
+            monkeypatch.undo()
+            found += bool(alone[1])
+            if stretched != alone:
+                differences.append((source, trial, stretched[1], alone[1]))
+        assert not differences, differences[:2]
+        assert found > 30
 
 
 def test_a_check_in_blocks_reports_in_the_order_of_one_record_at_a_time(tmp_path: Path) -> None:

@@ -362,7 +362,7 @@ class Tree:
                 ]
             if items:
                 keys, starts, sizes, firsts = zip(*items, strict=True)
-                yield Leaves(data, None, starts, sizes, firsts, number, list(keys))
+                yield Leaves(data, _rows(keys), starts, sizes, firsts, number, list(keys))
 
     def _leaves_under(
         self,
@@ -422,6 +422,87 @@ class Tree:
         self._ahead.advance(self._reached)
         return self._reached
 
+    def values(self, run: Leaves, a: int, b: int) -> list[bytes | memoryview | None]:
+        """The values of ``run``'s entries from ``a`` on, as :meth:`value` gives each, up to
+        ``b`` or to the first whose pages are damaged (None, last), or fewer. Values on pages
+        of their own that follow one another in the file (values within the leaves between
+        them aside) are read with one call per stretch of them (at most
+        :data:`STRETCH_BYTES`), their pages' headers checked side by side; the values end
+        before the first that fails a check, or with it read alone (which names what is wrong)
+        where it is the first."""
+        out: list[bytes | memoryview | None] = []
+        if b <= a:
+            return out
+        psize = self.head.psize
+        firsts = np.asarray(run.firsts[a:b], np.int64)
+        sizes = np.asarray(run.sizes[a:b], np.int64)
+        pages = (sizes + PAGE_HEADER + psize - 1) // psize
+        own = np.flatnonzero((firsts >= 0) & (pages * psize <= STRETCH_BYTES))
+        # where a stretch must end: a value that does not begin where the last one ended
+        breaks = (
+            np.flatnonzero(firsts[own[1:]] != firsts[own[:-1]] + pages[own[:-1]]) + 1
+        ).tolist()
+        reach = np.cumsum(pages[own]) * psize  # (bytes of own[0 .. k], for the cap)
+        ready: dict[int, memoryview] = {}
+        failed = -1
+        at = 0  # (the next of own not read yet)
+        for j in range(b - a):
+            if j not in ready and j != failed:
+                if at < len(own) and own[at] == j:  # a stretch begins here
+                    end = next((k for k in breaks if k > at), len(own))
+                    done = int(reach[at - 1]) if at else 0
+                    cap = int(np.searchsorted(reach, done + STRETCH_BYTES, side="right"))
+                    end = max(at + 1, min(end, cap))
+                    members = own[at:end]
+                    got = self._stretch(firsts[members], sizes[members], pages[members])
+                    ready.update(zip(members[: len(got)].tolist(), got, strict=True))
+                    if len(got) < len(members):
+                        failed = int(members[len(got)])
+                    at = end
+                else:  # (within its leaf, or larger than a stretch: alone)
+                    value = self.value(run, a + j)
+                    out.append(value)
+                    if value is None:
+                        return out
+                    continue
+            if j == failed:
+                if not out:
+                    out.append(self.value(run, a + j))
+                return out
+            out.append(ready.pop(j))
+        return out
+
+    def _stretch(
+        self, firsts: np.ndarray, sizes: np.ndarray, pages: np.ndarray
+    ) -> list[memoryview]:
+        """Values on pages of their own, one after the other in the file (their first pages,
+        sizes and page counts): read in one call, each checked as :meth:`_overflow` checks
+        one; those before the first that fails a check."""
+        psize = self.head.psize
+        first = int(firsts[0])
+        data = os.pread(self._fd, int(pages.sum()) * psize, first * psize)
+        at = (firsts - first) * psize
+        whole = at + pages * psize <= len(data)
+        fields = np.zeros(len(at), _OVERFLOW_DTYPE)
+        fields[whole] = (
+            np.frombuffer(data, np.uint8)[at[whole][:, None] + _OVERFLOW_BYTES]
+            .view(_OVERFLOW_DTYPE)
+            .ravel()
+        )
+        sound = (
+            whole
+            & (fields["pgno"] == firsts)
+            & (fields["flags"] & P_OVERFLOW != 0)
+            & (fields["count"] == pages)
+        )
+        n = len(sound) if sound.all() else int(sound.argmin())
+        view = memoryview(data)
+        starts = (at[:n] + PAGE_HEADER).tolist()
+        return [
+            view[start : start + size]
+            for start, size in zip(starts, sizes[:n].tolist(), strict=True)
+        ]
+
     def _overflow(self, first: int, size: int, key: bytes) -> memoryview | None:
         """The value of ``size`` bytes on the overflow pages from ``first`` (checked to lie in
         the file by the leaf that points at them); None if their header is damaged."""
@@ -451,6 +532,12 @@ class Tree:
             return None
         return memoryview(run)[PAGE_HEADER : PAGE_HEADER + size]
 
+
+STRETCH_BYTES = 1 << 20
+"""The most bytes of values on pages of their own that a check reads in one call (a value larger
+than this is read alone)."""
+_OVERFLOW_BYTES = np.arange(PAGE_HEADER)
+_OVERFLOW_DTYPE = np.dtype([("pgno", "<u8"), ("pad", "<u2"), ("flags", "<u2"), ("count", "<u4")])
 
 AHEAD = 64 << 20
 """How far past the furthest page a walk has read the file is read ahead of it (bounded, so
@@ -790,6 +877,15 @@ class _KeyAt:
 
 _PAGE_DTYPES: dict[int, np.dtype] = {}
 _NODE_BYTES = np.arange(NODE_HEADER)
+
+
+def _rows(keys: Sequence[bytes]) -> np.ndarray | None:
+    """Keys as :attr:`Leaves.rows`: one row each where they are all one length (None
+    otherwise)."""
+    width = len(keys[0])
+    if not width or any(len(key) != width for key in keys):
+        return None
+    return np.frombuffer(b"".join(keys), np.uint8).reshape(len(keys), width)
 
 
 def _page_dtype(psize: int) -> np.dtype:

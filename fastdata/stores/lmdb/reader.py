@@ -413,22 +413,14 @@ class _Walk:
         damaged (None, last)."""
         run, a = self.run, self.at
         assert run is not None
-        if max(run.firsts[a : a + n]) < 0:  # (all on their pages)
+        if np.max(run.firsts[a : a + n]) < 0:  # (all on their pages)
             buf = run.buf
             starts = np.asarray(run.starts[a : a + n])
             ends = (starts + np.asarray(run.sizes[a : a + n])).tolist()
             return [buf[s:e] for s, e in zip(starts.tolist(), ends, strict=True)]
-        out: list[bytes | memoryview | None] = []
-        held = 0
-        for j in range(a, a + n):
-            value = self.tree.value(run, j)
-            out.append(value)
-            if value is None:
-                break
-            held += len(value)
-            if held >= BLOCK_BYTES:
-                break
-        return out
+        held = np.cumsum(np.asarray(run.sizes[a : a + n], np.int64))
+        n = min(n, int(np.searchsorted(held, BLOCK_BYTES, side="left")) + 1)
+        return self.tree.values(run, a, a + n)
 
     def skip(self, n: int) -> None:
         """Move on ``n`` entries (within this run)."""
