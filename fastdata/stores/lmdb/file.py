@@ -449,7 +449,8 @@ class Tree:
         for j in range(b - a):
             if j not in ready and j != failed:
                 if at < len(own) and own[at] == j:  # a stretch begins here
-                    end = next((k for k in breaks if k > at), len(own))
+                    k = bisect_right(breaks, at)
+                    end = breaks[k] if k < len(breaks) else len(own)
                     done = int(reach[at - 1]) if at else 0
                     cap = int(np.searchsorted(reach, done + STRETCH_BYTES, side="right"))
                     end = max(at + 1, min(end, cap))
