@@ -454,6 +454,13 @@ class Tree:
                     done = int(reach[at - 1]) if at else 0
                     cap = int(np.searchsorted(reach, done + STRETCH_BYTES, side="right"))
                     end = max(at + 1, min(end, cap))
+                    if end == at + 1:  # (a stretch of one: read alone, the cheaper way)
+                        at = end
+                        value = self.value(run, a + j)
+                        out.append(value)
+                        if value is None:
+                            return out
+                        continue
                     members = own[at:end]
                     got = self._stretch(firsts[members], sizes[members], pages[members])
                     ready.update(zip(members[: len(got)].tolist(), got, strict=True))

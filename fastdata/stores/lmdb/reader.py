@@ -335,6 +335,7 @@ class LMDBStore(_Leased):
         i = start
         while i < stop:
             n = _in_place(heads, datas, i, stop)
+            read = None
             if n:
                 data_values = datas.values(n)
                 head_values = heads.values(len(data_values))
@@ -346,11 +347,20 @@ class LMDBStore(_Leased):
                     datas.skip(n)
                     i += n
                     continue
-            yield self._one(tree, heads, datas, i)
+                read = head_values[0], data_values[0]  # (one of them None: not read again)
+            yield self._one(tree, heads, datas, i, read)
             i += 1
 
-    def _one(self, tree: lmdb_file.Tree, heads: _Walk, datas: _Walk, i: int) -> ScanItem:
-        """Record ``i``, where the walks are at its keys or past them."""
+    def _one(
+        self,
+        tree: lmdb_file.Tree,
+        heads: _Walk,
+        datas: _Walk,
+        i: int,
+        read: tuple[bytes | memoryview | None, bytes | memoryview | None] | None = None,
+    ) -> ScanItem:
+        """Record ``i``, where the walks are at its keys or past them (``read``: its header and
+        bytes, read already where the walks are at its keys)."""
         key = b"%010d" % i  # record_key, inline
         while heads.key is not None and heads.key[1:] < key:  # (a key of no record)
             heads.value()
@@ -374,7 +384,7 @@ class LMDBStore(_Leased):
                     "store is damaged, convert it again"
                 ),
             )
-        head, data = heads.value(), datas.value()
+        head, data = read if read is not None else (heads.value(), datas.value())
         heads.skip(1)
         datas.skip(1)
         if data is None or head is None:
