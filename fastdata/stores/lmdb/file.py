@@ -443,17 +443,19 @@ class Tree:
             np.flatnonzero(firsts[own[1:]] != firsts[own[:-1]] + pages[own[:-1]]) + 1
         ).tolist()
         reach = np.cumsum(pages[own]) * psize  # (bytes of own[0 .. k], for the cap)
+        own_at = own.tolist()
         ready: dict[int, memoryview] = {}
         failed = -1
         at = 0  # (the next of own not read yet)
         for j in range(b - a):
             if j not in ready and j != failed:
-                if at < len(own) and own[at] == j:  # a stretch begins here
+                if at < len(own) and own_at[at] == j:  # a stretch begins here
                     k = bisect_right(breaks, at)
                     end = breaks[k] if k < len(breaks) else len(own)
-                    done = int(reach[at - 1]) if at else 0
-                    cap = int(np.searchsorted(reach, done + STRETCH_BYTES, side="right"))
-                    end = max(at + 1, min(end, cap))
+                    if end > at + 1:
+                        done = int(reach[at - 1]) if at else 0
+                        cap = int(np.searchsorted(reach, done + STRETCH_BYTES, side="right"))
+                        end = max(at + 1, min(end, cap))
                     if end == at + 1:  # (a stretch of one: read alone, the cheaper way)
                         at = end
                         value = self.value(run, a + j)
