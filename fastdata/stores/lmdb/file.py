@@ -449,27 +449,24 @@ class Tree:
         at = 0  # (the next of own not read yet)
         for j in range(b - a):
             if j not in ready and j != failed:
-                if at < len(own) and own_at[at] == j:  # a stretch begins here
+                end = at
+                if at < len(own) and own_at[at] == j:  # j is the next value of its own
                     k = bisect_right(breaks, at)
                     end = breaks[k] if k < len(breaks) else len(own)
                     if end > at + 1:
                         done = int(reach[at - 1]) if at else 0
                         cap = int(np.searchsorted(reach, done + STRETCH_BYTES, side="right"))
                         end = max(at + 1, min(end, cap))
-                    if end == at + 1:  # (a stretch of one: read alone, the cheaper way)
-                        at = end
-                        value = self.value(run, a + j)
-                        out.append(value)
-                        if value is None:
-                            return out
-                        continue
+                if end > at + 1:  # a stretch of two or more begins here
                     members = own[at:end]
                     got = self._stretch(firsts[members], sizes[members], pages[members])
                     ready.update(zip(members[: len(got)].tolist(), got, strict=True))
                     if len(got) < len(members):
                         failed = int(members[len(got)])
                     at = end
-                else:  # (within its leaf, or larger than a stretch: alone)
+                else:  # (within its leaf, larger than a stretch, or a stretch of one: alone,
+                    # the cheaper way)
+                    at = end
                     value = self.value(run, a + j)
                     out.append(value)
                     if value is None:
