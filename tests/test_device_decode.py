@@ -75,7 +75,7 @@ def test_the_device_path_gives_the_cpu_pipelines_crops(
         assert (image.int() - want.flip(2).int()).abs().float().mean() > 15
     # both at full size: the same to the rounding of the resize filters (uint8 fixed point
     # against float32)
-    monkeypatch.setattr(pipelines, "_shrink_for", lambda *args: 1)
+    monkeypatch.setattr(pipelines, "shrink_for", lambda *args: 1)
     got = DeviceDecoder("cpu", backend="nvimgcodec")(JPEGS, plans)
     diff = (got.int() - cpu_batch(pipeline, JPEGS, seeds).int()).abs()
     assert diff.float().mean() < 0.5, diff.float().mean()
@@ -259,7 +259,7 @@ def test_on_cuda_each_backend_gives_the_cpu_pipelines_pixels(
 ) -> None:
     if backend not in available_backends("cuda"):
         pytest.skip(f"{backend} cannot decode on this machine's CUDA device")
-    monkeypatch.setattr(pipelines, "_shrink_for", lambda *args: 1)
+    monkeypatch.setattr(pipelines, "shrink_for", lambda *args: 1)
     pipeline = TrainPipeline(224, fast_decode=False, color_jitter=0.4)
     plans = [pipeline.plan(d, s) for s, d in enumerate(JPEGS)]
     got = DeviceDecoder("cuda", backend=backend)(JPEGS, plans)

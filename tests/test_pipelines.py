@@ -14,7 +14,7 @@ from fastdata.images.pipelines import (
     EvalPipeline,
     TrainPipeline,
     _resize,
-    _shrink_for,
+    shrink_for,
     render,
     sample_crop,
 )
@@ -157,7 +157,7 @@ def photo_jpeg(width: int, height: int, seed: int = 0, **save: object) -> bytes:
 
 def whole_image_render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
     """What the pipelines do with every row of the image decoded."""
-    shrink = _shrink_for(plan.box[2], plan.box[3], *plan.out)
+    shrink = shrink_for(plan.box[2], plan.box[3], *plan.out)
     img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
     y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
     return _resize(img[y0:y1, x0:x1], *plan.out, plan.flip)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CorruptImageError
 from . import pipelines
 from .codec import is_jpeg
+from .device_finish import chunks, finish_batch, finish_one
 from .pipelines import CropPlan, Pipeline, render
 
 if TYPE_CHECKING:
@@ -53,8 +54,10 @@ BACKENDS: tuple[str, ...] = ("auto", "nvimgcodec", "torchvision", "cpu")
 GROUP_PIXELS = 32 << 20
 """Window pixels decoded by one call at most (about 100 MB of RGB): a batch of large photos, or
 of images that declare just under the pixel limit, is decoded a group at a time."""
-STRIP_ROWS = 32
-"""Output rows of a window reduced at a time before its resize (see :func:`_reduce`)."""
+FINISH_PIXELS = 16 << 20
+"""Padded window pixels resized by one batched call at most (its float copy: 192 MB)."""
+ALONE_PIXELS = 4 << 20
+"""A window larger than this is resized on its own, a strip at a time, not padded in a batch."""
 
 
 class BatchImageError(CorruptImageError):
@@ -141,6 +144,15 @@ class DeviceDecoder:
             or one of :data:`BACKENDS` by name.
         fast: for records that take the CPU pipeline: libjpeg-turbo's fast IDCT (as the
             pipeline's ``fast_decode``).
+        hardware: nvImageCodec on CUDA: the share of each batch given to the GPU's hardware
+            JPEG decoders (the NVJPG engines of an A100 or H100, which leave the GPU's cores
+            to training; what they cannot take goes to the CUDA decoder): a number from 0 to
+            1, or None for nvImageCodec's own choice.
+        regions: nvImageCodec: decode only each image's crop window (True), or the whole
+            image and cut the window out on the device (False: what a decoder that takes no
+            regions needs).
+        threads: nvImageCodec: host threads its decoders may use (0: one per CPU core). The
+            CUDA decoder's Huffman stage of small images runs on them.
 
     Raises:
         ValueError: an unknown backend, or one that cannot run here (the message says what
@@ -148,9 +160,24 @@ class DeviceDecoder:
     """
 
     def __init__(
-        self, device: torch.device | str = "cpu", *, backend: str = "auto", fast: bool = False
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        backend: str = "auto",
+        fast: bool = False,
+        hardware: float | None = None,
+        regions: bool = True,
+        threads: int = 0,
     ) -> None:
         import torch
+
+        if hardware is not None and not 0 <= hardware <= 1:
+            raise ValueError(f"hardware={hardware!r}: give a share from 0 to 1, or None")
+        if threads < 0:
+            raise ValueError(f"threads={threads!r}: give 0 (one per core) or more")
+        self.hardware = hardware
+        self.regions = regions
+        self.threads = threads
 
         if backend not in BACKENDS:
             raise ValueError(f"decode backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -192,7 +219,9 @@ class DeviceDecoder:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"DeviceDecoder(device={str(self.device)!r}, backend={self.backend!r})"
+        extra = "" if self.hardware is None else f", hardware={self.hardware}"
+        extra += "" if self.regions else ", regions=False"
+        return f"DeviceDecoder(device={str(self.device)!r}, backend={self.backend!r}{extra})"
 
     def __call__(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> torch.Tensor:
         """Decode ``datas`` as ``plans`` say; all plans must have one output size.
@@ -258,8 +287,9 @@ class DeviceDecoder:
                 )
                 for k, region in zip(jpegs, decoded, strict=True):
                     regions[k] = region
+            together: list[tuple[int, Any]] = []  # (position, window): finished as one
             for k, i in enumerate(group):
-                region, regions[k] = regions[k], None  # each window freed once finished
+                region, regions[k] = regions[k], None
                 if region is None:
                     on_cpu += 1
                     try:
@@ -267,9 +297,36 @@ class DeviceDecoder:
                     except CorruptImageError as exc:  # which image of the batch, for the caller
                         raise BatchImageError(i, exc) from exc
                     batch[i].copy_(hwc.permute(2, 0, 1), non_blocking=True)
+                elif region.shape[1] * region.shape[2] > ALONE_PIXELS:
+                    batch[i] = finish_one(region, plans[i])  # reduced in strips, not padded
                 else:
-                    batch[i] = _finish(region, plans[i])
+                    together.append((i, region))
+            for chunk in chunks(together, FINISH_PIXELS):
+                self._finish_together(batch, chunk, plans, out)
         return batch, on_cpu
+
+    @staticmethod
+    def _finish_together(
+        batch: torch.Tensor,
+        chunk: list[tuple[int, Any]],
+        plans: Sequence[CropPlan],
+        out: tuple[int, int],
+    ) -> None:
+        """Windows resized, flipped and jittered as one batch, into their places in ``batch``."""
+        import torch
+
+        windows = [region for _, region in chunk]
+        chosen = [plans[i] for i, _ in chunk]
+        boxes = [(0, 0, int(w.shape[1]), int(w.shape[2])) for w in windows]
+        shrink = [pipelines.shrink_for(b[2], b[3], *out) for b in boxes]
+        done = finish_batch(
+            windows, boxes, shrink, out, [p.flip for p in chosen], [p.jitter for p in chosen]
+        )
+        places = [i for i, _ in chunk]
+        if places == list(range(places[0], places[0] + len(places))):
+            batch[places[0] : places[0] + len(places)] = done
+        else:
+            batch[torch.tensor(places, device=batch.device)] = done
 
     def _groups(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[list[int]]:
         """The batch's images in decode calls of at most :data:`GROUP_PIXELS` window pixels
@@ -310,11 +367,7 @@ class DeviceDecoder:
         nv = _load_nvimgcodec()
         cuda = self.device.type == "cuda"
         if self._codec is None:
-            if cuda:
-                self._codec = nv.Decoder(device_id=self.device.index or 0)
-            else:
-                cpu = [nv.Backend(nv.BackendKind.CPU_ONLY)]
-                self._codec = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, backends=cpu)
+            self._codec = self._make_codec(nv, cuda)
         streams: list[Any] = []
         for data, plan in zip(datas, plans, strict=True):
             try:  # (its parser reads the header lazily: the size is where it refuses one)
@@ -326,10 +379,10 @@ class DeviceDecoder:
             if size != plan.full:
                 streams.append(None)  # the header says otherwise than the plan: the CPU decides
                 continue
-            y0, x0, y1, x1 = plan.pixels(*plan.full)
-            streams.append(
-                stream.get_sub_code_stream(region=nv.Region(start=(y0, x0), end=(y1, x1)))
-            )
+            if self.regions:
+                y0, x0, y1, x1 = plan.pixels(*plan.full)
+                stream = stream.get_sub_code_stream(region=nv.Region(start=(y0, x0), end=(y1, x1)))
+            streams.append(stream)
         valid = [s for s in streams if s is not None]
         params = nv.DecodeParams(
             apply_exif_orientation=False,  # as the CPU decoders: the stored pixels, unrotated
@@ -344,16 +397,44 @@ class DeviceDecoder:
         except Exception:  # the whole call failed: each image goes through the CPU pipeline
             images = iter([None] * len(valid))
         out: list[Any] = []
-        for stream in streams:
+        for stream, plan in zip(streams, plans, strict=True):
             image = next(images) if stream is not None else None
             if image is None:
                 out.append(None)
-            elif cuda:
-                out.append(torch.from_dlpack(image).permute(2, 0, 1))
+                continue
+            if cuda:
+                chw = torch.from_dlpack(image).permute(2, 0, 1)
             else:
                 hwc = np.asarray(image.cpu())
-                out.append(torch.from_numpy(hwc).permute(2, 0, 1).to(self.device))
+                chw = torch.from_numpy(hwc).permute(2, 0, 1).to(self.device)
+            if not self.regions:
+                if tuple(chw.shape[1:]) != plan.full:
+                    out.append(None)
+                    continue
+                y0, x0, y1, x1 = plan.pixels(*plan.full)
+                chw = chw[:, y0:y1, x0:x1]
+            out.append(chw)
         return out
+
+    def _make_codec(self, nv: Any, cuda: bool) -> Any:
+        """nvImageCodec's decoder for this device: on CUDA the hardware decoders first (at
+        the share asked for) where the GPU has them, then the CUDA decoder."""
+        if not cuda:
+            cpu = [nv.Backend(nv.BackendKind.CPU_ONLY)]
+            return nv.Decoder(
+                device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
+                backends=cpu,
+                max_num_cpu_threads=self.threads,
+            )
+        backends = None
+        if self.hardware is not None:
+            backends = [nv.Backend(nv.BackendKind.GPU_ONLY)]
+            if self.hardware > 0:
+                hw = nv.Backend(nv.BackendKind.HW_GPU_ONLY, load_hint=self.hardware)
+                backends.insert(0, hw)
+        return nv.Decoder(
+            device_id=self.device.index or 0, max_num_cpu_threads=self.threads, backends=backends
+        )
 
     def _decode_torchvision(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[Any]:
         import torch
@@ -377,29 +458,6 @@ class DeviceDecoder:
             y0, x0, y1, x1 = plan.pixels(*plan.full)
             out.append(image[:, y0:y1, x0:x1])
         return out
-
-
-def _finish(region: torch.Tensor, plan: CropPlan) -> torch.Tensor:
-    """A decoded window (``3 x h x w`` uint8) resized to the plan's output, flipped and
-    jittered: ``3 x H x W`` uint8."""
-    import torch
-    import torch.nn.functional as F
-
-    x = _reduce(region, plan.out).unsqueeze(0)
-    if tuple(x.shape[2:]) != plan.out:
-        x = F.interpolate(x, size=plan.out, mode="bilinear", antialias=True, align_corners=False)
-        x = x.round_().clamp_(0, 255)
-    x = x[0]
-    if plan.flip:
-        x = x.flip(2)
-    for op, factor in plan.jitter:  # as pipelines.color_jitter, on the device
-        if op == 0:
-            other: torch.Tensor | float = 0.0
-        else:
-            gray = (x[0] * 0.2989 + x[1] * 0.587 + x[2] * 0.114).floor_()
-            other = gray.mean() if op == 1 else gray.unsqueeze(0)
-        x = (factor * x + (1 - factor) * other).clamp_(0, 255).floor_()
-    return x.to(torch.uint8)
 
 
 class Planned(Pipeline):
@@ -438,22 +496,3 @@ class Planned(Pipeline):
 
 _FOLLOWED = (pipelines.TrainPipeline.__call__, pipelines.EvalPipeline.__call__)
 """The ``__call__`` s whose work is all in their ``plan`` (and :func:`render`)."""
-
-
-def _reduce(region: torch.Tensor, out: tuple[int, int]) -> torch.Tensor:
-    """``region`` (``3 x h x w`` uint8) as float32, averaged over ``k x k`` blocks first where it
-    is at least twice the output (as the CPU path decodes such a crop at 1/k of its size), a
-    strip of rows at a time: the float copy of a large window is never made whole."""
-    import torch
-    import torch.nn.functional as F
-
-    _, h, w = region.shape
-    k = pipelines._shrink_for(h, w, *out)  # the CPU path's rule
-    if k == 1:
-        return region.to(torch.float32)
-    rows = STRIP_ROWS * k
-    strips = [
-        F.avg_pool2d(region[:, y : y + rows].to(torch.float32).unsqueeze(0), k, ceil_mode=True)[0]
-        for y in range(0, h, rows)
-    ]
-    return torch.cat(strips, dim=1)

@@ -32,10 +32,11 @@ __all__ = [
     "output_shape",
     "render",
     "sample_crop",
+    "shrink_for",
 ]
 
 
-def _shrink_for(kept_h: float, kept_w: float, out_h: int, out_w: int) -> int:
+def shrink_for(kept_h: float, kept_w: float, out_h: int, out_w: int) -> int:
     """The largest power-of-two reduction (at most 8) that keeps the region >= the output."""
     shrink = 1
     while shrink < 8 and kept_h / (shrink * 2) >= out_h and kept_w / (shrink * 2) >= out_w:
@@ -116,7 +117,7 @@ def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
     it to the output, flip and jitter it; an ``H x W x 3`` uint8 array."""
     out_h, out_w = plan.out
     top, _, kept_h, kept_w = plan.box
-    shrink = _shrink_for(kept_h, kept_w, out_h, out_w)
+    shrink = shrink_for(kept_h, kept_w, out_h, out_w)
     # only the rows down to the box's bottom edge (and a scaled pixel more, for the rounding)
     img, rows = decode_top(
         data, math.ceil(top + kept_h) + shrink, shrink=shrink, fast=fast, size=plan.full
