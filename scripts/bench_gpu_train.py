@@ -10,7 +10,7 @@ each worker count, in the same run:
 - ``timm``: ``timm.data.create_loader`` over the folder (``ImageDataset``, Pillow decode, the
   same random-resized-crop and flip, no colour jitter, its CUDA prefetcher, pinned memory);
 - ``fastdata-gpu``: ``create_loader(..., decode="device")``, the JPEGs decoded on the GPU;
-  ``fastdata-gpu[hardware=0.65,regions=0,threads=1]`` sets the
+  ``fastdata-gpu[hardware=0.65,regions=0,threads=1,batched=1]`` sets the
   :class:`~fastdata.images.device_decode.DeviceDecoder`'s options (the share of each batch for
   the hardware JPEG decoders, crop-window decoding, nvImageCodec's host threads);
 - ``dali`` where NVIDIA DALI is installed: its GPU pipeline (``fn.readers.file``, mixed decode
@@ -198,7 +198,8 @@ def train(
 
 
 def decoder_options(name: str) -> dict[str, Any]:
-    """``fastdata-gpu[hardware=0.65,regions=0,threads=1]`` -> the DeviceDecoder's options."""
+    """``fastdata-gpu[hardware=0.65,regions=0,threads=1,batched=1]`` -> the DeviceDecoder's
+    options."""
     if "[" not in name:
         return {}
     inside = name[name.index("[") + 1 : name.rindex("]")]
@@ -207,7 +208,7 @@ def decoder_options(name: str) -> dict[str, Any]:
         key, _, value = item.partition("=")
         if key == "hardware":
             options[key] = None if value == "none" else float(value)
-        elif key == "regions":
+        elif key in ("regions", "batched"):
             options[key] = value not in ("0", "false", "no")
         elif key == "threads":
             options[key] = int(value)

@@ -409,3 +409,41 @@ def test_an_eval_crop_wider_than_the_image_keeps_the_whole_image() -> None:
     assert torch.equal(
         got[0], torch.from_numpy(EvalPipeline(64, crop_pct=1.15)(data)).permute(2, 0, 1)
     )
+
+
+@needs_nvimgcodec
+def test_a_decoder_that_takes_no_windows_gets_whole_images_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # nvJPEG's hardware decoder refuses every crop window (seen on an H100 and an H200): the
+    # decoder then decodes whole images and cuts the windows out, and says so once
+    pipeline = TrainPipeline(64, fast_decode=False)
+    plans = [pipeline.plan(d, s) for s, d in enumerate(JPEGS)]
+    want = DeviceDecoder("cpu", backend="nvimgcodec", regions=False)(JPEGS, plans)
+    decoder = DeviceDecoder("cpu", backend="nvimgcodec")
+    decoder(JPEGS[:2], plans[:2])  # the codec is made on first use
+    real = decoder._codec
+
+    class Refusing:
+        def decode(self, streams, **kwargs):  # type: ignore[no-untyped-def]
+            if decoder.regions:
+                return [None] * len(streams)
+            return real.decode(streams, **kwargs)
+
+    decoder._codec = Refusing()
+    with caplog.at_level(logging.WARNING, logger="fastdata.images.device_decode"):
+        got = decoder(JPEGS, plans)
+        again = decoder(JPEGS, plans)
+    assert torch.equal(got, want) and torch.equal(again, want)
+    assert decoder.regions is False
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("decoding whole images" in line for line in lines) == 1, lines
+    assert not any("CPU pipeline" in line for line in lines), lines
+
+
+def test_device_decoder_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="hardware=1.5"):
+        DeviceDecoder("cpu", hardware=1.5)
+    with pytest.raises(ValueError, match="threads=-1"):
+        DeviceDecoder("cpu", threads=-1)
+    assert "hardware=0.6" in repr(DeviceDecoder("cpu", backend="cpu", hardware=0.6))

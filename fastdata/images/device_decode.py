@@ -153,6 +153,10 @@ class DeviceDecoder:
             regions needs).
         threads: nvImageCodec: host threads its decoders may use (0: one per CPU core). The
             CUDA decoder's Huffman stage of small images runs on them.
+        batched: on CUDA, resize, flip and jitter a batch's windows together, two matrix
+            products per chunk of windows (:func:`fastdata.images.device_finish.finish_batch`),
+            instead of about ten device operations per image: fewer kernel launches from the
+            decoding thread, at the price of padding the windows to one size.
 
     Raises:
         ValueError: an unknown backend, or one that cannot run here (the message says what
@@ -168,6 +172,7 @@ class DeviceDecoder:
         hardware: float | None = None,
         regions: bool = True,
         threads: int = 0,
+        batched: bool = False,
     ) -> None:
         import torch
 
@@ -178,6 +183,7 @@ class DeviceDecoder:
         self.hardware = hardware
         self.regions = regions
         self.threads = threads
+        self.batched = batched
 
         if backend not in BACKENDS:
             raise ValueError(f"decode backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -221,6 +227,7 @@ class DeviceDecoder:
     def __repr__(self) -> str:
         extra = "" if self.hardware is None else f", hardware={self.hardware}"
         extra += "" if self.regions else ", regions=False"
+        extra += ", batched=True" if self.batched else ""
         return f"DeviceDecoder(device={str(self.device)!r}, backend={self.backend!r}{extra})"
 
     def __call__(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> torch.Tensor:
@@ -297,8 +304,14 @@ class DeviceDecoder:
                     except CorruptImageError as exc:  # which image of the batch, for the caller
                         raise BatchImageError(i, exc) from exc
                     batch[i].copy_(hwc.permute(2, 0, 1), non_blocking=True)
-                elif region.shape[1] * region.shape[2] > ALONE_PIXELS:
-                    batch[i] = finish_one(region, plans[i])  # reduced in strips, not padded
+                elif (
+                    not self.batched
+                    or self.device.type != "cuda"
+                    or region.shape[1] * region.shape[2] > ALONE_PIXELS
+                ):
+                    # one at a time: where each operation costs its arithmetic, not a kernel
+                    # launch (the CPU), or a window too large to pad (reduced in strips)
+                    batch[i] = finish_one(region, plans[i])
                 else:
                     together.append((i, region))
             for chunk in chunks(together, FINISH_PIXELS):
@@ -393,9 +406,20 @@ class DeviceDecoder:
         if cuda:
             kwargs["cuda_stream"] = torch.cuda.current_stream(self.device).cuda_stream
         try:
-            images = iter(self._codec.decode(valid, **kwargs) if valid else [])
+            decoded = self._codec.decode(valid, **kwargs) if valid else []
         except Exception:  # the whole call failed: each image goes through the CPU pipeline
-            images = iter([None] * len(valid))
+            decoded = [None] * len(valid)
+        if self.regions and len(valid) > 1 and all(image is None for image in decoded):
+            # every window of the call refused, though each header parsed: decoders that take
+            # no regions (nvJPEG's hardware backend among them); whole images from now on
+            log.warning(
+                "device decode: nvImageCodec decoded none of %d crop windows; decoding whole "
+                "images and cutting the windows out on the device from now on",
+                len(valid),
+            )
+            self.regions = False
+            return self._decode_nvimgcodec(datas, plans)
+        images = iter(decoded)
         out: list[Any] = []
         for stream, plan in zip(streams, plans, strict=True):
             image = next(images) if stream is not None else None
@@ -426,15 +450,24 @@ class DeviceDecoder:
                 backends=cpu,
                 max_num_cpu_threads=self.threads,
             )
-        backends = None
+        device = self.device.index or 0
         if self.hardware is not None:
             backends = [nv.Backend(nv.BackendKind.GPU_ONLY)]
             if self.hardware > 0:
                 hw = nv.Backend(nv.BackendKind.HW_GPU_ONLY, load_hint=self.hardware)
                 backends.insert(0, hw)
-        return nv.Decoder(
-            device_id=self.device.index or 0, max_num_cpu_threads=self.threads, backends=backends
-        )
+            try:
+                return nv.Decoder(
+                    device_id=device, max_num_cpu_threads=self.threads, backends=backends
+                )
+            except RuntimeError as exc:  # (seen: the CUDA decoder alone, "Code: 7")
+                log.warning(
+                    "device decode: nvImageCodec refused the backends for hardware=%s (%s); "
+                    "it chooses its own",
+                    self.hardware,
+                    exc,
+                )
+        return nv.Decoder(device_id=device, max_num_cpu_threads=self.threads)
 
     def _decode_torchvision(self, datas: Sequence[bytes], plans: Sequence[CropPlan]) -> list[Any]:
         import torch

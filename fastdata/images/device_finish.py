@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .pipelines import CropPlan
 
 __all__ = [
+    "PAD",
     "STRIP_ROWS",
     "axis_weights",
     "chunks",
@@ -43,6 +44,8 @@ __all__ = [
 
 STRIP_ROWS = 32
 """Output rows of a window reduced at a time before its resize (see :func:`reduce_window`)."""
+PAD = 64
+"""The padded batch's sides are multiples of this."""
 
 
 def axis_weights(
@@ -73,13 +76,14 @@ def axis_weights(
     device = lo.device
     length = hi - lo
     reduced = (length + k - 1) // k  # as avg_pool2d(ceil_mode=True) leaves it
-    most = int(reduced.max())
+    # (every temporary is N x out x size: sizes the padding keeps few, whatever the windows)
+    most = size
     # the triangle filter over the reduced axis, as upsample_bilinear2d_aa computes it
-    scale = reduced.to(torch.float64) / out
+    scale = reduced.to(torch.float32) / out
     support = torch.where(scale >= 1, scale, torch.ones_like(scale))
     inverse = 1 / support
-    centre = scale[:, None] * (torch.arange(out, device=device, dtype=torch.float64) + 0.5)
-    r = torch.arange(most, device=device, dtype=torch.float64)
+    centre = scale[:, None] * (torch.arange(out, device=device, dtype=torch.float32) + 0.5)
+    r = torch.arange(most, device=device, dtype=torch.float32)
     x = (r[None, None, :] + 0.5 - centre[:, :, None]) * inverse[:, None, None]
     a = (1 - x.abs()).clamp_(min=0)
     a *= r[None, None, :] < reduced[:, None, None]
@@ -94,7 +98,7 @@ def axis_weights(
     w *= (inside / counts)[:, None, :]
     if flip is not None:
         w = torch.where(flip[:, None, None], w.flip(1), w)
-    return w.to(torch.float32)
+    return w
 
 
 def jitter_batch(x: torch.Tensor, ops: Sequence[Sequence[tuple[int, float]]]) -> torch.Tensor:
@@ -149,8 +153,10 @@ def finish_batch(
 
     device = windows[0].device
     n = len(windows)
-    rows = max(y1 - y0 for y0, _, y1, _ in boxes)
-    cols = max(x1 - x0 for _, x0, _, x1 in boxes)
+    # padded to a multiple of PAD: batch after batch the buffers have few sizes, which the
+    # device's caching allocator reuses instead of reserving more
+    rows = -(-max(y1 - y0 for y0, _, y1, _ in boxes) // PAD) * PAD
+    cols = -(-max(x1 - x0 for _, x0, _, x1 in boxes) // PAD) * PAD
     padded = torch.empty((n, 3, rows, cols), dtype=torch.uint8, device=device)
     for i, (window, (y0, x0, y1, x1)) in enumerate(zip(windows, boxes, strict=True)):
         padded[i, :, : y1 - y0, : x1 - x0].copy_(window[:, y0:y1, x0:x1])
