@@ -29,6 +29,9 @@ from .errors import (
     RecordError as RecordError,
 )
 from .errors import (
+    ReservedNameError as ReservedNameError,
+)
+from .errors import (
     SourceError as SourceError,
 )
 from .errors import (

@@ -14,6 +14,7 @@ __all__ = [
     "MissingDependencyError",
     "PickleNotAllowedError",
     "RecordError",
+    "ReservedNameError",
     "SourceError",
     "StoreError",
     "StoreExistsError",
@@ -37,6 +38,24 @@ class UsageError(FastdataError):
     give instead. Like the command line's own usage errors, it exits with code 2."""
 
     exit_code = 2
+
+
+class ReservedNameError(UsageError):
+    """A store name that fastdata keeps for names of its own (``stores/names.py``, and
+    ``docs/guarantees.md``, I14): a store there would take another store's files,
+    collections or documents. Refused before anything is written.
+
+    Attributes:
+        where: the store as given (a path, or a URI and collection).
+        rule: the rule the name breaks.
+    """
+
+    hint = "give the store another name"
+
+    def __init__(self, where: str, rule: str) -> None:
+        super().__init__(f"{where}: {rule}; {self.hint}")
+        self.where = where
+        self.rule = rule
 
 
 class SourceError(FastdataError):

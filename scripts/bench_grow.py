@@ -64,11 +64,13 @@ def drop(uri: str, collection: str) -> None:
     """Remove a store (and its metadata) from the server, so a run can write it again."""
     import pymongo
 
+    from fastdata.stores import names
+
     db = pymongo.MongoClient(uri).get_default_database()
     for name in db.list_collection_names():
         if name == collection or name.startswith(f"{collection}."):
             db.drop_collection(name)
-    db["__fastdata__"].delete_many({"_id": {"$regex": f"^{collection}(:|$)"}})
+    db[names.META_COLLECTION].delete_many({"_id": {"$in": names.mongo_documents(collection)}})
 
 
 def run(work: Path, n: int, repeat: int, uri: str, width: int, height: int) -> None:

@@ -426,7 +426,7 @@ def check_file(path: str) -> list[str]:
     import os
 
     from ..stores.lmdb.file import walk
-    from ..stores.lmdb.layout import DATA_FILE
+    from ..stores.names import DATA_FILE
 
     data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(data_file):

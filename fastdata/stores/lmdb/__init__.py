@@ -2,8 +2,9 @@
 registry, read-ahead, the append epoch), ``writer``, ``reader``, ``file`` (page checks), ``open``.
 
 Layout of a store folder, documented in ``docs/format.md``: ``data.mdb`` (the store),
-``lock.mdb`` (LMDB's own), ``writer.lock`` (the writer lock) and, while a replacement is being
-built, ``.replacement/``. Keys in ``data.mdb``:
+``lock.mdb`` (LMDB's own), ``writer.lock`` (the writer lock), ``readers.epoch`` (the append epoch)
+and, while a replacement is being built, ``.replacement/`` (every such name is made by
+``stores/names.py``, and no store may take one). Keys in ``data.mdb``:
 
 - ``0000000000`` ... ``NNNNNNNNNN``: the image bytes of each record, as they are (plus a JPEG
   end-of-image repair), keys zero-padded so a cursor walks them in index order;

@@ -25,9 +25,10 @@ from ...errors import (
     StoreError,
     StoreNotFoundError,
 )
+from ..names import DATA_FILE, EPOCH_FILE, epoch_temp
 from . import file as lmdb_file
 from .address import address
-from .layout import DATA_FILE, EPOCH_BYTES, EPOCH_FILE
+from .layout import EPOCH_BYTES
 
 T = TypeVar("T")
 READ_ATTEMPTS = 64
@@ -236,7 +237,7 @@ def ensure_epoch(folder: str) -> None:
 def _new_epoch_file(path: str, value: int) -> None:
     import struct
 
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = epoch_temp(os.path.dirname(path), os.getpid())
     with open(tmp, "wb") as f:  # whole before it appears: renamed into place
         f.write(struct.pack("=Q", value).ljust(EPOCH_BYTES, b"\0"))
     os.replace(tmp, path)

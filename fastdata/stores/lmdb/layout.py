@@ -12,6 +12,8 @@ from ...errors import (
     StoreError,
 )
 from ...records import SkippedFile, skipped_file
+from ..names import DATA_FILE as DATA_FILE  # re-exported: every name is stores/names.py's
+from ..names import EPOCH_FILE as EPOCH_FILE
 
 if TYPE_CHECKING:
     from .env import Lease
@@ -29,13 +31,7 @@ PROGRESS_KEY = b"#progress"
 SKIPPED_PREFIX = b"#skipped/"
 LEN_KEY = b"__len__"
 KEYS_KEY = b"__keys__"
-DATA_FILE = "data.mdb"
-LOCK_FILE = "lock.mdb"
-WRITER_LOCK = "writer.lock"
-ASIDE_DIR = ".replacement"
-OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR, "readers.epoch"})
-EPOCH_FILE = "readers.epoch"
-"""Beside ``data.mdb``: the append epoch, which readers check around every read (see "appends")."""
+# The files and folders of a store folder are named in stores/names.py (and only there).
 EPOCH_BYTES = 4096
 INITIAL_MAP_SIZE = 1 << 30
 

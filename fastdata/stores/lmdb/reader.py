@@ -75,7 +75,7 @@ class _Leased(StoreReader):
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
-        from .layout import ASIDE_DIR, DATA_FILE
+        from ..names import aside_folder, data_file
         from .writer import _peek
 
         target = shlex.quote(os.path.abspath(self.path))
@@ -86,8 +86,8 @@ class _Leased(StoreReader):
                 f"an append was interrupted after {pending.next_sample} of {pending.total} "
                 f"samples; finish it with `{pending.resume_command(target)}`"
             )
-        aside = os.path.join(self.path, ASIDE_DIR)
-        if os.path.exists(os.path.join(aside, DATA_FILE)):
+        aside = aside_folder(self.path)
+        if os.path.exists(data_file(aside)):
             try:
                 done, building, _ = _peek(aside)
             except StoreError:

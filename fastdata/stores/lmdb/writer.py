@@ -23,22 +23,27 @@ from ...errors import (
 )
 from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
 from ..locks import boot_id, describe_holder, holder
+from ..names import (
+    DATA_FILE,
+    OWN_FILES,
+    WRITER_LOCK,
+    aside_folder,
+    check_lmdb_store,
+    data_file,
+    writer_lock,
+)
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from . import file as lmdb_file
 from .env import Lease, _reading, bump_epoch, ensure_epoch, open_reader, open_writable
 from .layout import (
-    ASIDE_DIR,
-    DATA_FILE,
     INITIAL_MAP_SIZE,
     KEYS_KEY,
     LABELS_KEY,
     LEN_KEY,
     META_KEY,
     NAMES_KEY,
-    OWN_FILES,
     PROGRESS_KEY,
-    WRITER_LOCK,
     _read_skipped,
     _record_keys,
     _skipped_items,
@@ -102,11 +107,18 @@ class LMDBWriter(StoreWriter):
     needs guessing.
 
     Args:
-        path: the store folder (created if missing; must be empty or hold an LMDB store).
+        path: the store folder (created if missing; must be empty or hold an LMDB store; not a
+            name fastdata keeps for its own files, see NOTE [ Reserved names ] in
+            ``stores/names.py``).
         map_size: the initial map size in bytes.
+
+    Raises:
+        ReservedNameError: ``path`` is one of the names fastdata keeps (before anything is
+            written).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, map_size: int = INITIAL_MAP_SIZE) -> None:
+        check_lmdb_store(path)
         self.path = os.fspath(path)
         self.location = self.path
         self._map_size = map_size
@@ -115,7 +127,7 @@ class LMDBWriter(StoreWriter):
 
     @property
     def _aside_path(self) -> str:
-        return os.path.join(self.path, ASIDE_DIR)
+        return aside_folder(self.path)
 
     def _target(self) -> str:
         return self._aside_path if self.building_aside else self.path
@@ -165,7 +177,7 @@ class LMDBWriter(StoreWriter):
         meta = progress = aside = None
         aside_complete = False
         other = ""
-        if os.path.exists(os.path.join(self.path, DATA_FILE)):
+        if os.path.exists(data_file(self.path)):
             try:
                 meta, progress, has_keys = _peek(self.path)
             except StoreError as exc:
@@ -180,7 +192,7 @@ class LMDBWriter(StoreWriter):
         appending = None
         if meta is not None and progress is not None:
             appending, progress = progress, None
-        if os.path.exists(os.path.join(self._aside_path, DATA_FILE)):
+        if os.path.exists(data_file(self._aside_path)):
             try:
                 aside_meta, aside, _ = _peek(self._aside_path)
                 aside_complete = aside_meta is not None
@@ -292,12 +304,12 @@ class LMDBWriter(StoreWriter):
 
     def _promote(self) -> None:
         self._close_env()
-        source = os.path.join(self._aside_path, DATA_FILE)
+        source = data_file(self._aside_path)
         try:
             _fsync(source)
             # One rename: a reader opening the store gets the old file or the new one, whole;
             # readers that have the old one mapped keep reading it.
-            os.replace(source, os.path.join(self.path, DATA_FILE))
+            os.replace(source, data_file(self.path))
             _fsync(self.path)
         except OSError as exc:
             raise StoreError(
@@ -403,15 +415,14 @@ class LMDBWriter(StoreWriter):
         finally:
             lease.release()
         with suppress(OSError, StoreError):
-            lmdb_file.pad(os.path.join(self._target(), DATA_FILE))
+            lmdb_file.pad(data_file(self._target()))
 
     _created: tuple[Path, ...] = ()
     _lock_created = False
 
     def _nothing_here(self) -> bool:
         return not any(
-            os.path.exists(os.path.join(folder, DATA_FILE))
-            for folder in (self.path, self._aside_path)
+            os.path.exists(data_file(folder)) for folder in (self.path, self._aside_path)
         )
 
     def close(self) -> None:
@@ -423,10 +434,10 @@ class LMDBWriter(StoreWriter):
             fd, self._lock_fd = self._lock_fd, None
             if fd is not None:
                 if (self._created or self._lock_created) and not os.path.exists(
-                    os.path.join(self.path, DATA_FILE)
+                    data_file(self.path)
                 ):
                     with suppress(OSError):
-                        os.unlink(os.path.join(self.path, WRITER_LOCK))
+                        os.unlink(writer_lock(self.path))
                     for folder in self._created:  # deepest first; only while empty
                         with suppress(OSError):
                             os.rmdir(folder)

@@ -1,13 +1,14 @@
 """The MongoDB backend: ``connection`` (options, the per-process client, retries), ``layout``
-(names, BSON codec, skipped lists), ``claim`` (the writer claim), ``writer``, ``reader``.
+(BSON codec, skipped lists), ``claim`` (the writer claim), ``writer``, ``reader``. Every
+collection and document name is made by ``stores/names.py``, and no store may take one.
 
 A store is one collection with one document per image::
 
     {"_id": 17, "name": "cat/0017.jpg", "label": 0, "size": 118233, "crc32": 2874011234,
      "format": "jpeg", "repaired": false, "data": BinData(...)}
 
-Images too large for one document (over ``GRIDFS_THRESHOLD``) live in the GridFS bucket
-``<collection>.gridfs`` under the id ``"<collection>:<index>"``, and their document carries
+Images too large for one document (over ``GRIDFS_THRESHOLD``) live in the store's GridFS bucket
+``<collection>.gridfs.<id>`` under the id ``"<id>:<index>"``, and their document carries
 ``"gridfs_id"`` instead of ``"data"``. The metadata (same fields as the LMDB store's, plus the
 labels as one little-endian int32 array) is the document ``{"_id": "<collection>"}`` in the
 collection ``__fastdata__``, written last; conversion progress is ``"<collection>:progress"`` there.

@@ -2,11 +2,12 @@
 
 NOTE [ The Mongo writer claim ]
 
-The claim is the document ``"<collection>:writer"`` in ``__fastdata__``. A writer inserts it
-(the unique ``_id`` makes one insert win), naming itself (host, PID, start time, the machine's
-boot id and the process's start time: ``stores/locks.py``) and an expiry. A heartbeat thread
-renews the expiry every quarter of its lifetime; every batch the writer sends checks first that
-the claim is still its own (``_check_claim``), so a writer that lost it writes nothing more.
+The claim is the document ``"<collection>:writer"`` in ``__fastdata__`` (``names.claim_id``).
+A writer inserts it (the unique ``_id`` makes one insert win), naming itself (host, PID, start
+time, the machine's boot id and the process's start time: ``stores/locks.py``) and an expiry. A
+heartbeat thread renews the expiry every quarter of its lifetime; every batch the writer sends
+checks first that the claim is still its own (``_check_claim``), so a writer that lost it writes
+nothing more.
 
 Another writer may take the claim over (one ``replace_one`` matching the old token, so only one
 of several can) when:
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...errors import (
     StoreLockedError,
 )
+from .. import names
 from ..locks import describe_holder, holder, holder_gone
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ class Claimed:
     def _lock(self) -> None:
         from pymongo.errors import DuplicateKeyError
 
-        claim_id = f"{self.collection}:writer"
+        claim_id = names.claim_id(self.collection)
         token = secrets.token_hex(8)
         ttl = self.claim_ttl_s
 
@@ -166,7 +168,9 @@ class Claimed:
         from pymongo.errors import PyMongoError
 
         try:
-            self._meta_coll().delete_one({"_id": f"{self.collection}:writer", "token": self._token})
+            self._meta_coll().delete_one(
+                {"_id": names.claim_id(self.collection), "token": self._token}
+            )
         except PyMongoError as exc:
             log.warning(
                 "%s: could not release the writer claim (%s); it expires in %g s",

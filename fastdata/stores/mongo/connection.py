@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 import weakref
@@ -250,19 +249,6 @@ def _gridfs(db: Any, bucket: str) -> Any:
     from gridfs import GridFSBucket
 
     return GridFSBucket(db, bucket_name=bucket)
-
-
-def _bucket(collection: str, store_id: str) -> str:
-    """The GridFS bucket of one store: named by its id, so a replacement never needs to move it
-    (stores written before ids existed used ``<collection>.gridfs``)."""
-    return f"{collection}.gridfs.{store_id}" if store_id else f"{collection}.gridfs"
-
-
-def _is_bucket_of(name: str, collection: str) -> bool:
-    return (
-        re.fullmatch(re.escape(collection) + r"\.gridfs(\.[0-9a-f]{32})?\.(files|chunks)", name)
-        is not None
-    )
 
 
 class _MongoTarget:

@@ -1,5 +1,5 @@
-"""Where a Mongo store's things live, and how they are encoded: collection and document names,
-the skipped-list documents, BSON-safe names."""
+"""How a Mongo store's things are laid out and encoded (their names are ``stores/names.py``'s):
+the skipped-list documents, insert groups, BSON-safe names."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from ...records import (
     SkippedFile,
     skipped_file,
 )
+from ..names import META_COLLECTION as META_COLLECTION  # every name is stores/names.py's
+from ..names import skipped_id, skipped_range
 
-META_COLLECTION = "__fastdata__"
-ASIDE_SUFFIX = ".__replacement__"
-"""A replacement is built in ``<collection>.__replacement__`` and renamed into place."""
 CLAIM_TTL_S = 60.0
 """A writer claim lasts this long without renewal (renewed every quarter of it)."""
 GRIDFS_THRESHOLD = 15 << 20
@@ -52,8 +51,8 @@ SKIPPED_PER_DOC = 1000
 
 
 def _skipped_ids(store_id: str) -> dict[str, Any]:
-    """The filter of the skipped-list documents of one store (``skipped:<id>:<n>``)."""
-    return {"_id": {"$gte": f"skipped:{store_id}:", "$lt": f"skipped:{store_id};"}}
+    """The filter of the skipped-list documents of one store."""
+    return skipped_range(store_id)
 
 
 def _skipped_chunks(
@@ -64,7 +63,7 @@ def _skipped_chunks(
     first = saved // SKIPPED_PER_DOC
     return [
         {
-            "_id": f"skipped:{store_id}:{k:09d}",
+            "_id": skipped_id(store_id, k),
             "items": _to_bson(
                 [f.to_dict() for f in items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]]
             ),

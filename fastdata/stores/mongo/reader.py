@@ -24,12 +24,11 @@ from ...records import (
     name_bytes,
     skipped_file,
 )
+from ..names import META_COLLECTION, aside_collection, bucket, progress_id
 from ..policy import incomplete_error
 from ..reader import StoreReader
-from .connection import _bucket, _gridfs, _MongoTarget, command_words, mask_uri
+from .connection import _gridfs, _MongoTarget, command_words, mask_uri
 from .layout import (
-    ASIDE_SUFFIX,
-    META_COLLECTION,
     _doc_id,
     _load_skipped,
     _names_from_bson,
@@ -53,7 +52,7 @@ class MongoStore(_MongoTarget, StoreReader):
     """
 
     def _opening(self) -> None:
-        self._bucket = _bucket(self.collection, "")
+        self._bucket = bucket(self.collection, "")
         try:
             self._meta, self._labels = self._run(
                 "reading the metadata", self._load_meta, first=True
@@ -95,11 +94,11 @@ class MongoStore(_MongoTarget, StoreReader):
     def interrupted(self) -> list[str]:
         """An unfinished append to the collection, or a replacement left aside."""
         meta = self.meta
-        coll, aside = self.collection, f"{self.collection}{ASIDE_SUFFIX}"
+        coll, aside = self.collection, aside_collection(self.collection)
 
         def look() -> dict[str, Any]:
             found = self._conn.db()[META_COLLECTION].find(
-                {"_id": {"$in": [f"{coll}:progress", f"{aside}:progress"]}}
+                {"_id": {"$in": [progress_id(coll), progress_id(aside)]}}
             )
             return {d["_id"]: _names_from_bson(d) for d in found}
 
@@ -107,13 +106,13 @@ class MongoStore(_MongoTarget, StoreReader):
         target = command_words(self.uri, coll)
         notes = []
         for key, what in (
-            (f"{coll}:progress", "an append"),
-            (f"{aside}:progress", "a replacement (--overwrite)"),
+            (progress_id(coll), "an append"),
+            (progress_id(aside), "a replacement (--overwrite)"),
         ):
             doc = docs.get(key)
             if doc is None:
                 continue
-            if key.startswith(coll + ":") and not (
+            if key == progress_id(coll) and not (
                 doc.get("base_id", "") == self._id and doc.get("first_index", 0) == meta.count
             ):
                 continue
@@ -156,7 +155,7 @@ class MongoStore(_MongoTarget, StoreReader):
         db = self._conn.db()
         doc = db[META_COLLECTION].find_one({"_id": self.collection})
         if doc is None:
-            saved = db[META_COLLECTION].find_one({"_id": f"{self.collection}:progress"})
+            saved = db[META_COLLECTION].find_one({"_id": progress_id(self.collection)})
             if saved is not None:
                 state = _names_from_bson({k: v for k, v in saved.items() if k != "_id"})
                 progress = Progress.from_json(json.dumps(state, default=str), self.location)
@@ -174,10 +173,10 @@ class MongoStore(_MongoTarget, StoreReader):
             )
         doc = _names_from_bson(doc)
         meta = StoreMeta.from_dict(doc, self.location)
-        bucket = doc.get("gridfs_bucket", _bucket(self.collection, ""))
-        if not isinstance(bucket, str):
+        found = doc.get("gridfs_bucket", bucket(self.collection, ""))
+        if not isinstance(found, str):
             raise StoreError(f"{self.location}: damaged metadata ('gridfs_bucket')")
-        self._bucket = bucket
+        self._bucket = found
         if "labels_gridfs_id" in doc:
             raw = self._download(db, doc["labels_gridfs_id"], 4 * meta.count, "the labels")
         else:

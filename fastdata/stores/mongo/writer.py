@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -26,15 +25,15 @@ from ...records import (
     SkippedFile,
     StoreMeta,
 )
+from .. import names
+from ..names import META_COLLECTION, progress_id
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from .claim import Claimed
-from .connection import _bucket, _gridfs, _is_bucket_of, _MongoTarget, command_words
+from .connection import _gridfs, _MongoTarget, command_words
 from .layout import (
-    ASIDE_SUFFIX,
     GRIDFS_THRESHOLD,
     LABELS_INLINE_MAX,
-    META_COLLECTION,
     SKIPPED_PER_DOC,
     _insert_groups,
     _load_skipped,
@@ -69,7 +68,12 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     next batch is read: ``write`` waits only for the batch before (and raises its error).
 
     Takes the arguments of every Mongo target (``uri``, ``collection``, ``database``,
-    ``options``; the claim's lifetime is ``options.claim_ttl_s``).
+    ``options``; the claim's lifetime is ``options.claim_ttl_s``). Every collection and document
+    it names comes from ``stores/names.py``.
+
+    Raises:
+        ReservedNameError: ``collection`` is a name fastdata keeps for its own (NOTE [ Reserved
+            names ] in ``stores/names.py``), refused before anything is written.
     """
 
     _store_id = ""
@@ -80,9 +84,12 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     def claim_ttl_s(self) -> float:
         return self.options.claim_ttl_s
 
+    def _opening(self) -> None:
+        names.check_collection(self.collection, self.location, self._conn.database)
+
     @property
     def _aside_name(self) -> str:
-        return f"{self.collection}{ASIDE_SUFFIX}"
+        return names.aside_collection(self.collection)
 
     def _name(self) -> str:
         return self._aside_name if self.building_aside else self.collection
@@ -94,7 +101,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     def _bucket_name(self) -> str:
         if self.appending and self._base_bucket:
             return self._base_bucket
-        return _bucket(self.collection, self._store_id)
+        return names.bucket(self.collection, self._store_id)
 
     @property
     def command_target(self) -> str:
@@ -114,7 +121,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
 
         def look() -> tuple[dict[Any, Any], bool]:
             db = self._conn.db()
-            ids = [coll, f"{coll}:progress", aside, f"{aside}:progress"]
+            ids = [coll, progress_id(coll), aside, progress_id(aside)]
             docs = {d["_id"]: d for d in db[META_COLLECTION].find({"_id": {"$in": ids}})}
             return docs, db[coll].find_one({}, {"_id": 1}) is not None
 
@@ -128,7 +135,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 other = f"holds a store with damaged metadata ({exc})"
             bucket = docs[coll].get("gridfs_bucket")
             self._base_bucket = bucket if isinstance(bucket, str) else ""
-            saved = docs.get(f"{coll}:progress")
+            saved = docs.get(progress_id(coll))
             if (
                 meta is not None
                 and saved is not None
@@ -136,11 +143,11 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 and 0 < saved.get("first_index", 0) == meta.count
             ):
                 appending = self._progress(saved)
-        elif f"{coll}:progress" in docs:
-            progress = self._progress(docs[f"{coll}:progress"])
+        elif progress_id(coll) in docs:
+            progress = self._progress(docs[progress_id(coll)])
         elif has_docs:
             other = "the collection holds documents but no fastdata store"
-        aside_progress = docs.get(f"{aside}:progress")
+        aside_progress = docs.get(progress_id(aside))
         return Existing(
             meta,
             progress,
@@ -187,18 +194,18 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         meta = self._meta_coll()
         for chunk in chunks:
             meta.replace_one({"_id": chunk["_id"]}, chunk, upsert=True)
-        meta.replace_one({"_id": f"{name}:progress"}, state, upsert=True)
+        meta.replace_one({"_id": progress_id(name)}, state, upsert=True)
 
     def _drop(self, name: str) -> None:
         """Drop collection ``name``, its metadata, progress and skipped lists, and the buckets of
         no store."""
         db = self._conn.db()
-        for doc in db[META_COLLECTION].find({"_id": {"$in": [name, f"{name}:progress"]}}):
+        for doc in db[META_COLLECTION].find({"_id": {"$in": [name, progress_id(name)]}}):
             for key in ("id", "store_id"):
                 if isinstance(doc.get(key), str) and doc[key]:
                     db[META_COLLECTION].delete_many(_skipped_ids(doc[key]))
         db[name].drop()
-        db[META_COLLECTION].delete_many({"_id": {"$in": [name, f"{name}:progress"]}})
+        db[META_COLLECTION].delete_many({"_id": {"$in": [name, progress_id(name)]}})
         self._drop_orphan_buckets()
 
     def _drop_orphan_buckets(self) -> None:
@@ -206,7 +213,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         live = {
             d["gridfs_bucket"]
             if isinstance(d.get("gridfs_bucket"), str)
-            else _bucket(self.collection, d.get("id", ""))
+            else names.bucket(self.collection, d.get("id", ""))
             for d in db[META_COLLECTION].find(
                 {"_id": {"$in": [self.collection, self._aside_name]}},
                 {"id": 1, "gridfs_bucket": 1},
@@ -214,7 +221,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         }
         live.add(self._bucket_name)
         for name in db.list_collection_names():
-            if _is_bucket_of(name, self.collection) and name.rsplit(".", 1)[0] not in live:
+            if names.is_bucket_of(name, self.collection) and name.rsplit(".", 1)[0] not in live:
                 db[name].drop()
 
     def _kept_skipped(self, base: StoreMeta) -> int:
@@ -227,11 +234,11 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             if pending.store_id:
                 db[META_COLLECTION].delete_many(_skipped_ids(pending.store_id))
                 if self._base_bucket:
-                    prefix = {"_id": {"$regex": f"^{re.escape(pending.store_id)}:"}}
+                    prefix = names.gridfs_records_of(pending.store_id)
                     bucket = _gridfs(db, self._base_bucket)
                     for f in db[f"{self._base_bucket}.files"].find(prefix, {"_id": 1}):
                         bucket.delete(f["_id"])
-            db[META_COLLECTION].delete_one({"_id": f"{self.collection}:progress"})
+            db[META_COLLECTION].delete_one({"_id": progress_id(self.collection)})
 
         self._run("discarding the interrupted append", discard)
 
@@ -265,7 +272,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             doc["_id"] = coll
             db[META_COLLECTION].replace_one({"_id": coll}, doc, upsert=True)
             db[META_COLLECTION].delete_many(
-                {"_id": {"$in": [aside, f"{aside}:progress", f"{coll}:progress"]}}
+                {"_id": {"$in": [aside, progress_id(aside), progress_id(coll)]}}
             )
             self._store_id = str(doc.get("id", ""))
             self._drop_orphan_buckets()
@@ -303,7 +310,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                             "or keep those values in files of their own"
                         )
             if len(rec.data) + beside > GRIDFS_THRESHOLD:
-                file_id = f"{self._store_id}:{rec.index}"
+                file_id = names.gridfs_record_id(self._store_id, rec.index)
                 bucket = _gridfs(self._conn.db(), bucket_name)
                 self._run(
                     f"uploading record {rec.index} to GridFS",
@@ -399,7 +406,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         if self._skipped_stale > len(skipped):
             first = -(-len(skipped) // SKIPPED_PER_DOC)
             stale = [
-                f"skipped:{self._store_id}:{k:09d}"
+                names.skipped_id(self._store_id, k)
                 for k in range(first, -(-self._skipped_stale // SKIPPED_PER_DOC))
             ]
             self._run(
@@ -409,7 +416,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         doc: dict[str, Any] = {"_id": name, **_to_bson(meta.to_dict()), "gridfs_bucket": bucket}
         raw = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
         if len(raw) > LABELS_INLINE_MAX:
-            file_id = f"{self._store_id}:labels"
+            file_id = names.gridfs_labels_id(self._store_id)
             self._run("uploading labels", lambda: self._upload(_gridfs(db, bucket), file_id, raw))
             doc["labels_gridfs_id"] = file_id
         else:
@@ -423,7 +430,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         if not self.building_aside:
             self._run(
                 "clearing the progress",
-                lambda: db[META_COLLECTION].delete_one({"_id": f"{name}:progress"}),
+                lambda: db[META_COLLECTION].delete_one({"_id": progress_id(name)}),
             )
         if self.appending and self.base is not None and self.base.id:
             base_id = self.base.id  # its skipped list is now under the new id, whole
