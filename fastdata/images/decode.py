@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
+import threading
 import warnings
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,7 @@ __all__ = [
     "decoder_name",
     "has_turbo",
     "image_size",
+    "load_pillow",
     "pixel_limit",
     "set_pixel_limit",
 ]
@@ -89,10 +92,46 @@ def pixel_limit() -> int | None:
     if _limit[0] is not None:
         return _limit[0]
     # Pillow's setting, if Pillow was imported (only then can anyone have changed it): a
-    # conversion of JPEGs checks headers without importing Pillow at all.
+    # conversion of JPEGs checks headers without importing Pillow at all. A module that another
+    # thread is still importing may not have the setting yet, and nobody can have changed it.
     pil = sys.modules.get("PIL.Image")
-    limit: int | None = pil.MAX_IMAGE_PIXELS if pil is not None else PILLOW_DEFAULT_LIMIT
+    limit: int | None = getattr(pil, "MAX_IMAGE_PIXELS", PILLOW_DEFAULT_LIMIT)
     return limit
+
+
+_pillow_loaded = threading.Event()
+_pillow_lock = threading.Lock()
+
+
+def _new_pillow_lock() -> None:
+    """A forked child gets a lock of its own (the parent's may have been held by a thread
+    that the child does not have)."""
+    global _pillow_lock
+    _pillow_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_pillow_lock)
+
+
+def load_pillow() -> None:
+    """Import ``PIL.Image`` and register every file-format plugin, once per process.
+
+    Threads decode side by side (a conversion's readers, a loader's background thread). Left to
+    Pillow, the first image each thread opens imports ``PIL.Image`` and then its plugins (all of
+    them for a file that is not one of the five common formats), and a thread can see a module
+    that another is still importing: ``partially initialized module 'PIL.Image'``. So the first
+    caller imports them all, in Pillow's own order, under a lock, and every other waits for it.
+    """
+    if _pillow_loaded.is_set():
+        return
+    with _pillow_lock:
+        if not _pillow_loaded.is_set():
+            from PIL import Image
+
+            Image.preinit()  # the five common formats first, as Image.open tries them
+            Image.init()  # then every other plugin, which Image.open would import later
+            _pillow_loaded.set()
 
 
 def _check_pixels(height: int, width: int, name: str) -> None:
@@ -107,6 +146,7 @@ def _check_pixels(height: int, width: int, name: str) -> None:
 
 def _open(data: bytes | memoryview, name: str) -> Image.Image:
     """Pillow's lazy image (header read, nothing decoded), checked against the pixel limit."""
+    load_pillow()
     from PIL import Image
 
     try:
@@ -120,6 +160,9 @@ def _open(data: bytes | memoryview, name: str) -> Image.Image:
             f"declares more pixels than the limit of {pixel_limit()} "
             f"(fastdata.images.decode.set_pixel_limit); refused before decoding ({exc})",
         ) from None
+    except Image.UnidentifiedImageError:  # (its text names a BytesIO's address: a reason
+        # stored in the skipped list would differ from one run to the next)
+        raise CorruptImageError(name, "cannot decode image: no image format Pillow knows") from None
     except Exception as exc:
         raise CorruptImageError(name, f"cannot decode image: {exc}") from exc
     _check_pixels(img.height, img.width, name)
