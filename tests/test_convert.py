@@ -14,6 +14,7 @@ from fastdata.errors import (
 from fastdata.stores.lmdb.writer import LMDBWriter
 
 from .conftest import jpeg_bytes, snapshot, write
+from .procs import cli
 
 CORRUPT = {"a_class/truncated.jpg", "a_class/empty.jpg", "a_class/text.jpg"}
 
@@ -176,6 +177,48 @@ def test_all_images_unusable_is_an_error(tmp_path: Path) -> None:
     write(tmp_path / "src" / "c" / "a.jpg", b"")
     with pytest.raises(SourceError, match="none of its 1 images"):
         convert(tmp_path / "src", tmp_path / "s.lmdb")
+
+
+@pytest.mark.parametrize("backend", ["lmdb", pytest.param("mongodb", marks=pytest.mark.mongo)])
+@pytest.mark.parametrize("source", ["folder", "csv", "jsonl"])
+def test_a_source_with_no_usable_image_converts_as_advised_once_fixed(
+    tmp_path: Path, request: pytest.FixtureRequest, source: str, backend: str
+) -> None:
+    image = write(tmp_path / "src" / "c" / "a.jpg", b"not an image")
+    src = tmp_path / "src"
+    if source == "csv":
+        src = write(src / "list.csv", b"path,label\nc/a.jpg,c\n")
+    elif source == "jsonl":
+        src = write(src / "list.jsonl", b'{"path": "c/a.jpg", "label": "c"}\n')
+    if backend == "lmdb":
+        dst, where = tmp_path / "s.lmdb", []
+    else:
+        dst, where = request.getfixturevalue("mongo_uri"), ["-c", "imgs"]
+    result = cli("convert", str(src), str(dst), *where, "-q")
+    assert result.returncode == 2, result.stderr
+    assert "none of its 1 images could be used" in result.stderr
+    assert "fix or remove them and convert again" in result.stderr
+    if backend == "lmdb":
+        assert not Path(dst).exists()  # nothing left behind to resume or overwrite
+    image.write_bytes(jpeg_bytes())  # fixed, and converted again: the same command
+    result = cli("convert", str(src), str(dst), *where, "-q")
+    assert result.returncode == 0, result.stderr
+    reader = open_store(dst, collection="imgs" if where else None)
+    assert [r.header.name for r in reader.iter_records()] == ["c/a.jpg"]
+    reader.close()
+
+
+def test_a_failed_overwrite_leaves_the_old_store_and_nothing_aside(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "s.lmdb"
+    write(src / "c" / "a.jpg", jpeg_bytes())
+    convert(src, dst)
+    write(tmp_path / "bad" / "c" / "a.jpg", b"")
+    with pytest.raises(SourceError, match="none of its 1 images"):
+        convert(tmp_path / "bad", dst, overwrite=True)
+    assert not (dst / ".replacement").exists()
+    assert [r.header.name for r in open_store(dst).iter_records()] == ["c/a.jpg"]
+    with pytest.raises(StoreExistsError, match="a store exists already"):
+        convert(src, dst)  # (no interrupted replacement to finish)
 
 
 def test_progress_callback_reaches_total(good_folder: Path, tmp_path: Path) -> None:

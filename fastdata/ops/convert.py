@@ -538,10 +538,13 @@ class _Run:
         if batch or state.next_sample == self.resumed_from:
             batch.commit()
         if state.count == 0 and self.plan is None:
+            # nothing worth resuming: the store goes (a store it would replace stays), so that
+            # the same command runs again once the source is fixed
+            self.writer.abandon()
             reasons = "; ".join(f"{s.name}: {s.reason}" for s in state.skipped[:3])
             raise SourceError(
-                f"{scan.root}: none of its {total} images could be used ({reasons}); "
-                "fix or remove them and convert again"
+                f"{scan.source if scan.layout == 'manifest' else scan.root}: none of its "
+                f"{total} images could be used ({reasons}); fix or remove them and convert again"
             )
 
     def finish(self) -> None:

@@ -381,6 +381,16 @@ class StoreWriter(abc.ABC):
             self._promote()
             self._aside = False
 
+    def abandon(self) -> None:
+        """Remove what this run wrote, when it stored no record at all (a source with no usable
+        image): a new store in place is removed, a replacement built aside is discarded (the
+        store it would have replaced stays as it was). Nothing is left that a later run would
+        have to resume or overwrite. Not for an append, whose store stays as it is."""
+        if self._appending:
+            raise StoreError(f"{self.location}: an append is not abandoned; its store stays")
+        self._discard_new()
+        self._aside = False
+
     def _take_skipped(self, skipped: Sequence[SkippedFile]) -> int:
         """Mark all of ``skipped`` as saved; return how many were saved before (the ones to save
         now start there). The list is saved apart from the progress, each entry once, so a
@@ -449,6 +459,11 @@ class StoreWriter(abc.ABC):
     @abc.abstractmethod
     def _discard_aside(self) -> None:
         """Remove what an interrupted replacement left aside."""
+
+    @abc.abstractmethod
+    def _discard_new(self) -> None:
+        """Remove the store this writer opened (in place, or aside when ``building_aside``),
+        which holds no record (see ``abandon``)."""
 
     @abc.abstractmethod
     def _promote(self) -> None:

@@ -41,6 +41,7 @@ from .layout import (
     KEYS_KEY,
     LABELS_KEY,
     LEN_KEY,
+    LOCK_FILE,
     META_KEY,
     NAMES_KEY,
     PROGRESS_KEY,
@@ -225,6 +226,15 @@ class LMDBWriter(StoreWriter):
 
     def _discard_aside(self) -> None:
         shutil.rmtree(self._aside_path, ignore_errors=True)
+
+    def _discard_new(self) -> None:
+        self._close_env()
+        if self.building_aside:
+            self._discard_aside()
+            return
+        for name in (DATA_FILE, LOCK_FILE):  # (close() then removes the folders it made)
+            with suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.path, name))
 
     # -- appends in place
     #

@@ -250,6 +250,11 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     def _discard_aside(self) -> None:
         self._run("discarding the interrupted replacement", lambda: self._drop(self._aside_name))
 
+    def _discard_new(self) -> None:
+        self._wait()
+        name = self._name()
+        self._run("removing the store that holds no record", lambda: self._drop(name))
+
     def _promote(self) -> None:
         self._wait()
         coll, aside = self.collection, self._aside_name
