@@ -8,6 +8,8 @@ import gc
 import json
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import time
@@ -422,13 +424,68 @@ def test_an_export_killed_while_writing_a_file_resumes_to_every_file_whole(
     assert killed.returncode == -signal.SIGKILL
     source = snapshot(folder_a)
     written = snapshot(out)
-    partial = [name for name, data in written.items() if data != source[name]]
-    assert len(written) == 5 and len(partial) == 1  # four whole, one half written
-    assert source[partial[0]].startswith(written[partial[0]])
+    whole = {name: data for name, data in written.items() if source.get(name) == data}
+    assert len(whole) == 4  # four whole files under their names
+    (temporary,) = set(written) - set(whole)  # and the fifth half written, under another name
+    assert os.path.basename(temporary).startswith(".fastdata-")
+    assert any(data.startswith(written[temporary]) for data in source.values())
     again = cli("export", str(dst), str(out), "-q")  # without --resume: refused, says how
     assert again.returncode == 2 and "--resume" in again.stderr
     result = cli("export", str(dst), str(out), "--resume", "-q")
     assert result.returncode == 0, result.stderr
+    assert snapshot(out) == source  # (the killed export's temporary file removed)
+
+
+INTERRUPTED_EXPORT = """
+    import os, signal, sys
+    import fastdata.ops.export as export
+    from fastdata.cli import main
+
+    signalled, write_all, written = sys.argv[1], export._write_all, [0]
+
+    def waiting(fd, data):  # the fifth file: half of it written, then Ctrl-C is waited for
+        written[0] += 1
+        if written[0] == 5:
+            os.write(fd, data[: len(data) // 2])
+            open(signalled, "w").close()
+            signal.pause()
+        write_all(fd, data)
+
+    export._write_all = waiting
+    sys.argv = ["fastdata", *sys.argv[2:]]
+    main()
+"""
+
+
+@pytest.mark.parametrize("backend", ["lmdb", pytest.param("mongodb", marks=pytest.mark.mongo)])
+def test_ctrl_c_during_export_leaves_every_file_whole_and_prints_how_to_finish(
+    folder_a: Path, tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    out = tmp_path / "it's out"  # (a name the shell needs quoted)
+    if backend == "lmdb":
+        dst, store = str(tmp_path / "s.lmdb"), []
+    else:  # words the shell needs quoted too
+        dst = request.getfixturevalue("mongo_uri") + "?appName=x&connectTimeoutMS=20000"
+        store = ["--collection", "big coll"]
+    convert(folder_a, dst, collection=store[1] if store else None)
+    signalled = tmp_path / "signalled"
+    args = ("export", dst, *store, out, "--repaired", "-q")
+    proc = script(INTERRUPTED_EXPORT, signalled, *args)
+    wait_for(signalled, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    source = snapshot(folder_a)
+    written = snapshot(out)
+    assert len(written) == 4 and all(source[name] == data for name, data in written.items())
+    printed = re.search(r"run `(fastdata export [^`]+)` to finish", err)
+    assert printed is not None, err
+    words = shlex.split(printed.group(1))
+    assert words[2:4] == [dst, str(out)] and "--repaired" in words and "--resume" in words
+    result = cli(*words[1:])
+    assert result.returncode == 0, result.stderr
+    assert "kept 4 files that were already complete" in result.stdout
     assert snapshot(out) == source
 
 

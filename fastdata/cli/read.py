@@ -223,16 +223,25 @@ def export(
     from ..ops.export import export_store
 
     reader = _open(store, options)
-    with _progress("exporting", quiet) as progress:
-        report = export_store(
-            reader,
-            outdir,
-            repaired=repaired,
-            overwrite=overwrite,
-            resume=resume,
-            skip_damaged=skip_damaged,
-            progress=progress,
+    try:
+        with _progress("exporting", quiet) as progress:
+            report = export_store(
+                reader,
+                outdir,
+                repaired=repaired,
+                overwrite=overwrite,
+                resume=resume,
+                skip_damaged=skip_damaged,
+                progress=progress,
+            )
+    except KeyboardInterrupt:
+        flags = {"--repaired": repaired, "--overwrite": overwrite, "--skip-damaged": skip_damaged}
+        again = _export_again(store, outdir, [f for f, given in flags.items() if given], options)
+        click.echo(
+            f"\ninterrupted; every file written so far is whole: run `{again}` to finish",
+            err=True,
         )
+        sys.exit(130)
     sidecars = f" (and {report.sidecars} sidecar files)" if report.sidecars else ""
     click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}{sidecars}")
     if report.manifest:
@@ -246,6 +255,26 @@ def export(
             report.damaged,
         )
         sys.exit(1)
+
+
+def _export_again(store: str, outdir: str, flags: list[str], options: dict[str, Any]) -> str:
+    """The export command as given, with ``--resume``: what finishes an interrupted export.
+    Paths are made absolute (it may be run from another folder), a URI's password is masked (as
+    in every message) and each word is quoted for the shell."""
+    from ..stores.mongo.connection import is_mongo_uri, mask_uri
+
+    source = mask_uri(store) if is_mongo_uri(store) else os.path.abspath(store)
+    words = ["fastdata", "export", source, os.path.abspath(outdir), *flags]
+    if options.get("collection") is not None:
+        words.append(f"--collection={options['collection']}")
+    if options.get("timeout") is not None:
+        words.append(f"--timeout={options['timeout']}")
+    if options.get("index_file") is not None:
+        words.append(f"--index-file={os.path.abspath(options['index_file'])}")
+    if options.get("allow_pickle"):
+        words.append("--allow-pickle")
+    words.append("--resume")
+    return " ".join(shlex.quote(word) for word in words)
 
 
 @cli.command()

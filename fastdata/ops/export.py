@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -91,6 +92,8 @@ class _Destination:
                 target.parent.mkdir(parents=True, exist_ok=True)
             self.inside(target.parent, name)
             if create:
+                if existing == target.parent:  # (a folder made now holds nothing left over)
+                    _remove_stale_temporaries(target.parent)
                 self._folders.add(folder)
         # the folder resolves inside the root; only the file's own name may still be a link,
         # which the caller looks at (it stats the target anyway)
@@ -121,9 +124,10 @@ def export_store(
 
     By default the original file bytes are written (a JPEG whose end-of-image marker was appended
     at conversion gets its original bytes back); ``repaired`` writes the stored, repaired bytes.
-    Every record's size and checksum are checked before it is written. A write that fails removes
-    what it wrote; a file left partial by a killed export holds a prefix of its bytes, which
-    ``resume`` completes; a file replaced (``overwrite``) stays whole until its new bytes are.
+    Every record's size and checksum are checked before it is written. Each file is written under
+    a temporary name and renamed into place, so no file is left partial under its own name,
+    however the export ends (a temporary file that a killed export left is removed by the next
+    export into that folder); a file replaced (``overwrite``) stays whole until its new bytes are.
 
     Args:
         reader: the store.
@@ -131,8 +135,8 @@ def export_store(
         repaired: write the stored bytes rather than the original ones.
         overwrite: replace files that exist.
         resume: keep files that exist with exactly the bytes they would get, and complete those
-            that hold a prefix of them (an export that stopped, on a full disk or killed, goes
-            on where it stopped).
+            that hold a prefix of them (left by an export of an earlier fastdata, which wrote
+            files in place), so that an export that stopped goes on where it stopped.
         skip_damaged: leave out records that fail their checksum (listed in the report) instead
             of stopping at the first.
         batch_size: records read at a time.
@@ -322,11 +326,10 @@ def _write(
     resume: bool,
     report: ExportReport,
 ) -> None:
-    """Write one file. A new file is written in place (a rename each would cost a third of an
-    export of small files): a write that fails removes what it wrote, and a file that a killed
-    export left partial holds a prefix of its bytes, which a resume completes. A file replaced
-    (``overwrite``) is written aside and renamed over the old one, which stays whole until
-    then."""
+    """Write one file: under a temporary name beside it, then renamed into place (assumption 1
+    of docs/guarantees.md), so that a file under its own name is always whole, however the
+    export ends (Ctrl-C, a full disk, killed); a file it replaces (``overwrite``) stays whole
+    until then."""
     target = out.outdir / name  # (for a message, until it is checked)
     try:
         target = out.path_for(name)
@@ -334,18 +337,14 @@ def _write(
             st: os.stat_result | None = os.lstat(target)
         except FileNotFoundError:
             st = None
-        if st is None:
-            _write_new(target, data)
-        else:
+        if st is not None:
             if stat.S_ISLNK(st.st_mode):
                 out.inside(target, name)  # a link there may not lead out of the folder
             held = _held(target, st, data) if resume else "other"
             if held == "whole":
                 report.kept += 1
                 return
-            if held == "part":
-                _complete(target, data)
-            elif not overwrite:
+            if held != "part" and not overwrite:  # (a prefix: left by an earlier fastdata)
                 hint = (
                     "it differs from the record: pass --overwrite to replace it"
                     if resume
@@ -353,8 +352,7 @@ def _write(
                     "or --overwrite"
                 )
                 raise StoreExistsError(f"{target}: exists already; {hint}")
-            else:
-                _replace(target, data)
+        _replace(target, data)
     except OSError as exc:
         raise _write_failed(target, exc) from None
     report.files += 1
@@ -369,7 +367,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _write_new(path: Path, data: bytes) -> None:
     """``data`` into a new file at ``path`` (which must not exist, not even as a link); a write
-    that fails removes the file."""
+    that fails, or is interrupted, removes the file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         _write_all(fd, data)
@@ -381,21 +379,25 @@ def _write_new(path: Path, data: bytes) -> None:
     os.close(fd)
 
 
-def _complete(path: Path, data: bytes) -> None:
-    """Finish a file that holds a prefix of ``data`` (a killed export's): written over from its
-    start, it stays a prefix however this write ends."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        _write_all(fd, data)
-    finally:
-        os.close(fd)
+TEMPORARY = re.compile(r"\.fastdata-(\d+)\.tmp")
+"""The name of a file an export is writing, before it is renamed into place (the export's
+process id in it: short, as a record's own name may take 255 bytes)."""
+
+
+def _temporary(target: Path) -> Path:
+    return target.with_name(f".fastdata-{os.getpid()}.tmp")
 
 
 def _replace(target: Path, data: bytes) -> None:
-    """``data`` written aside and renamed over ``target``: the old file stays whole until then."""
-    tmp = target.with_name(f".fastdata-{os.getpid()}.tmp")  # short: the name may be 255 bytes
+    """``data`` written aside and renamed to ``target``: no file under that name is ever partial
+    (what was there stays whole until then)."""
+    tmp = _temporary(target)
     try:
-        _write_new(tmp, data)
+        try:
+            _write_new(tmp, data)
+        except FileExistsError:  # left by a killed process that had this process's id
+            os.unlink(tmp)
+            _write_new(tmp, data)
         os.replace(tmp, target)
     except BaseException:
         with suppress(OSError):
@@ -403,10 +405,34 @@ def _replace(target: Path, data: bytes) -> None:
         raise
 
 
+def _remove_stale_temporaries(folder: Path) -> None:
+    """Remove the temporary files that exports killed outright (SIGKILL, a power cut) left in
+    ``folder``: those of processes that no longer run (an export running beside this one keeps
+    its own)."""
+    with suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            found = TEMPORARY.fullmatch(entry.name)
+            if found and not _running(int(found.group(1))) and entry.is_file(follow_symlinks=False):
+                with suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # (its temporary files exist only while it writes one, never here)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: running)
+        return True
+    return True
+
+
 def _held(target: Path, st: os.stat_result, data: bytes) -> str:
     """What the regular file ``target`` (``st``: its lstat) holds against ``data``: ``"whole"``
-    (exactly it), ``"part"`` (a shorter prefix of it: an export stopped while writing it) or
-    ``"other"``."""
+    (exactly it), ``"part"`` (a shorter prefix of it: an export by an earlier fastdata, which
+    wrote files in place, stopped while writing it) or ``"other"``."""
     if not stat.S_ISREG(st.st_mode) or st.st_size > len(data):
         return "other"
     with open(target, "rb") as f:
