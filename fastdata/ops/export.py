@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -17,6 +16,7 @@ from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
 from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.manifest import EXPORTED_MANIFEST, export_name
+from ..stores import names
 from ..stores.reader import StoreReader
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
@@ -379,13 +379,8 @@ def _write_new(path: Path, data: bytes) -> None:
     os.close(fd)
 
 
-TEMPORARY = re.compile(r"\.fastdata-(\d+)\.tmp")
-"""The name of a file an export is writing, before it is renamed into place (the export's
-process id in it: short, as a record's own name may take 255 bytes)."""
-
-
 def _temporary(target: Path) -> Path:
-    return target.with_name(f".fastdata-{os.getpid()}.tmp")
+    return Path(names.export_temp(target, os.getpid()))
 
 
 def _replace(target: Path, data: bytes) -> None:
@@ -411,7 +406,7 @@ def _remove_stale_temporaries(folder: Path) -> None:
     its own)."""
     with suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
-            found = TEMPORARY.fullmatch(entry.name)
+            found = names.EXPORT_TEMP.fullmatch(entry.name)
             if found and not _running(int(found.group(1))) and entry.is_file(follow_symlinks=False):
                 with suppress(OSError):
                     os.unlink(entry.path)

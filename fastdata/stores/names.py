@@ -59,6 +59,7 @@ __all__ = [
     "ASIDE_SUFFIX",
     "DATA_FILE",
     "EPOCH_FILE",
+    "EXPORT_TEMP",
     "LOCK_FILE",
     "META_COLLECTION",
     "NAMESPACE_MAX_BYTES",
@@ -73,6 +74,7 @@ __all__ = [
     "data_file",
     "epoch_file",
     "epoch_temp",
+    "export_temp",
     "gridfs_labels_id",
     "gridfs_record_id",
     "gridfs_records_of",
@@ -85,6 +87,19 @@ __all__ = [
     "skipped_range",
     "writer_lock",
 ]
+
+# --------------------------------------------------------------------------- export
+
+EXPORT_TEMP = re.compile(r"\.fastdata-(\d+)\.tmp")
+"""A file an export is writing, before it is renamed into place, beside the file's final name
+(the exporting process's id in it: short, as a record's own name may take 255 bytes). Only an
+export's own folders hold it; an export removes those whose process no longer runs."""
+
+
+def export_temp(target: str | os.PathLike[str], pid: int) -> str:
+    """Where the file that becomes ``target`` is written by the process ``pid``."""
+    return os.path.join(os.path.dirname(os.fspath(target)), f".fastdata-{pid}.tmp")
+
 
 # --------------------------------------------------------------------------- LMDB
 

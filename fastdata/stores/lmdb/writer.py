@@ -25,6 +25,7 @@ from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
 from ..locks import boot_id, describe_holder, holder
 from ..names import (
     DATA_FILE,
+    LOCK_FILE,
     OWN_FILES,
     WRITER_LOCK,
     aside_folder,
@@ -41,7 +42,6 @@ from .layout import (
     KEYS_KEY,
     LABELS_KEY,
     LEN_KEY,
-    LOCK_FILE,
     META_KEY,
     NAMES_KEY,
     PROGRESS_KEY,
