@@ -3,9 +3,18 @@
 Every error fastdata raises derives from :class:`FastdataError`. Messages name the file, key or URI
 involved and say what to do about it; the CLI prints them as one line and exits with
 :attr:`FastdataError.exit_code`.
+
+Advice that names an option is said in the caller's words: a message is made of parts, text and
+:class:`Phrase` objects (:func:`option` makes one for an option), and the error renders it for
+whoever reads it. ``str(error)`` speaks to a Python caller (``pass overwrite=True``); the command
+line renders it with ``render(cli=True)`` (``pass --overwrite``). (``__all__`` lists the
+exception tree; ``Phrase`` and ``option`` are for the modules that raise.)
 """
 
 from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
 
 __all__ = [
     "CorruptImageError",
@@ -26,10 +35,50 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Phrase:
+    """Words of a message said one way on the command line and another to a Python caller."""
+
+    cli: str
+    python: str
+
+
+def option(name: str, value: object = True, *, flag: str = "") -> Phrase:
+    """An option that advice names: ``--name`` (``flag`` where the command line spells it
+    otherwise, followed by ``value`` unless it is True or None) on the command line, and
+    ``name=value`` (the name alone where ``value`` is None) to a Python caller."""
+    words = flag or "--" + name.replace("_", "-")
+    if value is not True and value is not None:
+        words += f" {shlex.quote(str(value))}"
+    return Phrase(words, name if value is None else f"{name}={value!r}")
+
+
+SAME_COMMAND = Phrase("the same command", "the same call")
+"""What to run again, in the caller's words."""
+
+
 class FastdataError(Exception):
-    """Base of every fastdata error."""
+    """Base of every fastdata error.
+
+    Args:
+        parts: the message: text, and :class:`Phrase` objects for the words (options, mostly)
+            that depend on who reads it.
+    """
 
     exit_code = 1
+
+    def __init__(self, *parts: str | Phrase) -> None:
+        super().__init__(*parts)
+        self.parts = parts
+
+    def render(self, *, cli: bool = False) -> str:
+        """The message as the command line says it (``cli``) or as a Python caller reads it."""
+        return "".join(
+            p if isinstance(p, str) else (p.cli if cli else p.python) for p in self.parts
+        )
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class UsageError(FastdataError):
@@ -70,12 +119,17 @@ class CorruptImageError(FastdataError):
     Attributes:
         name: the file or record the bytes came from.
         reason: a short description of what is wrong.
+
+    Any ``advice`` follows the reason in the message (not in ``reason``).
     """
 
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"{name}: {reason}")
+    def __init__(self, name: str, reason: str, *advice: str | Phrase) -> None:
+        super().__init__(f"{name}: {reason}", *advice)
         self.name = name
         self.reason = reason
+
+    def __reduce__(self) -> tuple[type[CorruptImageError], tuple[str | Phrase, ...]]:
+        return type(self), (self.name, self.reason, *self.parts[1:])
 
 
 class StoreError(FastdataError):

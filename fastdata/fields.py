@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SourceError, StoreError
+from .errors import SourceError, StoreError, option
 
 __all__ = [
     "MAX_DEPTH",
@@ -337,8 +337,9 @@ class SchemaBuilder:
                 raise SourceError(
                     f"{where}: field {name!r} is in {count:,} of {self.rows:,} rows "
                     f"({self.first_without.get(name, 'a row')} has none). A field must be in "
-                    f"every row: add it where it is missing, or declare it (--fields '{spec}') "
-                    "to list the rows without it as unusable"
+                    "every row: add it where it is missing, or declare it (",
+                    option("fields", spec),
+                    ") to list the rows without it as unusable",
                 )
         return schema
 
@@ -537,6 +538,9 @@ def check_name(name: str, where: str) -> str | None:
     return None
 
 
+_FIELDS = option("fields", None)
+
+
 def parse_field_specs(text: str | Sequence[str]) -> tuple[list[Field], bool]:
     """``--fields`` as fields: ``caption,score:float,boxes:float[-1,4],meta:json`` (a name
     without a type is a string; ``*`` takes every other column as a string). Returns the
@@ -550,7 +554,7 @@ def parse_field_specs(text: str | Sequence[str]) -> tuple[list[Field], bool]:
     for item in items:
         parts.extend(_split_specs(item))
     if not parts:
-        raise SourceError("--fields: no field named; give NAME[:TYPE],... or '*'")
+        raise SourceError(_FIELDS, ": no field named; give NAME[:TYPE],... or '*'")
     out: list[Field] = []
     star = False
     for part in parts:
@@ -560,28 +564,33 @@ def parse_field_specs(text: str | Sequence[str]) -> tuple[list[Field], bool]:
         m = _SPEC.fullmatch(part)
         if m is None:
             raise SourceError(
-                f"--fields: cannot read {part!r}; write NAME or NAME:TYPE, TYPE one of "
-                f"{', '.join(TYPES)}, with [N] or [-1,N] after int/float/bool for a list"
+                _FIELDS,
+                f": cannot read {part!r}; write NAME or NAME:TYPE, TYPE one of "
+                f"{', '.join(TYPES)}, with [N] or [-1,N] after int/float/bool for a list",
             )
         name, kind, dims = m.group("name"), m.group("type") or "str", m.group("shape")
         why = check_name(name, "--fields")
         if why is not None:
             raise SourceError(why)
         if kind not in TYPES:
-            raise SourceError(f"--fields: {name}: unknown type {kind!r}; one of {', '.join(TYPES)}")
+            raise SourceError(
+                _FIELDS, f": {name}: unknown type {kind!r}; one of {', '.join(TYPES)}"
+            )
         shape: tuple[int, ...] = ()
         if dims is not None:
             if kind not in NUMERIC:
-                raise SourceError(f"--fields: {name}: only int, float and bool fields take a shape")
+                raise SourceError(
+                    _FIELDS, f": {name}: only int, float and bool fields take a shape"
+                )
             try:
                 shape = tuple(-1 if d.strip() == "*" else int(d) for d in dims.split(","))
             except ValueError:
-                raise SourceError(f"--fields: {name}: cannot read the shape [{dims}]") from None
+                raise SourceError(_FIELDS, f": {name}: cannot read the shape [{dims}]") from None
             why = _shape_problem(shape)
             if why is not None:
-                raise SourceError(f"--fields: {name}: shape [{dims}]: {why}")
+                raise SourceError(_FIELDS, f": {name}: shape [{dims}]: {why}")
         if any(f.name == name for f in out):
-            raise SourceError(f"--fields: {name!r} is named twice")
+            raise SourceError(_FIELDS, f": {name!r} is named twice")
         out.append(Field(name, kind, shape))
     return out, star
 

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from .errors import RecordError, StoreError
+from .errors import RecordError, StoreError, option
 from .fields import Schema, canonical
 
 try:  # the same CRC-32 as zlib's, 4x as fast (measured); installed with fastdata
@@ -403,7 +403,8 @@ class Progress:
             progress = cls(**d)
         except (ValueError, TypeError, AttributeError) as exc:
             raise StoreError(
-                f"{where}: unreadable conversion progress ({exc}); convert again with --overwrite"
+                f"{where}: unreadable conversion progress ({exc}); convert again with ",
+                option("overwrite"),
             ) from exc
         ints = (
             progress.total,
@@ -419,8 +420,8 @@ class Progress:
             or not isinstance(progress.sidecars, str)
         ):
             raise StoreError(
-                f"{where}: damaged conversion progress (counts out of range); convert again "
-                "with --overwrite"
+                f"{where}: damaged conversion progress (counts out of range); convert again with ",
+                option("overwrite"),
             )
         return progress
 
@@ -718,7 +719,9 @@ def check_labels(raw: bytes | memoryview | None, meta: StoreMeta, where: str) ->
         raise StoreError(
             f"{where}: the store breaks the invariant 'one label per record' ({len(data) // 4} "
             f"labels for {meta.count} records); it is damaged: run `fastdata verify` on it to "
-            "see what else is, and convert it again (with --overwrite)"
+            "see what else is, and convert it again (with ",
+            option("overwrite"),
+            ")",
         )
     labels = np.frombuffer(data, dtype="<i4").astype(np.int64)
     if not meta.labelled:

@@ -78,7 +78,7 @@ def test_verify_decode_skips_undecodable(tmp_path: Path) -> None:
 def test_existing_store_needs_overwrite(good_folder: Path, tmp_path: Path) -> None:
     dst = tmp_path / "s.lmdb"
     convert(good_folder, dst)
-    with pytest.raises(StoreExistsError, match="--overwrite"):
+    with pytest.raises(StoreExistsError, match="overwrite=True"):
         convert(good_folder, dst)
     write(good_folder / "cat" / "extra.jpg", jpeg_bytes(seed=99))
     assert convert(good_folder, dst, overwrite=True).count == 13
@@ -129,7 +129,7 @@ def test_interrupted_conversion_resumes_without_loss_or_duplicates(
     convert_interrupted(monkeypatch, mixed_folder, dst, commits=2)
     with pytest.raises(IncompleteStoreError, match="--resume"):
         open_store(dst)
-    with pytest.raises(StoreExistsError, match="--resume"):
+    with pytest.raises(StoreExistsError, match="resume=True"):
         convert(mixed_folder, dst)
     report = convert(mixed_folder, dst, resume=True, commit_records=2)
     assert report.resumed_from > 0

@@ -92,7 +92,7 @@ def test_an_lmdb_copy_is_compacted(good_folder: Path, tmp_path: Path) -> None:
 def test_copy_follows_the_writer_rules(source: Path, tmp_path: Path) -> None:
     dst = tmp_path / "d.lmdb"
     copy_store(source, dst)
-    with pytest.raises(StoreExistsError, match="--overwrite"):
+    with pytest.raises(StoreExistsError, match="overwrite=True"):
         copy_store(source, dst)
     report = copy_store(source, dst, resume=True)  # complete already: nothing to do
     assert report.copied == 0

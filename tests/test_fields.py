@@ -150,7 +150,7 @@ def test_a_field_only_some_rows_have_is_refused_and_ints_widen_to_floats(tmp_pat
     # most rows giving it: the rows without it are named, and the flag that lists them
     few = [{**r, "note": "n"} for r in rows]
     del few[0]["note"]
-    with pytest.raises(SourceError, match="'note' is in 3 of 4 rows .line 1 has none.*--fields 'note:str'"):
+    with pytest.raises(SourceError, match="'note' is in 3 of 4 rows .line 1 has none.*fields='note:str'"):
         convert(write_jsonl(tmp_path / "few.jsonl", few), tmp_path / "few.lmdb")
     assert not (tmp_path / "s.lmdb").exists()
     report = convert(manifest, tmp_path / "s.lmdb", fields="note")

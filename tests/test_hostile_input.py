@@ -186,7 +186,7 @@ def test_unreadable_folders_and_files_are_listed(
         "c/secret/": "unreadable folder: Permission denied",
         "c/locked.jpg": "unreadable: Permission denied",
     }
-    with pytest.raises(SourceError, match="secret: unreadable folder.*--strict"):
+    with pytest.raises(SourceError, match="secret: unreadable folder.*strict=True"):
         convert(src, tmp_path / "t.lmdb", strict=True)
 
 

@@ -102,7 +102,7 @@ def test_resume_after_interruption(
     monkeypatch.undo()
     with pytest.raises(IncompleteStoreError, match="--resume"):
         open_store(mongo_uri, collection="c")
-    with pytest.raises(StoreExistsError, match="--resume"):
+    with pytest.raises(StoreExistsError, match="resume=True"):
         convert(mixed_folder, mongo_uri, collection="c")
     report = convert(mixed_folder, mongo_uri, collection="c", resume=True, commit_records=2)
     assert report.resumed_from > 0 and report.count == 9
@@ -116,7 +116,7 @@ def test_resume_after_interruption(
 
 def test_existing_collection_needs_overwrite(good_folder: Path, mongo_uri: str) -> None:
     convert(good_folder, mongo_uri, collection="g")
-    with pytest.raises(StoreExistsError, match="--overwrite"):
+    with pytest.raises(StoreExistsError, match="overwrite=True"):
         convert(good_folder, mongo_uri, collection="g")
     assert convert(good_folder, mongo_uri, collection="g", overwrite=True).count == 12
 

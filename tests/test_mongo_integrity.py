@@ -58,7 +58,7 @@ def test_a_second_conversion_never_mixes_two_folders(
     folder_a: Path, folder_b: Path, mongo_uri: str, tmp_path: Path
 ) -> None:
     convert(folder_a, mongo_uri, collection="c")
-    with pytest.raises(StoreExistsError, match="--overwrite"):
+    with pytest.raises(StoreExistsError, match="overwrite=True"):
         convert(folder_b, mongo_uri, collection="c")
     with pytest.raises(StoreExistsError, match=r"complete store converted from .*A"):
         convert(folder_b, mongo_uri, collection="c", resume=True)

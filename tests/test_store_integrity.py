@@ -80,7 +80,7 @@ def test_second_conversion_into_a_store_is_refused_even_with_resume(
     dst = tmp_path / "s.lmdb"
     convert(folder_a, dst)
     before = exported(dst, tmp_path)
-    with pytest.raises(StoreExistsError, match="--overwrite"):
+    with pytest.raises(StoreExistsError, match="overwrite=True"):
         convert(folder_b, dst)
     with pytest.raises(StoreExistsError, match=r"complete store converted from .*A"):
         convert(folder_b, dst, resume=True)
@@ -312,7 +312,7 @@ def test_a_dataset_open_in_this_process_and_a_conversion_to_its_path(
     convert(folder_a, dst)
     ds = LMDBImageDataset(dst, output="bytes")
     old = [ds[i] for i in range(len(ds))]
-    with pytest.raises(StoreExistsError, match="--overwrite"):  # not lmdb's "already open"
+    with pytest.raises(StoreExistsError, match="overwrite=True"):  # not lmdb's "already open"
         convert(folder_b, dst)
     convert(folder_b, dst, overwrite=True)
     assert [ds[i] for i in range(len(ds))] == old  # the open dataset keeps its view

@@ -39,8 +39,8 @@ class _Group(click.Group):
         except BrokenPipeError:  # (`fastdata verify STORE | head`): the exit code stays
             _silence_stdout()
             ctx.exit(ctx.meta.get(EXIT_CODE, 0))
-        except FastdataError as exc:
-            click.echo(f"Error: {exc}", err=True)
+        except FastdataError as exc:  # (its advice in the command line's words)
+            click.echo(f"Error: {exc.render(cli=True)}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:
             click.echo(f"Error: {exc}", err=True)

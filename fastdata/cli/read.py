@@ -141,7 +141,7 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         # funnel prints the message and exits with its code)
         pages = [] if is_mongo_uri(store) else check_file(store)
         raise StoreError(
-            "\n".join([here(str(exc)), *(f"  damaged {page}" for page in pages)])
+            "\n".join([here(exc.render(cli=True)), *(f"  damaged {page}" for page in pages)])
         ) from None
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress, workers=workers)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptImageError, SourceError
+from ..errors import CorruptImageError, SourceError, option
 from ..images.validate import validate_image
 from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
@@ -234,7 +234,9 @@ def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
         raise SourceError(
             f"{source}: the store has no fields, and an append keeps a store's fields as they "
             f"are: to store {scan.schema.describe()}, convert the source again into a new store "
-            "(or over this one with --overwrite)"
+            "(or over this one with ",
+            option("overwrite"),
+            ")",
         )
     if set(scan.schema.names) != set(schema.names):
         other = sorted(set(scan.schema.names) ^ set(schema.names))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptImageError, SourceError, UsageError
+from ..errors import CorruptImageError, Phrase, SourceError, UsageError, option
 from ..fields import parse_field_specs
 from ..images.validate import validate_image
 from ..loaders.malloc import tune_malloc, tuned_malloc
@@ -55,7 +54,9 @@ MAX_FILE_BYTES = 1 << 30
 """Files larger than this are skipped (``max_file_bytes``, ``--max-file-size``): no image in a
 training set is that large, and reading one whole would hold it all in memory."""
 STRICT_HINT = (
-    "--strict stops at the first unusable file; without it such files are skipped and listed"
+    " (",
+    option("strict"),
+    " stops at the first unusable file; without it such files are skipped and listed)",
 )
 
 
@@ -259,7 +260,12 @@ def convert(
         )
         _check_destination(scan, writer)
         if append and overwrite:
-            raise UsageError("--append adds to a store and --overwrite replaces it: choose one")
+            raise UsageError(
+                option("append"),
+                " adds to a store and ",
+                option("overwrite"),
+                " replaces it: choose one",
+            )
         options = _Options(
             workers, strict, verify_decode, max_file_bytes, commit_records, progress, check_content
         )
@@ -327,22 +333,31 @@ def _scan_for_store(
         # which says so (the store's fields would not apply)
         return _scan(source, classes, strict, drop_unlisted, fields, sidecars)
     schema = base.schema
-    flags = f"--fields {shlex.quote(schema.describe(','))}" if schema else ""
+    keep: list[str | Phrase] = [option("fields", schema.describe(","))] if schema else []
     if base.sidecars:
-        flags = f"--sidecars {','.join(base.sidecars)} {flags}".strip()
+        keep[:0] = [
+            option("sidecars", ",".join(base.sidecars)),
+            *([Phrase(" ", ", ")] * bool(schema)),
+        ]
     if fields is not None:
         declared, star = parse_field_specs(fields)
         if star or any(schema.get(f.name) != f for f in declared):  # (some of them, or all)
             raise UsageError(
                 f"{source}: the store's fields are {schema.describe() or 'none'}; an append "
-                f"keeps them: leave --fields out (or give {flags})"
+                "keeps them: leave ",
+                option("fields", None),
+                " out (or give ",
+                *keep,
+                ")",
             )
     given = [ext.strip().lstrip(".") for ext in _sidecar_words(sidecars)]
     if given and given != list(base.sidecars):
         raise UsageError(
             f"{source}: the store's sidecars are {','.join(base.sidecars) or 'none'}; an append "
-            "reads the same: leave --sidecars out"
-            + (f" (or give {flags})" if base.sidecars else "")
+            "reads the same: leave ",
+            option("sidecars", None),
+            " out",
+            *((" (or give ", *keep, ")") if base.sidecars else ()),
         )
     return _scan(
         source,
@@ -377,12 +392,18 @@ def _scan(
     if is_manifest(source):
         if side:
             raise UsageError(
-                f"{source}: --sidecars reads files beside a folder's images; a manifest gives "
-                "its fields in its own rows (JSON Lines keys, or CSV columns with --fields)"
+                f"{source}: ",
+                option("sidecars", None),
+                " reads files beside a folder's images; a manifest gives its fields in its own "
+                "rows (JSON Lines keys, or CSV columns with ",
+                option("fields", None),
+                ")",
             )
         if star and not str(source).lower().endswith(".csv"):
             raise UsageError(
-                f"{source}: --fields '*' picks CSV columns; in JSON Lines every key is a field"
+                f"{source}: ",
+                option("fields", "*"),
+                " picks CSV columns; in JSON Lines every key is a field",
             )
         scan = scan_manifest(
             source,
@@ -397,11 +418,16 @@ def _scan(
     else:
         if (declared or star) and not side:
             raise UsageError(
-                f"{source}: --fields types a manifest's fields or a folder's sidecar fields; "
-                "give --sidecars json,txt (the files beside each image) for a folder"
+                f"{source}: ",
+                option("fields", None),
+                " types a manifest's fields or a folder's sidecar fields; give ",
+                option("sidecars", "json,txt"),
+                " (the files beside each image) for a folder",
             )
         if star:
-            raise UsageError(f"{source}: --fields '*' picks CSV columns, not sidecar fields")
+            raise UsageError(
+                f"{source}: ", option("fields", "*"), " picks CSV columns, not sidecar fields"
+            )
         scan = scan_folder(source, sidecars=side, fields=declared, closed=closed)
     if strict and scan.unusable:
         first = scan.unusable[0]
@@ -410,7 +436,7 @@ def _scan(
             if scan.layout == "manifest"
             else str(scan.root / first.name)
         )
-        raise SourceError(f"{where}: {first.reason} ({STRICT_HINT})")
+        raise SourceError(f"{where}: {first.reason}", *STRICT_HINT)
     return scan
 
 
@@ -516,9 +542,7 @@ class _Run:
             if isinstance(result, SkippedFile):
                 if options.strict:
                     batch.commit()
-                    raise CorruptImageError(
-                        str(scan.path_of(sample)), f"{result.reason} ({STRICT_HINT})"
-                    )
+                    raise CorruptImageError(str(scan.path_of(sample)), result.reason, *STRICT_HINT)
                 log.warning("skipping %s: %s", result.name, result.reason)
                 state.skipped.append(result)
             else:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import RecordError, UsageError
+from ..errors import Phrase, RecordError, UsageError, option
 from ..records import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -176,12 +176,17 @@ def copy_store(
             source_collection, collection = collection, None
         elif collection is not None:
             raise UsageError(
-                f"{destination}: an LMDB destination has no collection; --collection names the "
-                "source's when only the source is a MongoDB URI (give it once)"
+                f"{destination}: an LMDB destination has no collection; ",
+                option("collection", None),
+                " names the source's when only the source is a MongoDB URI (give it once)",
             )
     if is_mongo_uri(source) and not source_collection:
         flag = "--source-collection" if is_mongo_uri(destination) else "--collection"
-        raise UsageError(f"{mask_uri(str(source))}: name the source's collection ({flag} NAME)")
+        raise UsageError(
+            f"{mask_uri(str(source))}: name the source's collection (",
+            Phrase(f"{flag} NAME", "source_collection=NAME"),
+            ")",
+        )
     mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
     reader = (
         source

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import RecordError, StoreError, StoreExistsError, UnsafePathError
+from ..errors import (
+    SAME_COMMAND,
+    RecordError,
+    StoreError,
+    StoreExistsError,
+    UnsafePathError,
+    option,
+)
 from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.manifest import EXPORTED_MANIFEST, export_name
@@ -302,7 +309,8 @@ def _checked(
             return None
         raise RecordError(
             f"{reader.location}: record {rec.index} ({h.name}): {why}; nothing was written for "
-            "it: run `fastdata verify` on the store, or pass --skip-damaged to export the rest"
+            "it: run `fastdata verify` on the store, or pass ",
+            *_SKIP_DAMAGED,
         )
     if skip_damaged:
         log.warning(
@@ -312,9 +320,12 @@ def _checked(
         return None
     raise RecordError(
         f"{reader.location}: record {rec.index} ({h.name}) fails its checksum; nothing was "
-        "written for it: run `fastdata verify` on the store, or pass --skip-damaged to export "
-        "the rest"
+        "written for it: run `fastdata verify` on the store, or pass ",
+        *_SKIP_DAMAGED,
     )
+
+
+_SKIP_DAMAGED = (option("skip_damaged"), " to export the rest")
 
 
 def _write(
@@ -346,12 +357,16 @@ def _write(
                 return
             if held != "part" and not overwrite:  # (a prefix: left by an earlier fastdata)
                 hint = (
-                    "it differs from the record: pass --overwrite to replace it"
+                    ("it differs from the record: pass ", option("overwrite"), " to replace it")
                     if resume
-                    else "export into an empty folder, or pass --resume (keep files that match) "
-                    "or --overwrite"
+                    else (
+                        "export into an empty folder, or pass ",
+                        option("resume"),
+                        " (keep files that match) or ",
+                        option("overwrite"),
+                    )
                 )
-                raise StoreExistsError(f"{target}: exists already; {hint}")
+                raise StoreExistsError(f"{target}: exists already; ", *hint)
         _replace(target, data)
     except OSError as exc:
         raise _write_failed(target, exc) from None
@@ -439,8 +454,11 @@ def _held(target: Path, st: os.stat_result, data: bytes) -> str:
 
 def _write_failed(where: Path, exc: OSError) -> StoreError:
     return StoreError(
-        f"{where}: writing failed: {exc.strerror or exc}; free space (or fix the cause) and run "
-        "the same command with --resume: the files written so far are whole and are kept"
+        f"{where}: writing failed: {exc.strerror or exc}; free space (or fix the cause) and run ",
+        SAME_COMMAND,
+        " with ",
+        option("resume"),
+        ": the files written so far are whole and are kept",
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import SourceError, option
 from ..fields import (
     Field,
     Schema,
@@ -576,7 +576,9 @@ def _sidecar_list(sidecars: Sequence[str]) -> list[str]:
         if not ext:
             continue
         if f".{ext.lower()}" in IMG_EXTENSIONS:
-            raise SourceError(f"--sidecars: {ext!r} is an image extension, not a sidecar's")
+            raise SourceError(
+                option("sidecars", None), f": {ext!r} is an image extension, not a sidecar's"
+            )
         if ext != "json":
             why = check_name(ext, "--sidecars")
             if why is not None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import Phrase, SourceError, option
 from ..fields import (
     Field,
     Schema,
@@ -245,8 +245,10 @@ class _Rows:
         for field in self.declared:
             if field.name not in at:
                 raise SourceError(
-                    f"{self.path}: --fields names {field.name!r}, which is not a column of the "
-                    f"header ({', '.join(repr(h) for h in header)})"
+                    f"{self.path}: ",
+                    option("fields", None),
+                    f" names {field.name!r}, which is not a column of the header "
+                    f"({', '.join(repr(h) for h in header)})",
                 )
             out[field.name] = at[field.name]
         if self.star:
@@ -427,8 +429,9 @@ def scan_manifest(
     if order is None:
         if integers and names:
             raise SourceError(
-                f"{path}: labels mix class names and numbers: pass a class list (--classes "
-                'FILE, a name a line) or start a JSON Lines manifest with {"classes": [...]}'
+                f"{path}: labels mix class names and numbers: pass a class list (",
+                Phrase("--classes FILE, a name a line", "classes=[...], the names in order"),
+                ') or start a JSON Lines manifest with {"classes": [...]}',
             )
         order = [str(k) for k in range(largest + 1)] if integers else sorted(names_of_classes)
     index = {c: i for i, c in enumerate(order)}
@@ -534,8 +537,9 @@ def _refuse_unlisted(path: Path, rows: _Rows, order: list[str]) -> None:
         more = f" and {len(missing) - len(shown)} more" if len(missing) > len(shown) else ""
         raise SourceError(
             f"{path}: the class list leaves out {len(missing)} class(es) the manifest uses: "
-            f"{names}{more}; add them to the list, or pass --drop-unlisted-classes "
-            "(drop_unlisted=True) to leave their rows out"
+            f"{names}{more}; add them to the list, or pass ",
+            option("drop_unlisted", flag="--drop-unlisted-classes"),
+            " to leave their rows out",
         )
 
 

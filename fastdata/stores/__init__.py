@@ -6,16 +6,19 @@ import os
 import re
 from typing import Any
 
+from ..errors import Phrase
 from .policy import StoreWriter
 from .reader import StoreReader
 
 __all__ = ["StoreReader", "StoreWriter", "open_store", "open_writer"]
 
+COLLECTION = Phrase("--collection NAME", "collection=NAME")
+
 
 def _check_target(target: object, **mongo_only: object) -> bool:
     """Whether ``target`` is a MongoDB URI; a URI of another scheme, or options meant for
     MongoDB given with an LMDB path, are usage errors."""
-    from ..errors import UsageError
+    from ..errors import UsageError, option
     from .mongo.connection import is_mongo_uri
 
     if is_mongo_uri(target):
@@ -27,12 +30,15 @@ def _check_target(target: object, **mongo_only: object) -> bool:
             f"{text}: unknown scheme {scheme.group(1)}:; a MongoDB store is "
             "mongodb://host:port/DB (or mongodb+srv://...), an LMDB store a folder path"
         )
-    for option, value in mongo_only.items():
+    for name, value in mongo_only.items():
         if value not in (None, False):
-            flag = {"timeout_s": "--timeout"}.get(option, "--" + option.replace("_", "-"))
+            given = option(name, None, flag={"timeout_s": "--timeout"}.get(name, ""))
             raise UsageError(
-                f"{text}: {flag} applies to mongodb:// stores, and this is an LMDB path; "
-                f"leave {flag} out"
+                f"{text}: ",
+                given,
+                " applies to mongodb:// stores, and this is an LMDB path; leave ",
+                given,
+                " out",
             )
     return False
 
@@ -76,7 +82,7 @@ def open_store(
             (``read_preference``, ``timeout_s``, ``socket_timeout_s``, ``retry_budget_s``).
     """
     if _check_target(target, collection=collection, index_file=index_file, **mongo_options):
-        from ..errors import UsageError
+        from ..errors import UsageError, option
         from .foreign import LegacyMongoStore
         from .mongo.connection import mask_uri
         from .mongo.reader import MongoStore
@@ -84,10 +90,12 @@ def open_store(
         uri = str(target)
         if allow_pickle:
             raise UsageError(
-                f"{mask_uri(uri)}: --allow-pickle applies to LMDB stores; leave it out"
+                f"{mask_uri(uri)}: ",
+                option("allow_pickle"),
+                " applies to LMDB stores; leave it out",
             )
         if not collection:
-            raise UsageError(f"{mask_uri(uri)}: name the collection (--collection NAME)")
+            raise UsageError(f"{mask_uri(uri)}: name the collection (", COLLECTION, ")")
         options = _mongo_options(mongo_options)
         if index_file is not None:
             return LegacyMongoStore(uri, collection, index_file, database=database, options=options)
@@ -116,7 +124,7 @@ def open_writer(
 
         name = collection or default_collection
         if not name:
-            raise UsageError(f"{mask_uri(str(target))}: name the collection (--collection NAME)")
+            raise UsageError(f"{mask_uri(str(target))}: name the collection (", COLLECTION, ")")
         return MongoWriter(
             str(target), name, database=database, options=_mongo_options(mongo_options)
         )

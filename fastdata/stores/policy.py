@@ -13,11 +13,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..errors import (
+    SAME_COMMAND,
     IncompleteStoreError,
+    Phrase,
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
     UsageError,
+    option,
 )
 from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
 from .invariants import invariant_failures
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
     from .reader import StoreReader
 
 __all__ = ["Batch", "Completion", "Existing", "StoreWriter", "incomplete_error"]
+
+OVERWRITE, RESUME, APPEND = option("overwrite"), option("resume"), option("append")
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +145,10 @@ class StoreWriter(abc.ABC):
         if resume and self._nothing_here():  # refused before anything is created or claimed
             raise UsageError(
                 f"{self.location}: nothing to resume (no interrupted conversion or copy "
-                "here); run the same command without --resume"
+                "here); run ",
+                SAME_COMMAND,
+                " without ",
+                RESUME,
             )
         found = self._lock_and_look()
         if resume:
@@ -155,7 +163,11 @@ class StoreWriter(abc.ABC):
                     )
                     raise StoreExistsError(
                         f"{self.location}: cannot resume the conversion it holds: {why}; "
-                        f"{finish}pass --overwrite instead of --resume to start over"
+                        f"{finish}pass ",
+                        OVERWRITE,
+                        " instead of ",
+                        RESUME,
+                        " to start over",
                     )
                 self._aside = found.aside is not None
                 return self._resume(saved, "")
@@ -172,20 +184,27 @@ class StoreWriter(abc.ABC):
                     return None
                 raise StoreExistsError(
                     f"{self.location}: holds a complete store converted from "
-                    f"{found.meta.source or 'another folder'}; --resume continues only an "
-                    "interrupted conversion of the same folder; pass --overwrite to replace it"
+                    f"{found.meta.source or 'another folder'}; ",
+                    RESUME,
+                    " continues only an interrupted conversion of the same folder; pass ",
+                    OVERWRITE,
+                    " to replace it",
                 )
             if found.other:
                 raise StoreExistsError(
-                    f"{self.location}: {found.other}; nothing to resume: pass --overwrite to "
-                    "replace it"
+                    f"{self.location}: {found.other}; nothing to resume: pass ",
+                    OVERWRITE,
+                    " to replace it",
                 )
             raise UsageError(
                 f"{self.location}: nothing to resume (no interrupted conversion or copy "
-                "here); run the same command without --resume"
+                "here); run ",
+                SAME_COMMAND,
+                " without ",
+                RESUME,
             )
         elif not found.empty and not overwrite:
-            raise StoreExistsError(self._exists_message(found))
+            raise StoreExistsError(*self._exists_message(found))
         self._aside = not found.empty
         if found.aside is not None:
             self._discard_aside()
@@ -237,7 +256,7 @@ class StoreWriter(abc.ABC):
         """
         if self._nothing_here():  # refused before anything is created or claimed
             raise StoreNotFoundError(
-                f"{self.location}: no store to append to; convert the folder without --append"
+                f"{self.location}: no store to append to; convert the folder without ", APPEND
             )
         found = self._lock_and_look()
         if found.meta is None:
@@ -248,16 +267,22 @@ class StoreWriter(abc.ABC):
                 )
             if found.other:
                 raise StoreError(
-                    f"{self.location}: {found.other}; --append adds to a fastdata store"
+                    f"{self.location}: {found.other}; ", APPEND, " adds to a fastdata store"
                 )
             raise StoreNotFoundError(
-                f"{self.location}: no store to append to; convert the folder without --append"
+                f"{self.location}: no store to append to; convert the folder without ", APPEND
             )
         if found.aside is not None:
             raise StoreExistsError(
-                f"{self.location}: a replacement of this store was interrupted; finish it "
-                "(the same convert command with --resume, without --append) or start it over "
-                "with --overwrite before appending"
+                f"{self.location}: a replacement of this store was interrupted; finish it (",
+                Phrase("the same convert command", "the same convert call"),
+                " with ",
+                RESUME,
+                ", without ",
+                APPEND,
+                ") or start it over with ",
+                OVERWRITE,
+                " before appending",
             )
         self.base = found.meta
         self._appending = True
@@ -275,8 +300,9 @@ class StoreWriter(abc.ABC):
                 )
                 raise StoreExistsError(
                     f"{self.location}: cannot resume the interrupted append it holds: {why}; "
-                    f"{finish}run without --resume to discard it (its records were never part "
-                    "of the store)"
+                    f"{finish}run without ",
+                    RESUME,
+                    " to discard it (its records were never part of the store)",
                 )
             self.discarded = (
                 f"an interrupted append ({pending.next_sample} of {pending.total} samples; "
@@ -317,20 +343,26 @@ class StoreWriter(abc.ABC):
             found = self._inspect()
         return found
 
-    def _exists_message(self, found: Existing) -> str:
+    def _exists_message(self, found: Existing) -> tuple[str | Phrase, ...]:
         if found.meta is not None and found.aside is not None:
             return (
-                f"{self.location}: a store exists, and a replacement of it was interrupted; "
-                "pass --resume to finish the replacement or --overwrite to start it over"
+                f"{self.location}: a store exists, and a replacement of it was interrupted; pass ",
+                RESUME,
+                " to finish the replacement or ",
+                OVERWRITE,
+                " to start it over",
             )
         if found.meta is not None:
-            return f"{self.location}: a store exists already; pass --overwrite to replace it"
+            return (f"{self.location}: a store exists already; pass ", OVERWRITE, " to replace it")
         if found.progress is not None:
             return (
-                f"{self.location}: holds an interrupted conversion; pass --resume to continue "
-                "it or --overwrite to start over"
+                f"{self.location}: holds an interrupted conversion; pass ",
+                RESUME,
+                " to continue it or ",
+                OVERWRITE,
+                " to start over",
             )
-        return f"{self.location}: {found.other}; pass --overwrite to replace it"
+        return (f"{self.location}: {found.other}; pass ", OVERWRITE, " to replace it")
 
     @staticmethod
     def _same_store(meta: StoreMeta, progress: Progress) -> bool:
@@ -370,7 +402,7 @@ class StoreWriter(abc.ABC):
         if held is not None:
             broken.append(f"every index once: {held}")
         if broken:
-            raise StoreError(self._broken_message(broken))
+            raise StoreError(*self._broken_message(broken))
         if skipped_from is not None and skipped_from < self._skipped_saved:
             # the list changed from this entry on (an append took fixed files off it): saved
             # again from there, and the saved entries past its new end removed
@@ -398,18 +430,19 @@ class StoreWriter(abc.ABC):
         saved, self._skipped_saved = self._skipped_saved, len(skipped)
         return saved
 
-    def _broken_message(self, broken: list[str]) -> str:
+    def _broken_message(self, broken: list[str]) -> tuple[str | Phrase, ...]:
         what = "; ".join(broken)
         if self._appending:
             return (
                 f"{self.location}: the append was not completed, because the store it would "
                 f"leave breaks its invariants ({what}); the store reads as it did before the "
-                "append. This is a fault in fastdata: please report it with this message"
+                "append. This is a fault in fastdata: please report it with this message",
             )
         return (
             f"{self.location}: the store was not marked complete, because it breaks its "
             f"invariants ({what}); no reader will open it. This is a fault in fastdata: please "
-            "report it with this message; convert again with --overwrite"
+            "report it with this message; convert again with ",
+            OVERWRITE,
         )
 
     # -- what each backend provides

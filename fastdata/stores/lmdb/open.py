@@ -9,6 +9,7 @@ from ...errors import (
     IncompleteStoreError,
     PickleNotAllowedError,
     StoreError,
+    option,
 )
 from ...records import Progress
 from ..foreign import PickleLMDBStore
@@ -54,10 +55,13 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     if has_keys:
         raise PickleNotAllowedError(
             f"{path}: this LMDB store was written by another tool and its values are Python "
-            "pickles, which can run arbitrary code when loaded; pass allow_pickle=True "
-            "(CLI: --allow-pickle) only if you trust where it came from"
+            "pickles, which can run arbitrary code when loaded; pass ",
+            option("allow_pickle"),
+            " only if you trust where it came from",
         )
     raise StoreError(
         f"{path}: an LMDB store without fastdata metadata (written by another tool); "
-        "fastdata reads its own stores and the pickle-based recipes' (allow_pickle=True)"
+        "fastdata reads its own stores and the pickle-based recipes' (",
+        option("allow_pickle"),
+        ")",
     )

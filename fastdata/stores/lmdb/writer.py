@@ -17,9 +17,11 @@ import lmdb
 import numpy as np
 
 from ...errors import (
+    SAME_COMMAND,
     StoreError,
     StoreExistsError,
     StoreLockedError,
+    option,
 )
 from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
 from ..locks import boot_id, describe_holder, holder
@@ -167,8 +169,10 @@ class LMDBWriter(StoreWriter):
             os.close(fd)
             raise StoreLockedError(
                 f"{self.path}: another conversion is writing this store "
-                f"({describe_holder(info)}); wait for it to finish, or stop it and run the same "
-                "command with --resume"
+                f"({describe_holder(info)}); wait for it to finish, or stop it and run ",
+                SAME_COMMAND,
+                " with ",
+                option("resume"),
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder()).encode("ascii"), 0)
@@ -206,8 +210,8 @@ class LMDBWriter(StoreWriter):
         if saved.boot_id and saved.boot_id != boot_id():
             raise StoreError(
                 f"{self.path}: the machine restarted while this conversion was running, and "
-                "its last batches may not have reached the disk intact; convert again with "
-                "--overwrite"
+                "its last batches may not have reached the disk intact; convert again with ",
+                option("overwrite"),
             )
 
     def _open(self, progress: Progress, *, new: bool) -> None:
@@ -324,7 +328,10 @@ class LMDBWriter(StoreWriter):
         except OSError as exc:
             raise StoreError(
                 f"{self.path}: could not move the new store into place: {exc.strerror or exc}; "
-                "the old store is unchanged: fix the cause and run the same command with --resume"
+                "the old store is unchanged: fix the cause and run ",
+                SAME_COMMAND,
+                " with ",
+                option("resume"),
             ) from None
         self._discard_aside()
 
@@ -360,7 +367,8 @@ class LMDBWriter(StoreWriter):
             if added != len(data):
                 raise StoreError(
                     f"{self.path}: records from {records[0].index} on exist already; the store "
-                    "is not the one this conversion started, convert again with --overwrite"
+                    "is not the one this conversion started, convert again with ",
+                    option("overwrite"),
                 )
             cursor.putmulti(headers + skipped)
             txn.put(PROGRESS_KEY, state)
@@ -456,8 +464,11 @@ class LMDBWriter(StoreWriter):
 
 def _write_failed(where: str, exc: BaseException) -> StoreError:
     return StoreError(
-        f"{where}: writing the store failed: {exc}; free space (or fix the disk) and run the same "
-        "command with --resume: what was committed is kept"
+        f"{where}: writing the store failed: {exc}; free space (or fix the disk) and run ",
+        SAME_COMMAND,
+        " with ",
+        option("resume"),
+        ": what was committed is kept",
     )
 
 

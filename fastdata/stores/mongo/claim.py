@@ -32,7 +32,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import (
+    SAME_COMMAND,
     StoreLockedError,
+    option,
 )
 from .. import names
 from ..locks import describe_holder, holder, holder_gone
@@ -105,7 +107,10 @@ class Claimed:
                 f"{self.location}: another conversion is writing this collection "
                 f"({describe_holder(held)}); wait for it to finish. If that process is gone, its "
                 f"claim expires in {max(0.0, left):.0f} s (a running writer renews it every "
-                f"{ttl / 4:g} s): then run the same command with --resume"
+                f"{ttl / 4:g} s): then run ",
+                SAME_COMMAND,
+                " with ",
+                option("resume"),
             )
         self._token = token
         self._stop = threading.Event()
@@ -155,8 +160,11 @@ class Claimed:
         if self._lost:
             raise StoreLockedError(
                 f"{self.location}: this conversion lost its claim on the collection "
-                f"({self._lost}); nothing more is written: run the same command with --resume "
-                "once no other conversion writes it"
+                f"({self._lost}); nothing more is written: run ",
+                SAME_COMMAND,
+                " with ",
+                option("resume"),
+                " once no other conversion writes it",
             )
 
     def _unlock(self) -> None:

@@ -12,6 +12,7 @@ from ...errors import (
     RecordError,
     StoreError,
     StoreNotFoundError,
+    option,
 )
 from ...packed import PackedStrings
 from ...records import (
@@ -165,7 +166,9 @@ class MongoStore(_MongoTarget, StoreReader):
                 raise StoreError(
                     f"{self.location}: the collection holds documents but no fastdata metadata; "
                     "it was not written by `fastdata convert` (for the img_name/bson_img layout, "
-                    "give --index-file)"
+                    "give ",
+                    option("index_file", None),
+                    ")",
                 )
             raise StoreNotFoundError(
                 f"{self.location}: no fastdata store here; create one with "

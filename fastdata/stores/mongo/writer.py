@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import (
+    SAME_COMMAND,
     RecordError,
     StoreError,
+    option,
 )
 from ...fields import canonical
 from ...records import (
@@ -366,8 +368,10 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 if any(e.get("code") != 11000 for e in errors):  # 11000: duplicate key
                     raise StoreError(
                         f"{self.location}: writing records failed: {errors[0].get('errmsg')}; "
-                        "fix the cause (free space on the server?) and run the same command "
-                        "with --resume"
+                        "fix the cause (free space on the server?) and run ",
+                        SAME_COMMAND,
+                        " with ",
+                        option("resume"),
                     ) from None
 
         for group in _insert_groups(docs):

@@ -1,0 +1,55 @@
+"""What a user is told is said in the caller's words and works as said: errors advise Python
+callers arguments and the command line its flags."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from fastdata import convert
+from fastdata.errors import CorruptImageError, StoreExistsError, UsageError
+
+from .conftest import jpeg_bytes, write
+from .procs import cli
+
+
+def images(root: Path, n: int = 4) -> Path:
+    for i in range(n):
+        write(root / ("a" if i % 2 else "b") / f"{i}.jpg", jpeg_bytes(seed=i))
+    return root
+
+
+def test_errors_advise_arguments_in_python_and_flags_on_the_command_line(tmp_path: Path) -> None:
+    src, dst = images(tmp_path / "src"), tmp_path / "s.lmdb"
+    convert(src, dst)
+    with pytest.raises(StoreExistsError) as raised:
+        convert(src, dst)
+    assert "pass overwrite=True to replace it" in str(raised.value)
+    assert "--overwrite" not in str(raised.value)
+    on_the_command_line = cli("convert", str(src), str(dst), "-q")
+    assert on_the_command_line.returncode == 2
+    assert "pass --overwrite to replace it" in on_the_command_line.stderr
+    assert "overwrite=True" not in on_the_command_line.stderr
+    # the error keeps its parts across processes (a worker's error, pickled)
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert str(again) == str(raised.value) and "--overwrite" in again.render(cli=True)
+
+    with pytest.raises(UsageError) as raised_usage:
+        convert(src, tmp_path / "t.lmdb", resume=True)
+    assert "run the same call without resume=True" in str(raised_usage.value)
+    assert "--resume" not in str(raised_usage.value)
+    write(src / "a" / "junk.jpg", b"not an image")
+    with pytest.raises(CorruptImageError) as corrupt:
+        convert(src, tmp_path / "u.lmdb", strict=True)
+    assert "strict=True stops at the first" in str(corrupt.value)
+    assert corrupt.value.reason == "not a recognised image format"  # (the advice apart)
+    again = pickle.loads(pickle.dumps(corrupt.value))
+    assert (again.name, again.reason, str(again)) == (
+        corrupt.value.name,
+        corrupt.value.reason,
+        str(corrupt.value),
+    )
+    strict = cli("convert", str(src), str(tmp_path / "v.lmdb"), "--strict", "-q")
+    assert "(--strict stops at the first" in strict.stderr
