@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, Literal, overload
@@ -16,7 +17,7 @@ from typing import Any, Literal, overload
 import numpy as np
 from torch.utils.data import Dataset
 
-from .errors import CorruptImageError, RecordError
+from .errors import CorruptImageError, RecordError, UsageError
 from .images.decode import decode_numpy, decode_pil
 from .images.pipelines import Pipeline
 from .stores.reader import StoreReader
@@ -377,7 +378,13 @@ class LMDBImageDataset(ImageStoreDataset):
         where: Any = None,
     ) -> None:
         from .stores.lmdb.open import open_lmdb
+        from .stores.mongo.connection import is_mongo_uri, mask_uri
 
+        if is_mongo_uri(path):
+            raise UsageError(
+                f"{mask_uri(str(path))}: a MongoDB URI, not an LMDB store: read it with "
+                "MongoImageDataset(uri, collection)"
+            )
         super().__init__(
             open_lmdb(os.path.expanduser(path), allow_pickle=allow_pickle),
             transform,
@@ -439,7 +446,12 @@ class MongoImageDataset(ImageStoreDataset):
         **options: Any,
     ) -> None:
         from .stores import open_store
+        from .stores.mongo.connection import is_mongo_uri
 
+        if not is_mongo_uri(uri) and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", str(uri)):
+            raise UsageError(
+                f"{uri}: an LMDB path, not a mongodb:// URI: read it with LMDBImageDataset(path)"
+            )
         super().__init__(
             open_store(
                 uri, collection=collection, database=database, index_file=index_file, **options

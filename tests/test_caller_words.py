@@ -1,5 +1,6 @@
 """What a user is told is said in the caller's words and works as said: errors advise Python
-callers arguments and the command line its flags."""
+callers arguments and the command line its flags; each dataset names the other where it is
+given the other kind of store."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdata import convert
+from fastdata import LMDBImageDataset, MongoImageDataset, convert, open_store
 from fastdata.errors import CorruptImageError, StoreExistsError, UsageError
 
 from .conftest import jpeg_bytes, write
@@ -53,3 +54,14 @@ def test_errors_advise_arguments_in_python_and_flags_on_the_command_line(tmp_pat
     )
     strict = cli("convert", str(src), str(tmp_path / "v.lmdb"), "--strict", "-q")
     assert "(--strict stops at the first" in strict.stderr
+
+
+def test_each_dataset_names_the_other_for_the_other_kind_of_store(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"MongoImageDataset\(uri, collection\)"):
+        LMDBImageDataset("mongodb://127.0.0.1:1/db")
+    dst = tmp_path / "s.lmdb"
+    convert(images(tmp_path / "src"), dst)
+    with pytest.raises(UsageError, match=r"LMDBImageDataset\(path\)"):
+        MongoImageDataset(str(dst), "c")
+    with pytest.raises(UsageError, match=r"name the collection \(collection=NAME\)"):
+        open_store("mongodb://127.0.0.1:1/db")
