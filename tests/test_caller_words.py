@@ -1,10 +1,11 @@
 """What a user is told is said in the caller's words and works as said: errors advise Python
 callers arguments and the command line its flags; each dataset names the other where it is
-given the other kind of store."""
+given the other kind of store; a command printed after Ctrl-C runs as printed."""
 
 from __future__ import annotations
 
 import pickle
+import shlex
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from fastdata import LMDBImageDataset, MongoImageDataset, convert, open_store
 from fastdata.errors import CorruptImageError, StoreExistsError, UsageError
 
 from .conftest import jpeg_bytes, write
-from .procs import cli
+from .procs import cli, run_script
 
 
 def images(root: Path, n: int = 4) -> Path:
@@ -65,3 +66,54 @@ def test_each_dataset_names_the_other_for_the_other_kind_of_store(tmp_path: Path
         MongoImageDataset(str(dst), "c")
     with pytest.raises(UsageError, match=r"name the collection \(collection=NAME\)"):
         open_store("mongodb://127.0.0.1:1/db")
+
+
+# Ctrl-C (SIGINT) once the writer committed its second batch.
+INTERRUPTED = """
+    import os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
+    from fastdata.stores.lmdb.writer import LMDBWriter
+    from fastdata.stores.mongo.writer import MongoWriter
+    import fastdata.ops.convert
+    fastdata.ops.convert.convert.__kwdefaults__["commit_records"] = 2  # several commits
+    for kind in (LMDBWriter, MongoWriter):
+        def patched(real):
+            calls = [0]
+            def write(self, records, progress):
+                real(self, records, progress)
+                if hasattr(self, "_wait"):
+                    self._wait()  # (the Mongo writer sends in the background)
+                calls[0] += 1
+                if calls[0] == 2:
+                    os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C
+            return write
+        kind.write = patched(kind.write)
+    from fastdata.cli import main
+    sys.argv = ["fastdata", *sys.argv[1:]]
+    main()
+"""
+
+
+def check_resumed(target: list[str], tmp_path: Path, n: int) -> None:
+    src = images(tmp_path / "my images & more", n)
+    result = run_script(INTERRUPTED, "convert", src, *target, "-q", "-j", "1")
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr
+    printed = result.stderr.split("`")[1]
+    assert printed.startswith("fastdata convert ") and printed.endswith(" --resume")
+    done = cli(*shlex.split(printed)[1:])  # as a shell splits it
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed after 4 images" in done.stdout
+    collection = target[target.index("--collection") + 1] if "--collection" in target else None
+    assert len(open_store(target[0], collection=collection)) == n
+
+
+def test_ctrl_c_prints_a_command_that_finishes_the_conversion(tmp_path: Path) -> None:
+    check_resumed([str(tmp_path / "a store.lmdb")], tmp_path, 10)
+
+
+@pytest.mark.mongo
+def test_ctrl_c_in_a_mongodb_conversion_prints_a_command_that_finishes_it(
+    tmp_path: Path, mongo_uri: str
+) -> None:
+    uri = f"{mongo_uri}?appName=x&connectTimeoutMS=20000"
+    check_resumed([uri, "--collection", "big coll"], tmp_path, 10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -75,9 +76,9 @@ def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | 
 
 @contextmanager
 def _writing(
-    dst: str, label: str, quiet: bool, resume: bool, overwrite: bool
+    label: str, quiet: bool, resume: bool, overwrite: bool
 ) -> Iterator[Callable[[int, int], None] | None]:
-    """A command that writes the store ``dst``: its progress bar; on Ctrl-C, how to finish it
+    """A command that writes a store: its progress bar; on Ctrl-C, the command that finishes it
     (exit 130)."""
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite exclude each other")
@@ -85,13 +86,31 @@ def _writing(
         with _progress(label, quiet) as progress:
             yield progress
     except KeyboardInterrupt:
-        how = "with --resume in place of --overwrite" if overwrite else "with --resume"
         click.echo(
-            f"\ninterrupted; what was committed is kept: run the same command {how} to finish "
-            f"({dst})",
+            f"\ninterrupted; what was committed is kept: finish it with `{_resumed()}`",
             err=True,
         )
         sys.exit(130)
+
+
+def _resumed() -> str:
+    """The command being run, as it was given (its words quoted for the shell, a password in a
+    URI masked), with --resume in place of --overwrite."""
+    from ..stores.mongo.connection import mask_uri
+
+    ctx = click.get_current_context()
+    words = ["fastdata", *(["-v"] if _verbose() else []), ctx.info_name or ctx.command.name or ""]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(param, click.Argument):
+            words.append(mask_uri(str(value)))
+        elif not isinstance(param, click.Option) or param.name in ("overwrite", "resume"):
+            continue
+        elif param.is_flag:
+            words += [max(param.opts, key=len)] if value else []
+        elif value is not None and value != param.default:
+            words += [max(param.opts, key=len), str(value)]
+    return shlex.join([*words, "--resume"])
 
 
 def _verbose() -> bool:

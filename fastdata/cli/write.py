@@ -143,8 +143,7 @@ def convert(
     from ..ops.convert import convert as run_convert
     from ..sources.manifest import read_class_list
 
-    where = f"{dst} --collection {collection}" if collection else dst
-    with _writing(where, "converting", quiet, resume, overwrite) as progress:
+    with _writing("converting", quiet, resume, overwrite) as progress:
         report = run_convert(
             src,
             dst,
@@ -211,7 +210,7 @@ def copy(
     """
     from ..ops.copy import copy_store
 
-    with _writing(dst, "copying", quiet, resume, overwrite) as progress:
+    with _writing("copying", quiet, resume, overwrite) as progress:
         report = copy_store(
             src,
             dst,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import shlex
 import sys
 import threading
 import time
@@ -665,10 +666,11 @@ def open_reader(path: str) -> Lease:
             store = os.path.normpath(path) + ".lmdb"
             raise StoreNotFoundError(
                 f"{path}: an image folder, not a store; convert it first: "
-                f"`fastdata convert {path} {store}`, then use {store}"
+                f"`fastdata convert {shlex.quote(path)} {shlex.quote(store)}`, then use {store}"
             )
         raise StoreNotFoundError(
-            f"{path}: no LMDB store here; create one with `fastdata convert IMAGE_FOLDER {path}`"
+            f"{path}: no LMDB store here; create one with "
+            f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}`"
         )
     data_file = _data_file(path)
     for _ in range(5):

@@ -35,7 +35,7 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         if lease.env.stat()["entries"] == 0:
             raise IncompleteStoreError(
                 f"{path}: an empty store: a conversion into it stopped before it began; run "
-                f"`fastdata convert IMAGE_FOLDER {path}` again"
+                f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}` again"
             )
         with _reading(path), lease.env.begin(buffers=True) as txn:
             has_meta = txn.get(META_KEY) is not None

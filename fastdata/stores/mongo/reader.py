@@ -172,7 +172,7 @@ class MongoStore(_MongoTarget, StoreReader):
                 )
             raise StoreNotFoundError(
                 f"{self.location}: no fastdata store here; create one with "
-                f"`fastdata convert SRC {mask_uri(self.uri)} --collection {self.collection}`"
+                f"`fastdata convert SRC {command_words(self.uri, self.collection)}`"
             )
         doc = _names_from_bson(doc)
         meta = StoreMeta.from_dict(doc, self.location)
