@@ -1,6 +1,7 @@
 """What a user is told is said in the caller's words and works as said: errors advise Python
 callers arguments and the command line its flags; each dataset names the other where it is
-given the other kind of store; a command printed after Ctrl-C runs as printed."""
+given the other kind of store; a command printed after Ctrl-C runs as printed; a skipped row
+is listed once however many manifests give it."""
 
 from __future__ import annotations
 
@@ -117,3 +118,21 @@ def test_ctrl_c_in_a_mongodb_conversion_prints_a_command_that_finishes_it(
 ) -> None:
     uri = f"{mongo_uri}?appName=x&connectTimeoutMS=20000"
     check_resumed([uri, "--collection", "big coll"], tmp_path, 10)
+
+
+def test_a_row_skipped_by_two_manifests_is_listed_once(tmp_path: Path) -> None:
+    images(tmp_path / "imgs")
+    write(tmp_path / "imgs" / "junk.jpg", b"not an image")
+    rows = "imgs/a/1.jpg,a\nimgs/junk.jpg,a\n,a\nimgs/b/0.jpg,zebra\n"
+    first, second = tmp_path / "first.csv", tmp_path / "second.csv"
+    first.write_text("path,label\n" + rows)
+    second.write_text("path,label\nimgs/b/2.jpg,b\n" + rows)  # the same rows, a line further
+    dst = tmp_path / "s.lmdb"
+    convert(first, dst, classes=["a", "b"], drop_unlisted=True)
+    convert(second, dst, append=True, classes=["a", "b"], drop_unlisted=True)
+    listed = [(s.name, s.reason) for s in open_store(dst).skipped_files()]
+    assert sorted(listed) == [  # each once: where the first manifest gave it
+        ("first.csv:4", "line 4: empty path"),
+        ("first.csv:5", "line 5: imgs/b/0.jpg: unknown class 'zebra'"),
+        ("imgs/junk.jpg", "not a recognised image format"),
+    ]

@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import stat
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +27,7 @@ from ..images.validate import validate_image
 from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
 from ..sources.folder import FolderScan, _SampleBuilder, file_kind, read_file
+from ..sources.manifest import row_key
 from ..stores.policy import StoreWriter
 from ..stores.reader import StoreReader
 from .reports import ConvertReport
@@ -374,14 +376,24 @@ class _Look:
                     self.changed.append(SkippedFile(h.name, why))
 
     def _unusable(self) -> list[SkippedFile]:
-        """What the scan could not use, to list: not what the store lists already; a file the
-        store holds (it became a FIFO, a broken link...) is reported as changed instead."""
+        """What the scan could not use, to list: not what the store lists already (a manifest's
+        row, each once, also where another manifest or another line of it gives the row again);
+        a file the store holds (it became a FIFO, a broken link...) is reported as changed
+        instead."""
         listed = {(s.name, s.reason) for s in self.skipped_before}
-        fresh = [
-            item
-            for item in [*self.scan.unusable, *self.duplicates]
-            if (item.name, item.reason) not in listed
-        ]
+        rows = Counter(key for s in self.skipped_before if (key := row_key(s)) is not None)
+        found = [*self.scan.unusable, *self.duplicates]
+        again = [(item.name, item.reason) in listed for item in found]
+        for item, same in zip(found, again, strict=True):
+            if same and (key := row_key(item)) is not None:
+                rows[key] -= 1  # (listed as it is: that entry is no other row's)
+        fresh = []
+        for item, same in zip(found, again, strict=True):
+            key = None if same else row_key(item)
+            if key is not None and rows[key] > 0:
+                rows[key] -= 1  # the same row, listed already from where it stood then
+            elif not same:
+                fresh.append(item)
         is_stored = self.stored.find(PackedStrings([name_bytes(i.name) for i in fresh])) >= 0
         unusable = []
         for item, held_now in zip(fresh, is_stored.tolist(), strict=True):

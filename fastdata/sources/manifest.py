@@ -51,6 +51,7 @@ __all__ = [
     "is_manifest",
     "listed_folders",
     "read_class_list",
+    "row_key",
     "scan_manifest",
 ]
 
@@ -590,6 +591,21 @@ def _line_of(item: SkippedFile) -> int:
     """The manifest line an entry's reason starts with (``line N: ...``)."""
     head = item.reason.split(":", 1)[0]
     return int(head[5:]) if head.startswith("line ") and head[5:].isdigit() else 0
+
+
+_ROW_NAME = re.compile(r"(?P<manifest>.+):(?P<line>[0-9]+)(?: \(row\))*")
+"""How an entry that names a manifest's row is named (``labels.csv:7``, see scan_manifest)."""
+
+
+def row_key(item: SkippedFile) -> str | None:
+    """For a skipped entry that names a manifest's row (``labels.csv:7``), not a file: what the
+    row says and what is wrong with it, less where it stood (its manifest and line numbers), so
+    that the same row listed again, from another manifest or from another line, is known as
+    one; None for an entry that names a file."""
+    found = _ROW_NAME.fullmatch(item.name)
+    if found is None or not item.reason.startswith(f"line {found['line']}: "):
+        return None
+    return re.sub(r"\bline [0-9]+\b", "line", item.reason.split(": ", 1)[1])
 
 
 def _named_apart(unusable: list[SkippedFile], samples: Samples) -> list[SkippedFile]:
