@@ -246,20 +246,21 @@ _PLAIN = re.compile(
     + rb'(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})'
     + _NAME_CHARS
     + rb')*)","label":(-?(?:0|[1-9][0-9]{0,9})),"size":(0|[1-9][0-9]{0,15}),'
-    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":(?:true|false)\}$',
+    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":false\}$',
     re.MULTILINE,
 )
-"""A header as :meth:`RecordHeader.to_json` writes it for a record without fields, one per
-line: every one it matches is a header that :meth:`RecordHeader.from_json` reads alike."""
+"""A header as :meth:`RecordHeader.to_json` writes it for a record without fields and not
+repaired, one per line: every one it matches is a header that :meth:`RecordHeader.from_json`
+reads alike. (A repaired record is checked more closely: read one at a time.)"""
 
 
 def plain_headers(
     heads: list[bytes | memoryview],
 ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Many headers read at once, where each is one without fields as fastdata writes it: their
-    names joined by NULs (as :func:`name_bytes` gives them), and their labels, sizes and
-    checksums; None if any is not (then each is read with :meth:`RecordHeader.from_json`,
-    which accepts or names it).
+    """Many headers read at once, where each is one without fields, not repaired, as fastdata
+    writes it: their names joined by NULs (as :func:`name_bytes` gives them), and their labels,
+    sizes and checksums; None if any is not (then each is read with
+    :meth:`RecordHeader.from_json`, which accepts or names it).
 
     It parses them in one pass over the headers joined by newlines, which no header as written
     holds: the count of newlines shows that none does, so each line is one header, and the

@@ -6,8 +6,10 @@ A JPEG is a chain of marker segments starting with SOI (``FF D8``). The entropy-
 start-of-scan (SOS) segment never contains a bare ``FF D9`` (every ``FF`` byte in it is followed by
 ``00`` or a restart marker), so the first ``FF D9`` after the first scan is the end-of-image (EOI)
 marker. Anything after it (padding, appended data) is legal and left alone. A file whose headers are
-complete but whose scan data runs to the end without EOI is *repairable*: appending ``FF D9`` makes
-decoders accept it. A file cut inside its headers, or one without SOI, is corrupt.
+complete but whose scan data runs to the end without EOI is *repairable* when its scan data is
+whole: appending ``FF D9`` makes decoders accept it. Whether it is whole (or the file was cut short,
+its last blocks missing) only a decode tells: see ``decode.check_repaired``. A file cut inside its
+headers, or one without SOI, is corrupt.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class JpegState(enum.Enum):
     OK = "ok"
     """SOI, complete headers, scan data and EOI (possibly followed by trailing bytes)."""
     MISSING_EOI = "missing-eoi"
-    """Complete headers and scan data, but the end-of-image marker is missing: repairable."""
+    """Complete headers, and the end-of-image marker missing: repairable if the scan data is
+    whole (a decode tells: ``decode.check_repaired``), not if the file was cut short."""
     CORRUPT = "corrupt"
     """No SOI, cut inside the headers, or no scan at all: not repairable."""
 

@@ -10,8 +10,9 @@ pixels than :func:`pixel_limit` before any decoder allocates for it: a 2 kB file
 
 Decoding is lenient by default, as training wants (a JPEG whose scan data ends early still gives
 an image); ``strict=True``, used by ``--verify-decode`` and ``verify --decode``, turns the
-decoder's warnings about corrupt or missing scan data into errors. That needs libjpeg-turbo:
-Pillow does not report them.
+decoder's warnings about corrupt or missing scan data into errors. Pillow does not report them:
+without libjpeg-turbo, :func:`decode_check` finds a JPEG cut short by decoding it twice (see
+:func:`check_repaired`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptImageError
-from .codec import first_rows
+from .codec import EOI, first_rows
 from .codec import is_jpeg as _is_jpeg
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
 __all__ = [
+    "TRUNCATED",
+    "check_repaired",
     "decode_array",
     "decode_check",
     "decode_numpy",
@@ -193,6 +196,18 @@ def _corrupt_scan(exc: ValueError) -> bool:
     return "corrupt" in text or "premature" in text or "truncated" in text
 
 
+TRUNCATED = "truncated JPEG: scan data ends early"
+"""Why a JPEG cut short is refused: its scan data ends before its last blocks (a decoder fills
+them with grey)."""
+
+
+def _ends_early(exc: ValueError) -> bool:
+    """Whether libjpeg-turbo's error says the scan data ended before the image did: it met a
+    marker where the scan's next bits should be, or the end of the file."""
+    text = str(exc).lower()
+    return "premature end of data segment" in text or "premature end of jpeg file" in text
+
+
 def decode_array(
     data: bytes | memoryview,
     name: str = "<bytes>",
@@ -327,21 +342,80 @@ def decode_numpy(data: bytes | memoryview, name: str = "<bytes>") -> np.ndarray:
     return decode_array(data, name)
 
 
-_warned = False
-
-
 def decode_check(data: bytes | memoryview, name: str) -> None:
     """Decode fully and strictly, and discard the pixels.
 
+    Without libjpeg-turbo, a JPEG is decoded twice (see :func:`check_repaired`): Pillow decodes
+    scan data that ends early without a word.
+
     Raises:
         CorruptImageError: the image cannot be decoded, is over the pixel limit, or its scan data
-            is corrupt or ends early (JPEGs, with libjpeg-turbo installed).
+            is corrupt or ends early (JPEGs).
     """
-    global _warned
-    if _is_jpeg(data) and _simplejpeg is None and not _warned:
-        _warned = True
-        log.warning(
-            "strict decoding without libjpeg-turbo: JPEGs whose scan data ends early are not "
-            "detected; pip install 'fastdata-images[turbo]'"
-        )
-    decode_array(data, name, strict=True)
+    pixels = decode_array(data, name, strict=True)
+    if _simplejpeg is None and _is_jpeg(data) and _cut_short(data, name, pixels):
+        raise CorruptImageError(name, "damaged JPEG data: its scan data ends early")
+
+
+_FILLER = b"\xaa" * 256
+"""Bits that a scan cut short decodes where its own are missing (no ``FF``: not a marker; their
+first bit set, unlike the zeros a decoder puts in at the marker)."""
+
+
+def check_repaired(data: bytes, name: str) -> None:
+    """Check that a JPEG that lacked its end-of-image marker (``data``, the marker appended)
+    lacked nothing else. A file missing only the marker decodes whole, every row of blocks
+    present; a file cut short does not: libjpeg-turbo meets the marker where scan data should
+    be and says so. Pillow does not, so there the image is decoded a second time with filler
+    bits before the marker: a whole scan ends before them (the decoder skips them to the
+    marker), a scan cut short decodes them into its missing blocks, and the pixels differ.
+    Costs a decode (two without libjpeg-turbo); call it after :func:`image_size` (the pixel
+    limit).
+
+    Raises:
+        CorruptImageError: the scan data ends early (:data:`TRUNCATED`), or the image does not
+            decode with the marker appended (a file cut inside the headers of a later scan).
+    """
+    if _simplejpeg is not None:
+        try:
+            _simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+            return
+        except ValueError as exc:
+            if _ends_early(exc):
+                raise CorruptImageError(name, TRUNCATED) from None
+            if "extraneous bytes" in str(exc):
+                return  # bytes after a whole scan, where the marker was missing: skipped
+            raise CorruptImageError(
+                name, f"does not decode with its end-of-image marker appended: {exc}"
+            ) from None
+        except (RuntimeError, KeyError):
+            pass  # outside libjpeg-turbo's fast path: Pillow below
+    if _cut_short(data, name):
+        raise CorruptImageError(name, TRUNCATED)
+
+
+def _cut_short(data: bytes | memoryview, name: str, pixels: np.ndarray | None = None) -> bool:
+    """Whether Pillow decodes the JPEG ``data`` (which ends with its end-of-image marker) into
+    other pixels with :data:`_FILLER` before the marker (``pixels``: its RGB pixels decoded
+    already, if they were)."""
+    import numpy as np
+
+    raw = bytes(data)
+    if not raw.endswith(EOI):
+        return False
+    whole = pixels if pixels is not None else _pillow_rgb(raw, name)
+    try:
+        filled = _pillow_rgb(raw[:-2] + _FILLER + EOI, name)
+    except CorruptImageError:
+        return True
+    return not np.array_equal(whole, filled)
+
+
+def _pillow_rgb(data: bytes, name: str) -> np.ndarray:
+    import numpy as np
+
+    img = _open(data, name)
+    try:
+        return np.asarray(img.convert("RGB"))
+    except Exception as exc:
+        raise CorruptImageError(name, f"cannot decode image: {exc}") from exc

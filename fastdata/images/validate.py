@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..errors import CorruptImageError
 from .codec import EOI, JpegState, inspect_jpeg, sniff
-from .decode import decode_check, image_size
+from .decode import check_repaired, decode_check, image_size
 
 __all__ = ["CheckedImage", "validate_image"]
 
@@ -31,6 +31,10 @@ class CheckedImage:
 def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedImage:
     """Check that bytes hold an image, repairing a JPEG's missing end-of-image marker.
 
+    Only a JPEG that lacks nothing but its end-of-image marker is repaired: one cut short (its
+    scan data ends before its last blocks) is refused as :data:`~.decode.TRUNCATED`, which
+    costs a decode of each JPEG that lacks the marker.
+
     Args:
         data: the image file's bytes.
         name: what to call the image in errors (its relative path).
@@ -41,9 +45,10 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
         The bytes to store, their format and whether they were repaired.
 
     Raises:
-        CorruptImageError: empty bytes, an unknown format, a JPEG that cannot be repaired, a
-            header that cannot be read or declares more pixels than the limit, or (with
-            ``decode``) bytes that cannot be decoded.
+        CorruptImageError: empty bytes, an unknown format, a JPEG that cannot be repaired (cut
+            inside its headers, or short of scan data), a header that cannot be read or
+            declares more pixels than the limit, or (with ``decode``) bytes that cannot be
+            decoded.
     """
     if not data:
         raise CorruptImageError(name, "empty file (0 bytes)")
@@ -57,8 +62,10 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
             raise CorruptImageError(name, reason)
         if state is JpegState.MISSING_EOI:
             data, repaired = data + EOI, True
+    if repaired or not decode:
+        image_size(data, name)  # a readable header, within the pixel limit
+    if repaired:
+        check_repaired(data, name)
     if decode:
         decode_check(data, name)
-    else:
-        image_size(data, name)  # a readable header, within the pixel limit
     return CheckedImage(data, fmt, repaired)
