@@ -106,6 +106,7 @@ def test_verify_names_a_jpeg_cut_short_that_an_earlier_conversion_repaired(
         assert [(f.name, f.reason) for f in failures] == [("c/half.jpg", TRUNCATED)]
     found = cli("verify", str(dst), "-q")
     assert found.returncode == 1 and f"c/half.jpg: {TRUNCATED}" in found.stdout
+    assert "--skip-damaged --decode`" in found.stdout  # the export that leaves it out
 
 
 def test_verify_without_libjpeg_turbo_names_it_too(

@@ -1,7 +1,8 @@
 """The ``fastdata`` command: a thin shell over the library. Only this package prints.
 
 ``app`` holds the command group, its one error funnel and the shared options; ``write`` the
-commands that write a store, ``read`` those that read one.
+commands that write a store, ``read`` those that read one; ``advice`` what ``verify`` advises
+for a damaged store.
 """
 
 from __future__ import annotations

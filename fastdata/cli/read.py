@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import sys
 from typing import Any
 
@@ -131,6 +129,7 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     )
     from ..ops.verify import check_file, here, verify_store
     from ..stores.mongo.connection import is_mongo_uri
+    from .advice import repairs
 
     try:
         reader = _open(store, options)
@@ -174,16 +173,10 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
             f"{report.location}: all {report.checked} records read and sound; the damage lies "
             "in pages of the store's own"
         )
-    source = f" ({reader.meta.source})" if reader.has_checksums and reader.meta.source else ""
-    if is_mongo_uri(store):
-        click.echo(f"{report.location}: damaged; convert it again from its source{source}.")
-    else:
-        sound = os.path.splitext(os.path.normpath(store))[0] + "-sound"
-        click.echo(
-            f"{report.location}: damaged; copy out the records that are sound with `fastdata "
-            f"export {shlex.quote(store)} {shlex.quote(sound)} --skip-damaged`, or convert it "
-            f"again from its source{source} with --overwrite."
-        )
+    collection = options["collection"] if is_mongo_uri(store) else None
+    meta = reader.meta if reader.has_checksums else None
+    decoding = any(f.decoding for f in report.failures)
+    click.echo(f"{report.location}: {repairs(store, collection, meta, decode=decoding)}")
     sys.exit(1)
 
 
@@ -198,6 +191,12 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
 @click.option(
     "--skip-damaged", is_flag=True, help="Leave out records that fail their checksum (exit 1)."
 )
+@click.option(
+    "--decode",
+    is_flag=True,
+    help="Also decode every image, as verify --decode does: one that does not decode is damaged "
+    "(with --skip-damaged, left out).",
+)
 @_store_options
 @_quiet
 def export(
@@ -207,6 +206,7 @@ def export(
     overwrite: bool,
     resume: bool,
     skip_damaged: bool,
+    decode: bool,
     quiet: bool,
     **options: Any,
 ) -> None:
@@ -232,10 +232,16 @@ def export(
                 overwrite=overwrite,
                 resume=resume,
                 skip_damaged=skip_damaged,
+                decode=decode,
                 progress=progress,
             )
     except KeyboardInterrupt:
-        flags = {"--repaired": repaired, "--overwrite": overwrite, "--skip-damaged": skip_damaged}
+        flags = {
+            "--repaired": repaired,
+            "--overwrite": overwrite,
+            "--skip-damaged": skip_damaged,
+            "--decode": decode,
+        }
         again = _export_again(store, outdir, [f for f, given in flags.items() if given], options)
         click.echo(
             f"\ninterrupted; every file written so far is whole: run `{again}` to finish",
@@ -247,6 +253,11 @@ def export(
     if report.manifest:
         click.echo(f"manifest: {report.manifest}")
     click.echo(f"convert back with: {report.convert_back}")
+    if reader.meta.class_order != "sorted" and not report.manifest:
+        click.echo(
+            "note: converted back, the classes are numbered in sorted order (ImageFolder's), not "
+            "in this store's order (appends added some at the end): its labels would change"
+        )
     if report.kept:
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:
@@ -254,6 +265,12 @@ def export(
             f"left out {len(report.damaged)} damaged record(s) (checksum or fields check failed):",
             report.damaged,
         )
+    if report.undecodable:
+        _listing(
+            f"left out {len(report.undecodable)} record(s) that do not decode:",
+            report.undecodable,
+        )
+    if report.damaged or report.undecodable:
         sys.exit(1)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import (
     SAME_COMMAND,
+    CorruptImageError,
     RecordError,
     StoreError,
     StoreExistsError,
@@ -42,6 +43,9 @@ class ExportReport:
     """Files that existed with the right bytes (``resume``) and were left as they were."""
     damaged: list[str] = field(default_factory=list)
     """Records left out because they fail their checksum or fields check (``skip_damaged``)."""
+    undecodable: list[str] = field(default_factory=list)
+    """Records left out because they do not decode (``decode`` and ``skip_damaged``), each as
+    ``name: why``."""
     repaired: bool = False
     manifest: str = ""
     """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
@@ -124,6 +128,7 @@ def export_store(
     overwrite: bool = False,
     resume: bool = False,
     skip_damaged: bool = False,
+    decode: bool = False,
     batch_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
@@ -146,12 +151,14 @@ def export_store(
             files in place), so that an export that stopped goes on where it stopped.
         skip_damaged: leave out records that fail their checksum (listed in the report) instead
             of stopping at the first.
+        decode: also decode every image fully and strictly, as ``verify --decode`` does: one
+            that does not decode (a JPEG cut short, damaged pixel data) is damaged too.
         batch_size: records read at a time.
         progress: called as ``progress(done, total)``.
 
     Raises:
-        RecordError: a record fails its checksum (without ``skip_damaged``); nothing is written
-            for it.
+        RecordError: a record fails its checksum, or (``decode``) does not decode, without
+            ``skip_damaged``; nothing is written for it.
         UnsafePathError: a record's name would land outside ``outdir``; nothing is written for it.
         StoreExistsError: a file exists already and neither ``overwrite`` nor ``resume`` fits.
         StoreError: writing failed (a full disk, ...); the files written so far are whole.
@@ -176,6 +183,8 @@ def export_store(
     sidecars_written: dict[str, tuple[str, bytes]] = {}
     for done, rec in enumerate(_records(reader, batch_size, skip_damaged, report), 1):
         data = _checked(reader, rec, skip_damaged, report, schema)
+        if data is not None and decode:
+            data = _decodes(reader, rec, data, skip_damaged, report)
         name = rec.header.name
         values = rec.header.fields or {}
         if data is None:
@@ -326,6 +335,33 @@ def _checked(
 
 
 _SKIP_DAMAGED = (option("skip_damaged"), " to export the rest")
+
+
+def _decodes(
+    reader: StoreReader, rec: Record, data: bytes, skip_damaged: bool, report: ExportReport
+) -> bytes | None:
+    """``data`` (the bytes to write for ``rec``) if the record's image decodes, strictly."""
+    from ..images.decode import decode_check
+
+    try:
+        decode_check(rec.data, rec.header.name)
+    except CorruptImageError as exc:
+        if skip_damaged:
+            log.warning(
+                "%s: record %d (%s) does not decode (%s); skipped",
+                reader.location,
+                rec.index,
+                rec.header.name,
+                exc.reason,
+            )
+            report.undecodable.append(f"{rec.header.name}: {exc.reason}")
+            return None
+        raise RecordError(
+            f"{reader.location}: record {rec.index} ({rec.header.name}) does not decode "
+            f"({exc.reason}); nothing was written for it: pass ",
+            *_SKIP_DAMAGED,
+        ) from None
+    return data
 
 
 def _write(

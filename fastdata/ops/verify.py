@@ -31,6 +31,9 @@ class Failure:
     index: int
     name: str
     reason: str
+    decoding: bool = False
+    """Whether the record is whole (its checksum holds) but its image is not: found by
+    decoding it (a JPEG cut short, damaged pixel data)."""
 
 
 @dataclass
@@ -174,7 +177,7 @@ def _check_range(
                     decode_check(bytes(data), h.name)
                     report.decoded += 1
             except CorruptImageError as exc:
-                failures.append(Failure(i, h.name, exc.reason))
+                failures.append(Failure(i, h.name, exc.reason, decoding=True))
 
     for item in reader.scan_records(damage, batch_size, start=start, stop=stop):
         if isinstance(item, ScanBlock):

@@ -1,0 +1,138 @@
+"""What ``verify`` advises for a damaged store repairs it: each command it prints runs as
+printed (in a shell, from where verify ran) and leaves out what verify named, on LMDB and on
+MongoDB; and it never advises a conversion that would give a store other than the one it had."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastdata import convert, export_store, open_store
+from fastdata.errors import RecordError
+from fastdata.images.decode import has_turbo
+
+from .conftest import jpeg_bytes, snapshot, write
+from .procs import REPO, cli
+
+# (damaged pixel data is found by libjpeg-turbo's strict decode; Pillow decodes it leniently)
+pytestmark = pytest.mark.skipif(not has_turbo(), reason="needs libjpeg-turbo (simplejpeg)")
+
+
+def undecodable_jpeg(seed: int) -> bytes:
+    """A JPEG whose every marker is in place (so it is stored as it is) but whose scan data is
+    damaged: restart markers where none belong, halfway through."""
+    data = bytearray(jpeg_bytes(seed=seed))
+    middle = (data.find(b"\xff\xda") + len(data)) // 2
+    data[middle : middle + 6] = b"\xff\xd3\xff\xd5\xff\xd1"
+    return bytes(data)
+
+
+def folder(root: Path, classes: tuple[str, ...], bad: str | None = None) -> Path:
+    for k, cls in enumerate(classes):
+        for i in range(3):
+            write(root / cls / f"{i}.jpg", jpeg_bytes(seed=10 * k + i))
+    if bad is not None:
+        write(root / bad, undecodable_jpeg(99))
+    return root
+
+
+def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``command`` run in a shell as a user would paste it, `fastdata` being this checkout's."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        command, shell=True, capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+
+
+def verify_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return shell(" ".join(["fastdata", "verify", *args, "-q"]), cwd)
+
+
+def commands(advice: str) -> dict[str, str]:
+    """The commands an advice prints, by verb."""
+    return {c.split()[1]: c for c in re.findall(r"`(fastdata [^`]+)`", advice)}
+
+
+def check_repairs(store_words: str, source: Path, cwd: Path, count: int) -> None:
+    """verify --decode of the store (``store_words``: as command-line words) names the record
+    that does not decode; the export it advises leaves it out and says so (exit 1); the
+    conversion it advises gives a store without it, which passes verify --decode."""
+    found = verify_in(cwd, store_words, "--decode")
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert "cat/bad.jpg: damaged JPEG data" in found.stdout
+    advised = commands(found.stdout)
+
+    exported = shell(advised["export"], cwd)
+    assert exported.returncode == 1, exported.stdout + exported.stderr
+    assert "left out 1 record(s) that do not decode:" in exported.stdout
+    assert "cat/bad.jpg: damaged JPEG data" in exported.stdout
+    words = shlex.split(advised["export"])
+    out = Path(cwd, words[words.index("--skip-damaged") - 1])
+    files = snapshot(out)
+    assert "cat/bad.jpg" not in files and len(files) == count
+    assert files == {name: (source / name).read_bytes() for name in files}
+
+    assert set(advised) == {"export", "convert"}, found.stdout
+    assert "--verify-decode" in advised["convert"]
+    converted = shell(advised["convert"], cwd)
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    assert "cat/bad.jpg: damaged JPEG data" in converted.stdout  # skipped, and said so
+    again = verify_in(cwd, store_words, "--decode")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"{count} records OK (checksums and decoding)" in again.stdout
+
+
+def test_both_repairs_verify_advises_work_on_lmdb(tmp_path: Path) -> None:
+    source = folder(tmp_path / "src", ("cat", "dog"), bad="cat/bad.jpg")
+    convert(source, tmp_path / "my store.lmdb")  # (a name the shell must be given quoted)
+    check_repairs("'my store.lmdb'", source, tmp_path, 6)
+
+
+@pytest.mark.mongo
+def test_both_repairs_verify_advises_work_on_mongodb(tmp_path: Path, mongo_uri: str) -> None:
+    source = folder(tmp_path / "src", ("cat", "dog"), bad="cat/bad.jpg")
+    uri = f"{mongo_uri}?appName=fastdata&connectTimeoutMS=20000"  # (an & for the shell)
+    convert(source, uri, collection="big coll")
+    check_repairs(f"'{uri}' --collection 'big coll'", source, tmp_path, 6)
+
+
+def test_an_appended_store_is_never_advised_a_conversion_that_renumbers_it(
+    tmp_path: Path,
+) -> None:
+    """The store grew by an append that added a class at the end of its list: converting its
+    first source again would give other labels (and lack what the append added)."""
+    store = tmp_path / "s.lmdb"
+    convert(folder(tmp_path / "first", ("cat", "dog"), bad="cat/bad.jpg"), store)
+    report = convert(folder(tmp_path / "more", ("ant",)), store, append=True)
+    assert report.classes == ["cat", "dog", "ant"]
+    found = verify_in(tmp_path, "s.lmdb", "--decode")
+    assert found.returncode == 1
+    assert "--overwrite" not in found.stdout and "fastdata convert" not in found.stdout
+    assert "it grew by --append" in found.stdout and "numbered in sorted order" in found.stdout
+    advised = commands(found.stdout)
+    assert set(advised) == {"export"}
+    exported = shell(advised["export"], tmp_path)
+    assert exported.returncode == 1 and "that do not decode" in exported.stdout
+    # converted back, the export's folder would number the classes in sorted order: said
+    assert "sorted order" in exported.stdout and "labels would change" in exported.stdout
+
+
+def test_export_decode_refuses_an_undecodable_record_unless_told_to_skip(tmp_path: Path) -> None:
+    store = tmp_path / "s.lmdb"
+    convert(folder(tmp_path / "src", ("cat",), bad="cat/bad.jpg"), store)
+    with pytest.raises(RecordError, match=r"cat/bad.jpg\) does not decode.*skip_damaged=True"):
+        export_store(open_store(store), tmp_path / "out", decode=True)
+    report = export_store(
+        open_store(store), tmp_path / "out2", decode=True, skip_damaged=True
+    )
+    assert report.files == 3 and [u.split(":")[0] for u in report.undecodable] == ["cat/bad.jpg"]
+    plain = cli("export", str(store), str(tmp_path / "out3"), "--skip-damaged", "-q")
+    assert plain.returncode == 0  # (without --decode, what is whole is copied: its checksum holds)
