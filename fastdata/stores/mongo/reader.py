@@ -28,7 +28,7 @@ from ...records import (
 from ..names import META_COLLECTION, aside_collection, bucket, progress_id
 from ..policy import incomplete_error
 from ..reader import StoreReader
-from .connection import _gridfs, _MongoTarget, command_words, mask_uri
+from .connection import _gridfs, _MongoTarget, command_words
 from .layout import (
     _doc_id,
     _load_skipped,
