@@ -117,3 +117,56 @@ def test_a_boolean_mask_selects_like_numpy_and_anything_else_unintegral_is_refus
     with pytest.raises(TypeError, match="integers or a boolean mask"):
         LMDBImageDataset(lmdb_store, indices=np.array([1.0, 2.0]))
     assert list(full.subset(indices=np.array([3, 1], dtype=np.uint8)).targets) == [0, 0]
+
+
+def scored_manifest(tmp_path: Path) -> Path:
+    """Six images of two classes, a and b, each with a score: its number."""
+    import json
+
+    from .conftest import jpeg_bytes, write
+
+    rows = []
+    for i in range(6):
+        write(tmp_path / "img" / f"{i}.jpg", jpeg_bytes(seed=i))
+        rows.append({"path": f"img/{i}.jpg", "label": "ab"[i % 2], "score": float(i)})
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return manifest
+
+
+@pytest.mark.mongo
+def test_a_subset_by_query_of_a_replaced_mongo_store_is_refused_as_a_read_is(
+    tmp_path: Path, mongo_uri: str
+) -> None:
+    from fastdata.errors import StoreReplacedError
+
+    manifest = scored_manifest(tmp_path)
+    convert(manifest, mongo_uri, collection="s")
+    ds = MongoImageDataset(mongo_uri, "s", output="bytes", fields="*")
+    assert len(ds.subset(where={"fields.score": {"$gte": 2}})) == 4
+    convert(manifest, mongo_uri, collection="s", overwrite=True)  # the same rows, a new store
+    for where in ({"fields.score": {"$gte": 2}}, {"fields.score": {"$gte": 100}}):
+        with pytest.raises(StoreReplacedError, match="the store was replaced"):
+            ds.subset(where=where)
+    with pytest.raises(StoreReplacedError, match="the store was replaced"):
+        ds.subset(where=lambda f: f["score"] >= 2)
+    with pytest.raises(StoreReplacedError):
+        ds[0]
+
+
+@pytest.mark.mongo
+def test_a_query_filter_narrows_a_subset_of_a_mongo_store(tmp_path: Path, mongo_uri: str) -> None:
+    convert(scored_manifest(tmp_path), mongo_uri, collection="s")
+    ds = MongoImageDataset(mongo_uri, "s", output="bytes", fields="*")
+    high = {"fields.score": {"$gte": 2}}
+    bs = ds.subset(classes=["b"]).subset(where=high)  # records 3 and 5, in class b (label 0)
+    assert [v["score"] for _, _, v in bs.__getitems__(range(len(bs)))] == [3.0, 5.0]
+    assert bs.classes == ["b"] and bs.targets.tolist() == [0, 0]
+    picked = ds.subset(indices=[5, 0, 4, 1]).subset(where=high)  # the order picked, kept
+    assert [v["score"] for _, _, v in picked.__getitems__(range(len(picked)))] == [5.0, 4.0]
+    both = ds.subset(classes=["a"], where=high)  # in one call, the same
+    assert [v["score"] for _, _, v in both.__getitems__(range(len(both)))] == [2.0, 4.0]
+    lmdb = tmp_path / "s.lmdb"
+    convert(scored_manifest(tmp_path), lmdb)
+    with pytest.raises(TypeError, match="query filters are for MongoDB stores"):
+        LMDBImageDataset(lmdb, fields="*").subset(classes=["b"]).subset(where=high)

@@ -172,6 +172,15 @@ class StoreView(StoreReader):
     def __len__(self) -> int:
         return len(self.records)
 
+    def matching(self, where: Any) -> np.ndarray:
+        """The view's records whose fields match ``where``: a predicate as in every reader; a
+        query filter is run by the store's backend (MongoDB's server) over the store, its
+        answer then narrowed to this view."""
+        if callable(where):
+            return super().matching(where)
+        found = self.base.matching(where)
+        return np.flatnonzero(np.isin(self.records, found)).astype(np.int64)
+
     def _map(self, indices: Sequence[int]) -> tuple[list[int], list[int]]:
         idx = self.check_indices(indices)
         return idx, self.records[idx].tolist()

@@ -229,12 +229,16 @@ class MongoStore(_MongoTarget, StoreReader):
         span = f"{min(indices)}-{max(indices)}" if indices else "none"
         return self._run(f"reading records {span}", query)
 
+    def _check_store(self, doc: dict[str, Any]) -> None:
+        """Refuse a document of another store than the one opened (it was replaced)."""
+        # documents of the first layout carry no store id: they are the id-less store's
+        if self._ids and doc.get("store", "") not in self._ids:
+            raise self._replaced(f"{doc.get('store')!r}, found in record {doc.get('_id')}")
+
     def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
         """Check a document's store id and the type of its image before using it; fetch an image
         kept in GridFS."""
-        # documents of the first layout carry no store id: they are the id-less store's
-        if self._ids and doc.get("store", "") not in self._ids:
-            raise self._replaced(f"{doc.get('store')!r}, found in record {index}")
+        self._check_store(doc)
         data = doc.get("data")
         if isinstance(data, bytes):
             return
@@ -280,6 +284,7 @@ class MongoStore(_MongoTarget, StoreReader):
                     "is damaged, run `fastdata verify` on it"
                 )
             for doc in docs:
+                self._check_store(doc)
                 where = f"{self.location}: record {doc['_id']}"
                 yield RecordHeader.from_dict(_names_from_bson(doc), where)
 
@@ -290,11 +295,22 @@ class MongoStore(_MongoTarget, StoreReader):
             return super().matching(where)
         self._check_filter(where)
         n = len(self)
-        query = {"$and": [where, {"_id": {"$gte": 0, "$lt": n}}]}
+        query: dict[str, Any] = {"$and": [where, {"_id": {"$gte": 0, "$lt": n}}]}
+        if self._ids:  # a record of another store (this one was replaced) is found too, and named
+            others = [*self._ids, None] if "" in self._ids else list(self._ids)
+            query = {
+                "$and": [
+                    {"_id": {"$gte": 0, "$lt": n}},
+                    {"$or": [where, {"store": {"$nin": others}}]},
+                ]
+            }
 
         def run() -> list[Any]:
-            docs = self._conn.db()[self.collection].find(query, {"_id": 1})
-            return [d["_id"] for d in docs]
+            found = []
+            for d in self._conn.db()[self.collection].find(query, {"_id": 1, "store": 1}):
+                self._check_store(d)
+                found.append(d["_id"])
+            return found
 
         found = self._run(f"selecting records with where={where!r:.200}", run)
         return np.unique(np.asarray([int(i) for i in found if type(i) is int], dtype=np.int64))
