@@ -78,10 +78,21 @@ def _part(
     return StoreView(reader, classes=classes, indices=indices, where=where)
 
 
+class FieldValues(dict[str, Any]):
+    """A sample's field values by name (a plain ``dict`` to its reader), with the
+    :class:`~fastdata.fields.Schema` they were read by, so that ``fast_collate`` batches them
+    by the store's types whether or not it is told the schema (``create_loader`` tells it)."""
+
+    schema: Any = None
+
+
 def _field_reader(field: Any) -> Callable[[Any], Any]:
     """How a stored value of ``field`` is given to the caller: numbers with a shape as a
-    numpy array (int64, float32 or bool; a variable first dimension may be 0), everything else
-    as stored."""
+    numpy array (int64, float32 or bool; a variable first dimension may be 0), a scalar float
+    as a float (a document may hold it as an int: the same value, which the field's checksum
+    and ``verify`` accept), everything else as stored."""
+    if field.type == "float" and not field.shape:
+        return _as_float
     if field.type not in ("int", "float", "bool") or not field.shape:
         return _same
     dtype = {"int": np.int64, "float": np.float32, "bool": np.bool_}[field.type]
@@ -95,6 +106,10 @@ def _field_reader(field: Any) -> Callable[[Any], Any]:
 
 def _same(value: Any) -> Any:
     return value
+
+
+def _as_float(value: Any) -> Any:
+    return float(value) if type(value) is int else value
 
 
 class ImageStoreDataset(Dataset):
@@ -117,9 +132,10 @@ class ImageStoreDataset(Dataset):
             in this order, and its labels index them (see :class:`~fastdata.stores.view.StoreView`).
         indices: read only these records, in this order.
         fields: names of fields of the store (see ``info``) to read with each sample, which is
-            then ``(image, target, {name: value})``; ``"*"``: all of them. Numbers with a shape
-            come as numpy arrays (int64, float32, bool), strings as ``str``, JSON as Python
-            objects. Without it, samples are ``(image, target)`` and no field is read.
+            then ``(image, target, {name: value})``; ``"*"``: all of them (none, in a store
+            without fields: ``(image, target, {})``). Numbers with a shape come as numpy
+            arrays (int64, float32, bool), a float as ``float``, strings as ``str``, JSON as
+            Python objects. Without it, samples are ``(image, target)`` and no field is read.
         as_dict: samples as ``{"image": ..., "target": ..., name: value, ...}``.
         where: read only the records whose fields match: a predicate over a record's field
             values (``lambda f: len(f["boxes"]) > 3``), or for MongoDB a query filter the server
@@ -152,6 +168,9 @@ class ImageStoreDataset(Dataset):
         self.pipeline = pipeline
         self.fields: list[str] = self._chosen_fields(fields)
         self.as_dict = as_dict
+        self._with_fields = fields is not None
+        """Samples carry their field values (``fields=`` given, even where the store has none:
+        ``(image, target, {})``, as every other store's samples are)."""
 
     def _chosen_fields(self, fields: Sequence[str] | str | None) -> list[str]:
         if fields is None:
@@ -246,8 +265,8 @@ class ImageStoreDataset(Dataset):
         if any(map(isinstance, keys, repeat(tuple))):  # (in C: this is every batch's path)
             indices = [k[0] if isinstance(k, tuple) else k for k in keys]
             seeds = [int(k[1]) if isinstance(k, tuple) else None for k in keys]
-        if self.fields or self.as_dict:
-            return self._with_fields(indices, seeds)
+        if self._with_fields or self.as_dict:
+            return self._samples_with_fields(indices, seeds)
         samples = self.reader.read_samples(indices)
         if self.output == "bytes" and self._plain:
             return samples  # nothing to apply
@@ -260,11 +279,12 @@ class ImageStoreDataset(Dataset):
             out.append((image, label if target_transform is None else target_transform(label)))
         return out
 
-    def _with_fields(self, indices: Sequence[Any], seeds: list[int | None]) -> list[Any]:
+    def _samples_with_fields(self, indices: Sequence[Any], seeds: list[int | None]) -> list[Any]:
         """Samples with their fields: the records read whole (headers and bytes) in one round
         trip."""
         schema = self.reader.meta.schema
         readers = [(n, _field_reader(schema.get(n))) for n in self.fields]
+        read_by = self.field_schema
         transform, target_transform = self.transform, self.target_transform
         out: list[Any] = []
         for i, seed, record in zip(indices, seeds, self.reader.read_records(indices), strict=True):
@@ -274,17 +294,17 @@ class ImageStoreDataset(Dataset):
             label = record.header.label
             target = label if target_transform is None else target_transform(label)
             stored = record.header.fields or {}
+            values = FieldValues() if not self.as_dict else FieldValues(image=image, target=target)
+            values.schema = read_by
             try:
-                values = {name: read(stored[name]) for name, read in readers}
+                for name, read in readers:
+                    values[name] = read(stored[name])
             except KeyError as exc:
                 raise RecordError(
                     f"{self.where(int(i))}: field {exc.args[0]!r} of the store's schema is "
                     "missing; the store is damaged, run `fastdata verify` on it"
                 ) from None
-            if self.as_dict:
-                out.append({"image": image, "target": target, **values})
-            else:
-                out.append((image, target, values))
+            out.append(values if self.as_dict else (image, target, values))
         return out
 
     @property
@@ -299,7 +319,7 @@ class ImageStoreDataset(Dataset):
             and self.pipeline is None
             and self.transform is None
             and self.target_transform is None
-            and not self.fields
+            and not self._with_fields
             and not self.as_dict
         ):
             return self.reader.read_sample(index)  # the raw read: its shortest path

@@ -271,7 +271,7 @@ def test_views_by_field_and_batches(tmp_path: Path) -> None:
     batch = [ds[i] for i in range(4)]
     images, labels, values = fast_collate(batch, schema=ds.field_schema)
     assert images.shape == (4, 3, 48, 64) and labels.tolist() == [0, 1, 0, 1]
-    assert values["score"].dtype == torch.float32 and values["score"].shape == (4,)
+    assert values["score"].dtype == torch.float64 and values["score"].shape == (4,)
     assert isinstance(values["boxes"], list) and values["boxes"][1].shape == (3, 4)
     assert values["caption"][0].startswith("a photo of thing 2")
     padded = fast_collate(batch, schema=ds.field_schema, pad=True)[2]
@@ -905,3 +905,108 @@ def test_the_sidecar_hint_runs_as_printed(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     ds = LMDBImageDataset(tmp_path / "t.lmdb", output="bytes", fields="*")
     assert [ds[i][2]["n"] for i in range(2)] == [0, 1]
+
+
+BACKENDS = ["lmdb", pytest.param("mongo", marks=pytest.mark.mongo)]
+
+
+def field_store(request: pytest.FixtureRequest, tmp_path: Path, source: Path, **kw: Any) -> Any:
+    """``source`` converted into a store of the backend the test is given; returns a function
+    that opens a dataset over it."""
+    from fastdata import MongoImageDataset
+
+    if request.node.callspec.params["backend"] == "lmdb":
+        convert(source, tmp_path / "s.lmdb", **kw)
+        return lambda **opts: LMDBImageDataset(tmp_path / "s.lmdb", **opts)
+    uri = request.getfixturevalue("mongo_uri")
+    convert(source, uri, collection="s", **kw)
+    return lambda **opts: MongoImageDataset(uri, "s", **opts)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fields_star_gives_three_parts_on_a_store_without_fields(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    from fastdata import create_loader
+
+    for i in range(4):
+        write(tmp_path / "src" / f"c{i % 2}" / f"{i}.jpg", jpeg_bytes(seed=i))
+    dataset = field_store(request, tmp_path, tmp_path / "src")
+    ds = dataset(output="numpy", fields="*")
+    assert ds.fields == [] and len(ds[0]) == 3 and ds[0][2] == {}
+    assert all(len(s) == 3 for s in ds.__getitems__([0, 1, 2]))
+    images, _, values = fast_collate([ds[i] for i in range(4)])
+    assert images.shape[0] == 4 and values == {}
+    batch = next(iter(create_loader(dataset(fields="*"), 2, image_size=16, num_workers=0)))
+    assert len(batch) == 3 and batch[2] == {}
+    assert len(dataset(output="numpy")[0]) == 2  # without fields=, as before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float_fields_batch_as_the_values_stored_and_alike_for_every_worker_count(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    from torch.utils.data import DataLoader
+
+    from fastdata import create_loader
+
+    make_images(tmp_path, 4)
+    scores = [1e300, 1700000000.25, 0.5, -2.0]
+    rows = [
+        {"path": f"img/{i}.jpg", "label": "ab"[i % 2], "score": scores[i],
+         "box": [0.5, 1.0, 2.0, 3.0 + i], "quad": [1.0, 2.0, 3.0, 4.0]}
+        for i in range(4)
+    ]  # fmt: skip
+    manifest = write_jsonl(tmp_path / "m.jsonl", rows)
+    dataset = field_store(request, tmp_path, manifest, fields="quad:float[4]")
+    # box: a list of 4 in every row, of the type float[-1] (inferred: its length may vary)
+    assert (
+        dataset(fields="*").field_schema.describe() == "quad:float[4], score:float, box:float[-1]"
+    )
+
+    def resized(image: Any) -> np.ndarray:
+        return np.array(image.resize((16, 16)))
+
+    batches = []
+    for workers in (0, 2):
+        loader = create_loader(
+            dataset(fields="*"), 4, image_size=16, num_workers=workers, train=False
+        )
+        batches.append(("create_loader", workers, next(iter(loader))[2]))
+        plain = DataLoader(
+            dataset(fields="*", transform=resized), 4, num_workers=workers, collate_fn=fast_collate
+        )
+        batches.append(("DataLoader", workers, next(iter(plain))[2]))
+    ds = dataset(fields="*", transform=resized)
+    batches.append(("fast_collate", 0, fast_collate([ds[i] for i in range(4)])[2]))
+    as_dict = dataset(fields="*", transform=resized, as_dict=True)
+    batches.append(("as_dict", 0, fast_collate([as_dict[i] for i in range(4)])))
+    for how, workers, values in batches:
+        where = f"{how}, {workers} workers"
+        score = values["score"]
+        assert score.dtype == torch.float64 and score.tolist() == scores, where  # exact, finite
+        assert isinstance(values["quad"], torch.Tensor) and values["quad"].shape == (4, 4), where
+        assert isinstance(values["box"], list) and len(values["box"]) == 4, where
+
+
+@pytest.mark.mongo
+def test_a_float_field_a_document_holds_as_an_int_reads_as_a_float(
+    tmp_path: Path, mongo_uri: str
+) -> None:
+    from fastdata import MongoImageDataset
+
+    from .mongo_server import database
+
+    make_images(tmp_path, 2)
+    rows = [{"path": f"img/{i}.jpg", "label": "a", "score": 3.0 + i / 2} for i in range(2)]
+    convert(write_jsonl(tmp_path / "m.jsonl", rows), mongo_uri, collection="s")
+    # another tool rewrote the value 3.0 as the int 3: the same number, so its checksum holds
+    database(mongo_uri)["s"].update_one({"_id": 0}, {"$set": {"fields.score": 3}})
+    assert type(database(mongo_uri)["s"].find_one({"_id": 0})["fields"]["score"]) is int
+    assert cli("verify", mongo_uri, "--collection", "s").returncode == 0
+    ds = MongoImageDataset(mongo_uri, "s", output="bytes", fields="*")
+    value = ds[0][2]["score"]
+    assert value == 3.0 and type(value) is float
+    assert fast_collate([(np.zeros((2, 2, 3), np.uint8), 0, ds[0][2])])[2]["score"].dtype == (
+        torch.float64
+    )

@@ -38,8 +38,10 @@ def fast_collate(batch: Sequence[Any], *, schema: Any = None, pad: bool = False)
     Samples with fields (a dataset read with ``fields=``) batch them too (:func:`collate_fields`):
     ``[(image, label, {name: value}), ...]`` -> ``(images, labels, {name: batched})``, and dict
     samples ``[{"image", "target", name...}, ...]`` -> one dict of the same keys. ``schema``
-    (the dataset's :class:`fastdata.fields.Schema`) decides which fields are tensors; ``pad``
-    pads variable-length ones (see :func:`collate_fields`).
+    (the dataset's :class:`fastdata.fields.Schema`; by default the one a fastdata dataset's
+    samples carry) decides which fields are tensors, so a batch has the same types in
+    ``create_loader``, in a ``DataLoader`` of any worker count and here; ``pad`` pads
+    variable-length ones (see :func:`collate_fields`).
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
@@ -64,9 +66,13 @@ def fast_collate(batch: Sequence[Any], *, schema: Any = None, pad: bool = False)
     labels = torch.as_tensor([int(label) for _, label in pairs], dtype=torch.int64)
     chw = out.permute(0, 3, 1, 2)
     if as_dict:
+        if schema is None:
+            schema = getattr(first_sample, "schema", None)
         values = [{k: v for k, v in s.items() if k not in ("image", "target")} for s in batch]
         return {"image": chw, "target": labels, **collate_fields(values, schema, pad)}
     if len(first_sample) == 3:
+        if schema is None:
+            schema = getattr(first_sample[2], "schema", None)
         fields = collate_fields([s[2] for s in batch], schema, pad)
         return finish(chw, labels, owner, fields)
     return finish(chw, labels, owner)
@@ -79,7 +85,11 @@ def collate_fields(
     schema) as one tensor; numbers whose first dimension varies as a list of tensors, or, with
     ``pad``, one tensor padded with zeros to the longest and ``<name>_mask`` (bool, N x L: True
     where a value is); strings and JSON as lists. Without a schema, numbers whose shapes agree in
-    this batch are one tensor."""
+    this batch are one tensor.
+
+    Scalar floats are float64, the values as stored (a float32 would turn 1e300 into infinity
+    and 1700000000.25 into 1700000000.0); lists of floats, which a store keeps inside float32's
+    range, are float32 as the dataset reads them; ints are int64."""
     if not samples:
         return {}
     out: dict[str, Any] = {}
@@ -89,6 +99,9 @@ def collate_fields(
         kind = field.type if field is not None else _kind_of(values)
         if kind not in ("int", "float", "bool"):
             out[name] = values
+            continue
+        if kind == "float" and all(isinstance(v, (int, float)) for v in values):
+            out[name] = torch.tensor(values, dtype=torch.float64)  # (exact; see above)
             continue
         tensors = [torch.as_tensor(v) for v in values]
         fixed = field.fixed if field is not None else len({t.shape for t in tensors}) == 1
