@@ -14,7 +14,7 @@ from fastdata.errors import SourceError, UsageError
 from fastdata.sources.manifest import scan_manifest
 
 from .conftest import jpeg_bytes, png_bytes, snapshot, write
-from .procs import cli
+from .procs import cli, run_script
 
 
 @pytest.fixture
@@ -178,3 +178,78 @@ def test_a_manifest_into_mongo_and_append_to_it(
         folder = tmp_path / "folder"
         write(folder / "c" / "1.jpg", jpeg_bytes())
         convert(folder, mongo_uri, collection="val", append=True)
+
+
+def store_args(
+    request: pytest.FixtureRequest, backend: str, manifest: Path, tmp_path: Path
+) -> list[str]:
+    """``manifest`` converted into a store of ``backend``; the words that name it to the CLI."""
+    if backend == "lmdb":
+        convert(manifest, tmp_path / "m.lmdb")
+        return [str(tmp_path / "m.lmdb")]
+    uri = request.getfixturevalue("mongo_uri")
+    convert(manifest, uri, collection="m")
+    return [uri, "--collection", "m"]
+
+
+KILLED_IN_THE_MANIFEST = """
+    import os, signal, sys
+    import fastdata.ops.export as export
+    from fastdata import export_store, open_store
+
+    write_all = export._write_all
+
+    def dying(fd, data):  # the manifest (written last): half of it, then the process is killed
+        if data.startswith(b'{"classes"'):
+            os.write(fd, data[: len(data) // 2])
+            os.kill(os.getpid(), signal.SIGKILL)
+        write_all(fd, data)
+
+    export._write_all = dying
+    export_store(open_store(sys.argv[1], collection=sys.argv[3] or None), sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("backend", ["lmdb", pytest.param("mongo", marks=pytest.mark.mongo)])
+def test_export_never_replaces_a_manifest_it_did_not_write(
+    request: pytest.FixtureRequest, images: Path, tmp_path: Path, backend: str
+) -> None:
+    manifest = images / "manifest.jsonl"
+    rows = [{"path": f"img_{i:02d}.jpg", "label": "ab"[i % 2], "note": "mine"} for i in range(6)]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    store = store_args(request, backend, manifest, tmp_path)
+    before = snapshot(images)
+    # into the folder the store came from: as it is, and as a resume (all the images match)
+    for extra in ([], ["--resume"]):
+        result = cli("export", *store, str(images), *extra)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert f"{manifest}: exists already" in lines[0] and "--overwrite" in lines[0]
+        assert snapshot(images) == before  # nothing written, not even a mark
+    lone = tmp_path / "notes"  # a folder of the user's with a manifest.jsonl, and no image
+    write(lone / "manifest.jsonl", b"my own notes\n")
+    result = cli("export", *store, str(lone))
+    assert result.returncode == 2 and f"{lone / 'manifest.jsonl'}: exists already" in result.stderr
+    assert snapshot(lone) == {"manifest.jsonl": b"my own notes\n"}
+    # an export killed while writing its manifest: a resume knows that manifest for its own
+    out = tmp_path / "out"
+    killed = run_script(KILLED_IN_THE_MANIFEST, store[0], out, store[-1] if len(store) > 1 else "")
+    assert killed.returncode == -9, killed.stderr
+    cut = (out / "manifest.jsonl").read_bytes()
+    result = cli("export", *store, str(out), "--resume", "-q")
+    assert result.returncode == 0, result.stderr
+    exported = snapshot(out)  # the manifest whole, and the export's mark gone
+    assert exported["manifest.jsonl"].startswith(cut) and len(cut) < len(exported["manifest.jsonl"])
+    assert sorted(exported) == ["img_00.jpg", "img_01.jpg", "img_02.jpg", "img_03.jpg",
+                                "img_04.jpg", "img_05.jpg", "manifest.jsonl"]  # fmt: skip
+    again = tmp_path / "again.lmdb"
+    convert(out / "manifest.jsonl", again)
+    assert LMDBImageDataset(again).classes == ["a", "b"] and len(LMDBImageDataset(again)) == 6
+    # an export into another folder is no export of this one: a resume here still refuses
+    result = cli("export", *store, str(images), "--resume")
+    assert result.returncode == 2 and snapshot(images) == before
+    # asked for, it is replaced
+    result = cli("export", *store, str(images), "--overwrite", "-q")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(images) == {**before, "manifest.jsonl": exported["manifest.jsonl"]}

@@ -186,9 +186,16 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
 @click.argument("store")
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=str))
 @click.option("--repaired", is_flag=True, help="Write the repaired bytes, not the original ones.")
-@click.option("--overwrite", is_flag=True, help="Replace files that exist in OUTDIR.")
 @click.option(
-    "--resume", is_flag=True, help="Keep files in OUTDIR that already hold the right bytes."
+    "--overwrite",
+    is_flag=True,
+    help="Replace files that exist in OUTDIR (a manifest.jsonl there too).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep files in OUTDIR that already hold the right bytes; a manifest.jsonl there is "
+    "replaced only if an export fastdata started there wrote it.",
 )
 @click.option(
     "--skip-damaged", is_flag=True, help="Leave out records that fail their checksum (exit 1)."

@@ -23,7 +23,7 @@ from ..errors import (
 )
 from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
-from ..sources.manifest import EXPORTED_MANIFEST, export_name
+from ..sources.manifest import EXPORT_MARK, EXPORTED_MANIFEST, export_name
 from ..stores import names
 from ..stores.reader import StoreReader
 
@@ -148,7 +148,10 @@ def export_store(
         overwrite: replace files that exist.
         resume: keep files that exist with exactly the bytes they would get, and complete those
             that hold a prefix of them (left by an export of an earlier fastdata, which wrote
-            files in place), so that an export that stopped goes on where it stopped.
+            files in place), so that an export that stopped goes on where it stopped. A
+            ``manifest.jsonl`` in ``outdir`` is replaced only by an export that goes on with one
+            fastdata started there (its mark, ``.fastdata-export``, is there until the manifest
+            is written), or with ``overwrite``: never the manifest a store came from.
         skip_damaged: leave out records that fail their checksum (listed in the report) instead
             of stopping at the first.
         decode: also decode every image fully and strictly, as ``verify --decode`` does: one
@@ -160,7 +163,9 @@ def export_store(
         RecordError: a record fails its checksum, or (``decode``) does not decode, without
             ``skip_damaged``; nothing is written for it.
         UnsafePathError: a record's name would land outside ``outdir``; nothing is written for it.
-        StoreExistsError: a file exists already and neither ``overwrite`` nor ``resume`` fits.
+        StoreExistsError: a file exists already and neither ``overwrite`` nor ``resume`` fits;
+            for a ``manifest.jsonl`` that no export fastdata started there wrote, before
+            anything is written.
         StoreError: writing failed (a full disk, ...); the files written so far are whole.
     """
     out = Path(outdir)
@@ -180,6 +185,7 @@ def export_store(
         if schema:  # the types, so that converting the manifest back gives the same schema
             head["fields"] = [f.spec for f in schema.fields]
         rows = [json.dumps(head).encode() + b"\n"] if head else []
+        _claim(out, reader, overwrite=overwrite)
     sidecars_written: dict[str, tuple[str, bytes]] = {}
     for done, rec in enumerate(_records(reader, batch_size, skip_damaged, report), 1):
         data = _checked(reader, rec, skip_damaged, report, schema)
@@ -236,8 +242,51 @@ def export_store(
         report.files -= 1  # the manifest is not one of the images
         report.total_bytes -= len(manifest)
         report.manifest = str(out / EXPORTED_MANIFEST)
+        try:
+            os.unlink(out / EXPORT_MARK)
+        except OSError as exc:  # (the export is whole: a mark left over costs nothing)
+            log.warning("%s: cannot remove it: %s", out / EXPORT_MARK, exc.strerror or exc)
     report.convert_back = _convert_back(out, report.manifest, meta)
     return report
+
+
+def _claim(out: Path, reader: StoreReader, *, overwrite: bool) -> None:
+    """Before the export of a store converted from a manifest writes anything into ``out``:
+    refuse a ``manifest.jsonl`` there that no export fastdata started in ``out`` wrote (often
+    the very manifest the store came from), unless ``overwrite``; then mark ``out`` as holding
+    this export (the mark is removed once the manifest is written)."""
+    manifest, mark = out / EXPORTED_MANIFEST, out / EXPORT_MARK
+    ours = _marked(mark)
+    if os.path.lexists(manifest) and not overwrite and not ours:
+        raise StoreExistsError(
+            f"{manifest}: exists already, and no export that fastdata started in {out} wrote it "
+            "(it may be the manifest the store came from); export into another folder, or pass "
+            "--overwrite to replace it"
+        )
+    if not ours:
+        made = {"export of": reader.location, "store id": reader.meta.id}
+        try:
+            _replace(mark, json.dumps(made).encode() + b"\n")
+        except OSError as exc:
+            raise _write_failed(mark, exc) from None
+
+
+def _marked(mark: Path) -> bool:
+    """Whether ``mark`` is the mark an export leaves in its folder until it is done (a regular
+    file of a few bytes, read without following a link or waiting on a FIFO)."""
+    try:
+        fd = os.open(mark, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        found = json.loads(os.read(fd, 1 << 16))
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+    return isinstance(found, dict) and "export of" in found
 
 
 def _records(

@@ -46,6 +46,7 @@ from .folder import FolderScan, Samples, _SampleBuilder, file_kind, os_reason
 
 __all__ = [
     "EXPORTED_MANIFEST",
+    "EXPORT_MARK",
     "MANIFEST_SUFFIXES",
     "export_name",
     "is_manifest",
@@ -57,6 +58,11 @@ __all__ = [
 
 EXPORTED_MANIFEST = "manifest.jsonl"
 """What ``export`` writes beside the images of a store converted from a manifest."""
+
+EXPORT_MARK = ".fastdata-export"
+"""What ``export`` writes in its folder while it exports a store converted from a manifest,
+before any image, and removes once the manifest is written: how an ``export --resume`` knows
+that a ``manifest.jsonl`` there is its own, not the user's."""
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 MAX_ROW_BYTES = 1 << 20
@@ -667,7 +673,7 @@ def listed_folders(scan: FolderScan) -> set[str]:
     return {os.path.realpath(os.path.join(root, os.fsdecode(p)) if p else root) for p in parents}
 
 
-_RESERVED = frozenset({"_root", "_up", "_", EXPORTED_MANIFEST})
+_RESERVED = frozenset({"_root", "_up", "_", EXPORTED_MANIFEST, EXPORT_MARK})
 
 
 def export_name(name: str) -> str:
@@ -676,8 +682,8 @@ def export_name(name: str) -> str:
 
     - a plain relative path is kept as it is;
     - an absolute path goes under ``_root/``, each leading ``..`` becomes ``_up/``;
-    - a path whose (remaining) first part is itself ``_root``, ``_up``, ``_`` or
-      ``manifest.jsonl`` is escaped under ``_/``.
+    - a path whose (remaining) first part is itself ``_root``, ``_up``, ``_``,
+      ``manifest.jsonl`` or ``.fastdata-export`` is escaped under ``_/``.
 
     The mapping is one to one: ``_root`` and ``_up`` appear only as the prefix, and ``_/`` marks
     the rest as literal.
