@@ -7,13 +7,18 @@
     python scripts/train.py mongodb://127.0.0.1:27017/images --collection train
 
 Prints where the checkpoint goes (beside an LMDB store, ``train.lmdb.checkpoint.pt``; for a
-MongoDB collection, ``<database>-<collection>.checkpoint.pt`` here; ``--checkpoint`` chooses),
-a progress bar, and per epoch the loss, the accuracy, images/s and the share of time the
-training loop spent waiting for data. The checkpoint holds the model, the optimiser, the loader's
-position and the store's id, so a resumed run sees exactly the batches it had not seen yet. A
-checkpoint of another store is refused; one of a store that grew since (``--append``) too,
-unless ``--allow-grown``: then the epoch it stopped in starts again over the grown store (its
-position cannot be carried onto another order), the model and the optimiser as saved.
+MongoDB collection, ``$XDG_STATE_HOME/fastdata/checkpoints/HOST/DATABASE/COLLECTION.checkpoint.pt``,
+``~/.local/state`` when XDG_STATE_HOME is unset; ``--checkpoint`` chooses), a progress bar, and
+per epoch the loss, the accuracy, images/s and the share of time the training loop spent
+waiting for data. The checkpoint holds the model, the optimiser, the loader's position and the
+store's id, so a resumed run sees exactly the batches it had not seen yet. A checkpoint of
+another store is refused; one of a store that grew since (``--append``) too, unless
+``--allow-grown``: then the epoch it stopped in starts again over the grown store (its position
+cannot be carried onto another order), the model and the optimiser as saved.
+
+Ctrl-C finishes the step under way, saves the checkpoint and prints the command that resumes
+from it (exit 130); a second Ctrl-C stops at once, keeping the checkpoint saved last. The model
+is a classifier: a store without classes (an image-text set) is refused.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 import click
 import torch
@@ -79,20 +87,93 @@ def sample_store(workdir: Path) -> Path:
     return store
 
 
-def open_dataset(store: str, collection: str | None) -> Any:
-    if store.startswith(("mongodb://", "mongodb+srv://")):
+def is_mongo(store: str) -> bool:
+    return store.startswith(("mongodb://", "mongodb+srv://"))
+
+
+def open_dataset(store: str, collection: str | None, what: str = "") -> Any:
+    dataset: Any
+    if is_mongo(store):
         if not collection:
             usage(f"{store}: a MongoDB store needs --collection NAME")
-        return MongoImageDataset(store, collection)
-    return LMDBImageDataset(store)
+        dataset = MongoImageDataset(store, collection)
+    else:
+        dataset = LMDBImageDataset(store)
+    if not dataset.classes:
+        usage(
+            f"{what}{dataset.reader.location}: the store has no classes (every target is -1: an "
+            "image-text set?); this script trains a classifier: give it a store converted from "
+            "class folders or from a manifest with labels"
+        )
+    return dataset
+
+
+def checkpoint_home() -> Path:
+    """Where the checkpoints of MongoDB stores go unless --checkpoint says: the XDG state
+    folder (``$XDG_STATE_HOME``, else ``~/.local/state``), under ``fastdata/checkpoints``."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(state, "fastdata", "checkpoints")
 
 
 def default_checkpoint(store: str, collection: str | None) -> Path:
-    """Beside an LMDB store; for a MongoDB collection, in this folder, named after both."""
-    if store.startswith(("mongodb://", "mongodb+srv://")):
-        database = store.rsplit("/", 1)[-1].split("?")[0] or "db"
-        return Path(f"{database}-{collection}.checkpoint.pt")
+    """Beside an LMDB store; for a MongoDB collection, under :func:`checkpoint_home`, in a
+    folder per server and database (never the current folder: a run started elsewhere finds
+    it too). Each part is quoted, so that no name reaches outside its folder."""
+    if is_mongo(store):
+        rest = store.split("://", 1)[1].split("?")[0]
+        hosts, _, database = rest.partition("/")
+        hosts = hosts.rpartition("@")[2]  # (never the credentials in a file name)
+
+        def part(name: str) -> str:
+            quoted = quote(name, safe="")
+            return "%2E" + quoted[1:] if quoted.startswith(".") else quoted
+
+        return (
+            checkpoint_home()
+            / part(hosts)
+            / part(database or "db")
+            / (part(collection or "") + ".checkpoint.pt")
+        )
     return Path(store.rstrip("/") + ".checkpoint.pt")
+
+
+def resume_command(args: argparse.Namespace, store: str, checkpoint: Path) -> str:
+    """The command that goes on from ``checkpoint`` with this run's settings, runnable as
+    printed from any folder (paths absolute, words quoted for the shell)."""
+
+    def where(path: str) -> str:
+        return path if is_mongo(path) else os.path.abspath(path)
+
+    words = [sys.executable, os.path.abspath(sys.argv[0]), where(store)]
+    if args.collection:
+        words += ["--collection", args.collection]
+    if args.val:
+        words += ["--val", where(args.val)]
+    words += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size)]
+    words += ["--image-size", str(args.image_size), "--workers", str(args.workers)]
+    words += ["--lr", repr(args.lr), "--seed", str(args.seed)]
+    if args.device:
+        words += ["--device", args.device]
+    words += ["--checkpoint", os.path.abspath(checkpoint), "--save-every", str(args.save_every)]
+    return shlex.join([*words, "--resume"])
+
+
+class Interrupt:
+    """Ctrl-C while training: the first asks the loop to stop after the step under way (it
+    then saves the checkpoint); a second stops at once (KeyboardInterrupt). DataLoader
+    workers forked while this handler is set inherit it, so a Ctrl-C at the terminal, which
+    reaches them too, does not end them under the loop."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        signal.signal(signal.SIGINT, self._pressed)
+
+    def _pressed(self, signum: int, frame: Any) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
 
 
 def resume_state(path: Path, dataset: Any, allow_grown: bool, device: Any) -> dict[str, Any]:
@@ -182,7 +263,8 @@ def main() -> None:
         "--checkpoint",
         type=Path,
         help="default: STORE.checkpoint.pt beside an LMDB store; for MongoDB, "
-        "DATABASE-COLLECTION.checkpoint.pt in this folder",
+        "HOST/DATABASE/COLLECTION.checkpoint.pt under $XDG_STATE_HOME/fastdata/checkpoints "
+        "(~/.local/state/fastdata/checkpoints when XDG_STATE_HOME is unset)",
     )
     ap.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -194,7 +276,14 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("sample-data"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        train(args)
+    except KeyboardInterrupt:  # before training began, or a second Ctrl-C
+        print("\ninterrupted before training began (nothing saved)", file=sys.stderr)
+        sys.exit(130)
 
+
+def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     store = args.store or str(sample_store(args.workdir))
     checkpoint = args.checkpoint or default_checkpoint(store, args.collection)
@@ -224,7 +313,7 @@ def main() -> None:
     if args.val:
         try:
             val_loader = create_loader(
-                open_dataset(args.val, args.collection),
+                open_dataset(args.val, args.collection, "--val "),
                 args.batch_size,
                 train=False,
                 image_size=args.image_size,
@@ -237,7 +326,8 @@ def main() -> None:
         except ValueError as exc:
             usage(f"--val {exc}")
 
-    print(f"checkpoint: {checkpoint}")
+    interrupt = Interrupt()  # (before the line below: a caller may wait for it to press Ctrl-C)
+    print(f"checkpoint: {checkpoint}", flush=True)
     if args.resume:
         state = resume_state(checkpoint, dataset, args.allow_grown, device)
         try:
@@ -251,45 +341,78 @@ def main() -> None:
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     store_id = dataset.reader.meta.id
     loss_fn = nn.CrossEntropyLoss()
+    saved = args.resume  # whether the checkpoint holds this run (or the one it resumed)
 
-    while loader.epoch < args.epochs:
-        epoch = loader.epoch
-        seen = correct = 0
-        loss_sum = 0.0
-        waited = 0.0
-        started = time.perf_counter()
-        batches = iter(loader)
-        with click.progressbar(length=len(loader), label=f"epoch {epoch}", file=None) as bar:
-            step = 0
-            while True:
-                t = time.perf_counter()
-                try:
-                    images, labels = next(batches)
-                except StopIteration:
-                    break
-                waited += time.perf_counter() - t
-                logits = model(images)
-                loss = loss_fn(logits, labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += loss.item() * len(labels)
-                correct += (logits.argmax(1) == labels).sum().item()
-                seen += len(labels)
-                step += 1
-                bar.update(1)
-                if step % args.save_every == 0:
-                    save(checkpoint, snapshot(model, optimizer, loader, store_id))
-        elapsed = time.perf_counter() - started
-        line = (
-            f"epoch {epoch}: loss {loss_sum / max(1, seen):.3f}  "
-            f"train acc {correct / max(1, seen):.3f}  {seen / elapsed:.0f} images/s  "
-            f"waiting for data {waited / elapsed:.0%}"
-        )
-        if val_loader is not None:
-            line += f"  val acc {evaluate(model, val_loader):.3f}"
-        print(line)
+    def stop() -> NoReturn:
+        """Ctrl-C: the checkpoint saved at the last step done, and the command that resumes."""
         save(checkpoint, snapshot(model, optimizer, loader, store_id))
+        state, command = loader.state_dict(), resume_command(args, store, checkpoint)
+        print(
+            f"\ninterrupted at epoch {loader.epoch}, batch {state['batches']}: checkpoint saved "
+            f"to {os.path.abspath(checkpoint)}; resume with:\n  {command}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(130)
+
+    try:
+        while loader.epoch < args.epochs:
+            if interrupt.asked:
+                stop()
+            epoch = loader.epoch
+            seen = correct = 0
+            loss_sum = 0.0
+            waited = 0.0
+            started = time.perf_counter()
+            batches = iter(loader)
+            with click.progressbar(length=len(loader), label=f"epoch {epoch}", file=None) as bar:
+                step = 0
+                while True:
+                    t = time.perf_counter()
+                    try:
+                        images, labels = next(batches)
+                    except StopIteration:
+                        break
+                    except Exception:  # workers that a Ctrl-C at the terminal ended (spawned)
+                        if interrupt.asked:
+                            stop()
+                        raise
+                    waited += time.perf_counter() - t
+                    logits = model(images)
+                    loss = loss_fn(logits, labels)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    loss_sum += loss.item() * len(labels)
+                    correct += (logits.argmax(1) == labels).sum().item()
+                    seen += len(labels)
+                    step += 1
+                    bar.update(1)
+                    if interrupt.asked:
+                        stop()
+                    if step % args.save_every == 0:
+                        save(checkpoint, snapshot(model, optimizer, loader, store_id))
+                        saved = True
+            elapsed = time.perf_counter() - started
+            line = (
+                f"epoch {epoch}: loss {loss_sum / max(1, seen):.3f}  "
+                f"train acc {correct / max(1, seen):.3f}  {seen / elapsed:.0f} images/s  "
+                f"waiting for data {waited / elapsed:.0%}"
+            )
+            if val_loader is not None:
+                line += f"  val acc {evaluate(model, val_loader):.3f}"
+            print(line, flush=True)
+            save(checkpoint, snapshot(model, optimizer, loader, store_id))
+            saved = True
+    except KeyboardInterrupt:  # a second Ctrl-C: what was saved last is kept
+        kept = (
+            "the checkpoint saved last is kept; resume with:\n  "
+            + resume_command(args, store, checkpoint)
+            if saved
+            else "no checkpoint was saved yet"
+        )
+        print(f"\ninterrupted: {kept}", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
