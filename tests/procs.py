@@ -50,8 +50,15 @@ def script(code: str, *args: Any) -> subprocess.Popen:
 
 
 def run_script(code: str, *args: Any, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` (see :func:`script`) to its end; past ``timeout`` seconds it is killed
+    (nothing hung is left behind) and ``subprocess.TimeoutExpired`` raised."""
     proc = script(code, *args)
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

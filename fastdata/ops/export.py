@@ -25,6 +25,7 @@ from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.manifest import EXPORT_MARK, EXPORTED_MANIFEST, export_name
 from ..stores import names
+from ..stores.files import open_regular
 from ..stores.reader import StoreReader
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
@@ -530,7 +531,10 @@ def _held(target: Path, st: os.stat_result, data: bytes) -> str:
     wrote files in place, stopped while writing it) or ``"other"``."""
     if not stat.S_ISREG(st.st_mode) or st.st_size > len(data):
         return "other"
-    with open(target, "rb") as f:
+    fd = open_regular(target, os.O_RDONLY)  # (what lstat saw may have changed since)
+    if isinstance(fd, str):
+        return "other"
+    with open(fd, "rb") as f:
         held = f.read(len(data) + 1)
     if held == data:
         return "whole"

@@ -18,11 +18,15 @@ from ..errors import (
 )
 from ..packed import PackedStrings
 from ..records import Record, RecordHeader, StoreMeta, class_count
+from ..sources.folder import read_file
 from .lmdb.env import Lease, _reading, open_reader
 from .lmdb.layout import KEYS_KEY
 from .lmdb.reader import _Leased
 from .mongo.connection import MongoOptions, _MongoTarget
 from .reader import StoreReader
+
+INDEX_FILE_MOST = 1 << 32
+"""The largest JSON index of a Mongo collection in the common layout that is read (4 GiB)."""
 
 
 def _unpickled_sample(raw: bytes, where: str) -> tuple[bytes, int]:
@@ -157,7 +161,10 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
         super().__init__(uri, collection, database=database, options=options)
         path = Path(index_file)
         try:
-            index = json.loads(path.read_text(encoding="utf-8"))
+            raw = read_file(str(path), INDEX_FILE_MOST, "a smaller index")  # (never a FIFO)
+            if isinstance(raw, str):
+                raise OSError(raw)
+            index = json.loads(raw.decode("utf-8"))
             paths, labels = index["path_list"], index["label_list"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StoreError(

@@ -107,7 +107,9 @@ DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 WRITER_LOCK = "writer.lock"
 EPOCH_FILE = "readers.epoch"
-"""Beside ``data.mdb``: the append epoch, which readers check around every read."""
+"""Beside ``data.mdb``: the append epoch that readers of earlier versions check around every
+read; appends still advance it (this version's readers watch the copy in ``data.mdb``'s first
+page: see "the append epoch" in ``lmdb/env.py``)."""
 ASIDE_DIR = ".replacement"
 OWN_FILES = frozenset({DATA_FILE, LOCK_FILE, WRITER_LOCK, ASIDE_DIR, EPOCH_FILE})
 """What fastdata keeps in a store folder (and nothing else: a folder holding anything more, and

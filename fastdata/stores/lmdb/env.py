@@ -26,6 +26,7 @@ from ...errors import (
     StoreError,
     StoreNotFoundError,
 )
+from ..files import open_regular
 from ..names import DATA_FILE, EPOCH_FILE, epoch_temp
 from . import file as lmdb_file
 from .address import address
@@ -58,27 +59,18 @@ class _Env:
     fd: int | None = None
     """The data file, open for read-ahead requests (readers only)."""
     refs: int = 0
-    epoch_path: str = ""
     epoch_map: mmap.mmap | None = None
     epoch_view: memoryview | None = None
-    """The append epoch (see "appends"), mapped; None while the store has no epoch file."""
+    """The append epoch (see "the append epoch"), mapped (readers only)."""
     covered: int = 0
     """Where the zeros covering the map past the file's end begin (see "past the end"); 0:
     nothing is covered."""
     map_end: int = 0
 
     def epoch(self) -> int:
-        """The append epoch now: -1 while there is no epoch file (an older store never
-        appended to), which it stops being once an append creates one."""
+        """The append epoch now (see "the append epoch"); -1 in a writer's environment."""
         view = self.epoch_view
-        if view is not None:
-            return int(view[0])
-        if not self.epoch_path or not os.path.exists(self.epoch_path):
-            return -1
-        self.epoch_map, self.epoch_view = _map_epoch(self.epoch_path)
-        if self.epoch_view is None:
-            return -3  # there, but damaged (too short): the next append writes it anew
-        return -2  # the file appeared: an append began, whatever it says
+        return -1 if view is None else int(view[0])
 
     def grown(self) -> bool:
         """Whether the data file grew since it was opened (an append); if so, the bounds that
@@ -176,9 +168,10 @@ def _forget_inherited() -> None:
 
 
 def _open_fd(path: str, key: tuple[int, int]) -> int | None:
-    """The data file opened for read-ahead requests, if it is still the file ``key`` names."""
+    """The data file opened for reading (read-ahead requests, the append epoch), if it is still
+    the file ``key`` names (a regular file: :func:`~.file.check_file` checked that one)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     st = os.fstat(fd)
@@ -188,60 +181,124 @@ def _open_fd(path: str, key: tuple[int, int]) -> int | None:
     return fd
 
 
-def _map_epoch(path: str) -> tuple[mmap.mmap | None, memoryview | None]:
-    """The epoch file at ``path`` mapped read-only, as one native 64-bit counter (None, None
-    when it cannot be: then reads check for it again)."""
+# --------------------------------------------------------------------------- the append epoch
+#
+# The counter that an append advances before its first write (NOTE [ Appends against readers ]
+# in ``writer.py``) lies in the data file itself: the last 8 bytes (a native-endian counter) of
+# its first page, LMDB's meta page 0, of which LMDB writes only the first 152 bytes (a new
+# file's page is zeros past them, and so is a store written before the counter moved there).
+# Readers map that page and read the counter from memory around every read. A file of its own
+# beside the store, as ``readers.epoch`` was, is one that a user, another tool or a crash can
+# cut short (a mapped page past the end of its file kills the reading process with SIGBUS),
+# replace (its readers would go on watching the old file while appends advance the new one) or
+# make a FIFO (opening it waits for a writer forever). The data file is the file whose pages an
+# append reuses: readers watch the very file that matters, and a store replaced by --overwrite
+# is another data file, with a counter of its own. ``readers.epoch`` is still advanced, for the
+# readers of earlier versions, which watch it; only writers open it, and only as a regular file
+# of its size (otherwise it is written anew).
+
+
+def epoch_offset(psize: int) -> int:
+    """Where the append epoch lies in a data file of pages of ``psize`` bytes."""
+    return psize - 8
+
+
+def _map_epoch(fd: int, psize: int) -> tuple[mmap.mmap, memoryview]:
+    """The append epoch of the data file open at ``fd`` (pages of ``psize`` bytes), mapped
+    read-only: its first page, viewed as the one 64-bit counter at its end."""
+    mapped = mmap.mmap(fd, psize, access=mmap.ACCESS_READ)
+    at = epoch_offset(psize)
+    return mapped, memoryview(mapped)[at : at + 8].cast("Q")
+
+
+def bump_epoch(lease: Lease) -> None:
+    """Advance the append epoch of the store that ``lease`` (a writer's) has open: readers that
+    began a read before this go through it again (see "the append epoch").
+
+    Raises:
+        StoreError: the data file is no longer the one open (replaced), or cannot be written.
+    """
+    import struct
+
+    entry = lease.entry
+    data_file = os.path.join(entry.path, DATA_FILE)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None, None
+        fd = os.open(data_file, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StoreError(f"{data_file}: cannot open it: {exc.strerror or exc}") from None
     try:
-        if os.fstat(fd).st_size < EPOCH_BYTES:
-            return None, None
-        mapped = mmap.mmap(fd, EPOCH_BYTES, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None, None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != entry.key:
+            raise StoreError(
+                f"{data_file}: replaced while this append had the store open; run the same "
+                "command again"
+            )
+        at = epoch_offset(int(entry.env.stat()["psize"]))
+        (now,) = struct.unpack("=Q", os.pread(fd, 8, at))
+        os.pwrite(fd, struct.pack("=Q", (now + 1) & (2**64 - 1)), at)
     finally:
         os.close(fd)
-    return mapped, memoryview(mapped).cast("Q")
+    _bump_epoch_file(entry.path)
 
 
-def bump_epoch(folder: str) -> None:
-    """Advance the append epoch of the store in ``folder`` (creating its file at 1): readers
-    that began a read before this go through it again (see "appends")."""
+def _bump_epoch_file(folder: str) -> None:
+    """Advance ``readers.epoch`` in ``folder`` for readers of earlier versions: in place where
+    it is a regular file of its size (opened without following a link or blocking), otherwise
+    written anew at 1."""
     import struct
 
     path = os.path.join(folder, EPOCH_FILE)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd: int | str | None = open_regular(path, os.O_RDWR)
+    except OSError:  # (missing, or unreadable)
+        fd = None
+    if not isinstance(fd, int):  # (missing, a link, a FIFO, ...: replaced; a folder is named)
         _new_epoch_file(path, 1)
         return
     try:
-        if os.fstat(fd).st_size < EPOCH_BYTES:  # damaged: no reader could map it; anew
+        if os.fstat(fd).st_size != EPOCH_BYTES:
             _new_epoch_file(path, 1)
             return
         (now,) = struct.unpack("=Q", os.pread(fd, 8, 0))
-        os.pwrite(fd, struct.pack("=Q", now + 1), 0)
+        os.pwrite(fd, struct.pack("=Q", (now + 1) & (2**64 - 1)), 0)
     finally:
         os.close(fd)
 
 
 def ensure_epoch(folder: str) -> None:
-    """Give the store in ``folder`` its epoch file (at 0) if it has none, so that its readers
-    map it when they open it."""
+    """Give the store in ``folder`` its ``readers.epoch`` (at 0) if it has none, for readers of
+    earlier versions, which map it when they open the store."""
     path = os.path.join(folder, EPOCH_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         _new_epoch_file(path, 0)
 
 
 def _new_epoch_file(path: str, value: int) -> None:
+    """``readers.epoch`` at ``path``, written whole aside and renamed into place (over whatever
+    was there: a link is replaced, not followed).
+
+    Raises:
+        StoreError: it cannot be (a folder in the way, a read-only folder, a full disk).
+    """
     import struct
 
     tmp = epoch_temp(os.path.dirname(path), os.getpid())
-    with open(tmp, "wb") as f:  # whole before it appears: renamed into place
-        f.write(struct.pack("=Q", value).ljust(EPOCH_BYTES, b"\0"))
-    os.replace(tmp, path)
+    try:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, struct.pack("=Q", value).ljust(EPOCH_BYTES, b"\0"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise StoreError(
+            f"{path}: cannot write it: {exc.strerror or exc} (fastdata keeps the append epoch "
+            "there; move whatever is in the way out of the store folder)"
+        ) from None
 
 
 def _data_file(path: str) -> str:
@@ -680,7 +737,7 @@ def open_reader(path: str) -> Lease:
             entry = _envs.get(key)
             if entry is not None:
                 return _lease(entry)
-            lmdb_file.check_file(data_file, for_lmdb=True)
+            head = lmdb_file.check_file(data_file, for_lmdb=True)
             # The data file itself is opened (py-lmdb refuses a folder it has open already, even
             # when the file in it was replaced). lock=False: readers of a finished store need no
             # lock file (and may lack write access); read-ahead off (see "read-ahead" above).
@@ -688,11 +745,17 @@ def open_reader(path: str) -> Lease:
             if _file_key(data_file)[0] != key:  # replaced between the check and the open
                 env.close()
                 continue
-            entry = _Env(key, path, env, False, _span(key, size), size, _open_fd(data_file, key))
-            if entry.fd is not None:  # (without it, what was covered could not be uncovered)
-                entry.cover()
-            entry.epoch_path = os.path.join(os.path.dirname(data_file), EPOCH_FILE)
-            entry.epoch_map, entry.epoch_view = _map_epoch(entry.epoch_path)
+            fd = _open_fd(data_file, key)
+            if fd is None:  # (replaced since, or gone)
+                env.close()
+                continue
+            entry = _Env(key, path, env, False, _span(key, size), size, fd)
+            try:
+                entry.epoch_map, entry.epoch_view = _map_epoch(fd, head.psize)
+            except (OSError, ValueError) as exc:
+                entry.close()
+                raise StoreError(f"{data_file}: cannot map its first page: {exc}") from None
+            entry.cover()
             return _lease(entry)
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
 

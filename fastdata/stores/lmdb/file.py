@@ -229,7 +229,7 @@ class Tree:
         self.found: list[Damage] = []
         """Every damaged page found, in the order found."""
         self._seen: set[Damage] = set()
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._ahead: _ReadAhead | None = None
         self._reached = 0
         """The furthest byte a walk has read."""
@@ -560,7 +560,7 @@ class _ReadAhead:
     reads for itself)."""
 
     def __init__(self, path: str, start: int, end: int) -> None:
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._start, self._end = start, end
         self._until = start + AHEAD
         self._stopped = False

@@ -7,6 +7,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -24,6 +25,7 @@ from ...errors import (
     option,
 )
 from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
+from ..files import open_regular
 from ..locks import boot_id, describe_holder, holder
 from ..names import (
     DATA_FILE,
@@ -154,11 +156,22 @@ class LMDBWriter(StoreWriter):
         # refused command leaves nothing behind)
         self._created = tuple(p for p in [folder, *folder.parents] if not p.exists())
         self._lock_created = not (folder / WRITER_LOCK).exists()
+        lock = folder / WRITER_LOCK
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(folder / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_regular(lock, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise StoreError(f"{folder}: cannot create the store: {exc.strerror or exc}") from None
+        if isinstance(fd, str):  # (written through, a link would change the file it names)
+            remove = (
+                "move it out of the store folder"
+                if fd == "a folder"
+                else f"remove it (`rm {shlex.quote(os.path.abspath(lock))}`)"
+            )
+            raise StoreError(
+                f"{lock}: {fd}, not the lock file fastdata keeps there; {remove} and run the "
+                "same command again"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -255,7 +268,8 @@ class LMDBWriter(StoreWriter):
     # 2. Pages freed before V (by an earlier append) may be reused. A reader that began before V
     #    may be on them, however long ago it began (a stopped process, a debugger). So, after
     #    taking its read transaction and before its first write, an append advances the append
-    #    epoch (``readers.epoch`` beside ``data.mdb``, mapped by every reader). A reader reads
+    #    epoch (a counter in ``data.mdb``'s first page, mapped by every reader: "the append
+    #    epoch" in ``env.py`` says why it lies there and not in a file of its own). A reader reads
     #    the epoch, begins its transaction, copies what it reads, and reads the epoch again
     #    (``Lease.read``): if it moved, an append may have begun writing while it read, and the
     #    read is done again in a new transaction (it sees V or later: rule 1). If it did not
@@ -263,11 +277,9 @@ class LMDBWriter(StoreWriter):
     #    so the reader is at its V or later.
     #
     # The first append to a store never reuses a page a reader needs (pages freed before the
-    # store was complete belong to versions without metadata, which readers never read), so a
-    # store without an epoch file (an older one) gets one from its first append; its readers
-    # look for it until it appears. Pages freed by a conversion or a replacement belong to such
-    # versions too. The epoch is a live signal between processes of one machine (one page
-    # cache), as LMDB itself is.
+    # store was complete belong to versions without metadata, which readers never read); pages
+    # freed by a conversion or a replacement belong to such versions too. The epoch is a live
+    # signal between processes of one machine (one page cache), as LMDB itself is.
     #
     # Power loss: an append writes into the complete store, so its commits are durable (LMDB's
     # sync: the pages, then the meta page that points at them, each flushed): a crash at any
@@ -281,7 +293,7 @@ class LMDBWriter(StoreWriter):
     def _pin_readers(self) -> None:
         assert self._lease is not None, "_open() opens the store"
         self._pin = self._lease.env.begin()
-        bump_epoch(self.path)  # after the pin, before any write (see the note above)
+        bump_epoch(self._lease)  # after the pin, before any write (see the note above)
 
     def _kept_skipped(self, base: StoreMeta) -> int:
         """The store's skipped entries are kept as keys, except in stores of the first format,
@@ -415,7 +427,7 @@ class LMDBWriter(StoreWriter):
 
         self._commit(fill)
         try:
-            ensure_epoch(self.path)  # readers map it when they open the store
+            ensure_epoch(self.path)  # readers of earlier versions map it when they open it
         except OSError as exc:
             raise _write_failed(self.path, exc) from None
 
@@ -473,7 +485,7 @@ def _write_failed(where: str, exc: BaseException) -> StoreError:
 
 
 def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -1,0 +1,41 @@
+"""Files that fastdata keeps beside a store (the writer lock, ``readers.epoch``) or reads back
+(an export's files), opened as files it trusts only after checking them.
+
+Anyone can put something else under such a name: a link (written through, it would change the
+file it names), a FIFO (opening one for reading waits for a writer, forever), a folder. So each
+is opened without following a link at its last component and without blocking, and ``fstat``
+must find a regular file before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from ..sources.folder import file_kind
+
+__all__ = ["open_regular"]
+
+
+def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int | str:
+    """A descriptor of the regular file at ``path``, opened with ``flags`` (``O_CREAT`` among
+    them creates it), not through a link and without blocking; or, where something else is
+    there, what it is ("a link", "a FIFO", "a folder", ...), for a message.
+
+    Raises:
+        OSError: it cannot be opened for another reason (missing, no permission).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a link"
+        if exc.errno in (errno.EISDIR, errno.ENXIO):  # (ENXIO: a socket, or a FIFO to write)
+            return file_kind(os.lstat(path).st_mode)
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return file_kind(st.st_mode)
+    return fd
