@@ -146,6 +146,11 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         ) from None
     with _progress("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress, workers=workers)
+    if report.foreign:  # (not damage: nothing to repair, and nothing advised)
+        _listing(
+            f"{report.location}: content fastdata did not write (not damage; left as it is):",
+            report.foreign[:20],
+        )
     if report.ok:
         if report.checksums:
             what = "checksums and decoding" if decode else "checksums"

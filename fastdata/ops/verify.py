@@ -19,7 +19,7 @@ from ..errors import CorruptImageError, FastdataError, StoreError
 from ..images.decode import check_repaired, decode_check, image_size
 from ..packed import PackedStrings
 from ..records import RecordHeader, checksum, checksums, fields_problem, name_bytes, plain_headers
-from ..stores.reader import ScanBlock, StoreReader
+from ..stores.reader import Foreign, ScanBlock, StoreReader
 
 __all__ = ["Failure", "VerifyReport", "check_file", "here", "verify_store"]
 
@@ -51,6 +51,9 @@ class VerifyReport:
     store guarantees")."""
     checksums: bool = True
     """Whether the store has checksums to check (stores of other tools have none)."""
+    foreign: list[str] = field(default_factory=list)
+    """What the store holds that fastdata did not write (another tool's content), each said as
+    what it is: not damage, and not counted against :attr:`ok`."""
 
     @property
     def ok(self) -> bool:
@@ -93,26 +96,30 @@ def verify_store(
         index = None
     damage: list[Any] = []
 
-    def whole_store() -> list[str]:
-        """The invariants of the whole store it breaks."""
+    def whole_store() -> VerifyReport:
+        """The invariants of the whole store it breaks (``broken``), and what it holds that
+        fastdata did not write (``foreign``)."""
         found = VerifyReport(reader.location)
         if reader.has_checksums:
             _check_invariants(reader, found, index)
-        return found.broken
+        return found
 
     if n > 1:  # (the whole store is checked here meanwhile)
         args = (reader, report, damage, index, n, decode, batch_size, progress, whole_store)
-        broken = _check_in_processes(*args)
+        whole = _check_in_processes(*args)
     else:
         _check_range(reader, report, damage, index, 0, total, decode, batch_size, progress)
-        broken = whole_store()
+        whole = whole_store()
     # in page order, each once (a page above the parts of two processes is met by both): the
     # same report however many processes checked
     unique = {str(d): d for d in damage}
-    report.damaged_pages = sorted(unique, key=lambda text: (unique[text].page, text))
+    ordered = sorted(unique, key=lambda text: (unique[text].page, text))
+    report.damaged_pages = [text for text in ordered if not isinstance(unique[text], Foreign)]
+    report.foreign = [text for text in ordered if isinstance(unique[text], Foreign)]
     if progress is not None:
         progress(total, total)
-    report.broken.extend(broken)
+    report.broken.extend(whole.broken)
+    report.foreign.extend(whole.foreign)
     return report
 
 
@@ -272,8 +279,8 @@ def _check_in_processes(
     decode: bool,
     batch_size: int,
     progress: Callable[[int, int], None] | None,
-    meanwhile: Callable[[], list[str]],
-) -> list[str]:
+    meanwhile: Callable[[], VerifyReport],
+) -> VerifyReport:
     """Check ``n`` parts of the store in ``n`` forked processes, side by side; their reports,
     merged in index order, make ``report``. What ``meanwhile()`` gives, called here while they
     check, is returned."""
@@ -407,6 +414,10 @@ def _check_invariants(
         return
     if held is not None:
         report.broken.append(f"the records are 0 .. count-1, each once: {held}")
+    try:
+        report.foreign.extend(reader.foreign_content())
+    except FastdataError as exc:
+        report.broken.append(f"its keys cannot be counted: {here(str(exc))}")
 
 
 _CIRCULAR = re.compile(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordError, StoreReplacedError
@@ -17,7 +17,7 @@ from ..records import Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MemoryReader", "ScanBlock", "ScanItem", "StoreReader", "scan_item"]
+__all__ = ["Foreign", "MemoryReader", "ScanBlock", "ScanItem", "StoreReader", "scan_item"]
 
 ScanItem = tuple[int, "RecordHeader | None", "bytes | memoryview", "str | None"]
 """A record as a full check reads it: its index, header, bytes, and why it cannot be read."""
@@ -37,6 +37,19 @@ def scan_item(
             return i, None, b"", str(exc)
         raise  # (it cannot pass the second time)
     return i, header, data, None
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """Something in a store that fastdata did not write and reads around (another tool's
+    content): not damage. A full check finds it beside the damage (:meth:`StoreReader.
+    scan_records`), and tells it apart by its type; ``page`` places it among the damage."""
+
+    what: str
+    page: int = -1
+
+    def __str__(self) -> str:
+        return self.what
 
 
 class ScanBlock:
@@ -149,6 +162,12 @@ class StoreReader(abc.ABC):
         """What is wrong with the set of records the store holds (one missing, one past the
         end), found without reading them, or None; backends that cannot tell return None."""
         return None
+
+    def foreign_content(self) -> list[str]:
+        """What the store holds that fastdata did not write and that is no damage (a count that
+        another tool changed, say), each said as what it is; none by default. A full check
+        finds more on its way (:class:`Foreign`)."""
+        return []
 
     def interrupted(self) -> list[str]:
         """What was left unfinished at the store (an append, a replacement built aside), each
@@ -296,7 +315,8 @@ class StoreReader(abc.ABC):
         for one that cannot be read (reading goes on after it), or runs of them in a
         :class:`ScanBlock`. Damage to the store's own
         structure (an LMDB file's pages) found on the way is added to ``damage`` by the time the
-        iteration ends, each one named by its ``str()`` and placed by its ``page`` (a number);
+        iteration ends, each one named by its ``str()`` and placed by its ``page`` (a number),
+        and so is another tool's content found on the way, as :class:`Foreign` (not damage);
         backends with no structure of their own to check add none."""
         from ..errors import FastdataError
 

@@ -47,6 +47,10 @@ P_INVALID = (1 << 64) - 1
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
 F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
 NODE_HEADER = 8
+DB_RECORD = 48
+"""The size of the record of a named database (LMDB's MDB_db), the value of its node."""
+NAMED = -2
+"""The first overflow page :func:`_check_page` gives the node of a named database."""
 SLACK = 128 << 10
 """Zero bytes kept after the last page of a finished store: LMDB reading a damaged page near the
 end of the file then reads zeros (and reports the page as corrupt) instead of faulting."""
@@ -229,6 +233,10 @@ class Tree:
         self.found: list[Damage] = []
         """Every damaged page found, in the order found."""
         self._seen: set[Damage] = set()
+        self.databases: list[tuple[bytes, int]] = []
+        """The named databases (sub-databases) found in the main tree, which fastdata stores
+        have none of: their names and the leaf pages that hold them, in the order found. Their
+        nodes are not entries, and their own trees are not walked."""
         self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._ahead: _ReadAhead | None = None
         self._reached = 0
@@ -360,6 +368,9 @@ class Tree:
                     for item in items
                     if (low is None or item[0] >= low) and (high is None or item[0] < high)
                 ]
+            if any(item[3] == NAMED for item in items):
+                self.databases += [(item[0], number) for item in items if item[3] == NAMED]
+                items[:] = [item for item in items if item[3] != NAMED]
             if items:
                 keys, starts, sizes, firsts = zip(*items, strict=True)
                 yield Leaves(data, _rows(keys), starts, sizes, firsts, number, list(keys))
@@ -1117,6 +1128,8 @@ def _check_page(
                     why = f"a key of {ksize} bytes and a value of {size} run past the page"
                     return _node_damage(offsets, offset, why)
                 items.append((key, start, size, -1))
+            elif nflags == F_SUBDATA and size == DB_RECORD and start + size <= psize:
+                items.append((key, start, size, NAMED))  # (another tool's: see Tree.databases)
             elif nflags & (F_SUBDATA | F_DUPDATA):  # (none in a fastdata store)
                 return _node_damage(offsets, offset, f"flags {nflags:#x} of a sub-database")
             elif start + 8 > psize:

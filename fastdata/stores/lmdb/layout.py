@@ -93,19 +93,54 @@ def _record_keys(count: int) -> bytes:
 
 def records_problem(txn: Any, entries: int, count: int, *, exact: bool) -> str | None:
     """What is wrong with the records of a store of ``count`` records, seen in ``txn`` (the
-    environment holding ``entries`` keys), or None: the last record and header are there,
-    nothing lies past them (``exact``: a writer finishing; an interrupted append may have left
-    records past the end of a complete store), and records and headers add up to ``2 * count``
-    once every other key is counted. O(1) but for the skipped entries."""
+    environment holding ``entries`` keys, by LMDB's count), or None: the last record and header
+    are there, nothing lies past them (``exact``: a writer finishing; an interrupted append may
+    have left records past the end of a complete store), and records and headers add up to
+    ``2 * count`` once every other key is counted. O(1) but for the skipped entries, where
+    LMDB's count adds up; where it does not (another tool's keys beside fastdata's, or a count
+    that another tool changed), the records and headers are counted one by one."""
     if count and (txn.get(record_key(count - 1)) is None or txn.get(header_key(count - 1)) is None):
         return f"record {count - 1} (the last) is missing"
-    cursor = txn.cursor()
     if exact:
+        cursor = txn.cursor()
         for first in (record_key(count), header_key(count)):
             if cursor.set_range(first):
                 key = bytes(cursor.key())
                 if key[:1].isdigit() or (key[:1] == b"#" and key[1:2].isdigit()):
                     return f"a record past the last ({key.decode('ascii', 'replace')})"
+    held = _held(txn, entries)
+    if held < 2 * count or (exact and held != 2 * count):
+        records = _count_keys(txn, record_key(0), record_key(count), len(record_key(0)))
+        headers = _count_keys(txn, header_key(0), header_key(count), len(header_key(0)))
+        if records != count or headers != count:
+            return (
+                f"{records} records and {headers} headers for {count} records (a record or a "
+                "header missing)"
+            )
+    return None
+
+
+def miscounted(txn: Any, entries: int, count: int) -> str | None:
+    """LMDB's count of the keys in the store's main database (``entries``, from its header),
+    where it is not the number of keys there are, said as what it is: a count that another tool
+    (or damage) changed, which LMDB keeps for its statistics alone (every record still reads).
+    The keys are counted one by one only where the count does not add up with the records."""
+    if _held(txn, entries) == 2 * count:
+        return None
+    there = sum(1 for _ in txn.cursor().iternext(keys=True, values=False))
+    if there == entries:
+        return None
+    return (
+        f"LMDB's header counts {entries} keys in the store, and it holds {there}: the count was "
+        "changed (by another tool, or damage to the header); LMDB keeps it for its statistics "
+        "alone, and every record reads"
+    )
+
+
+def _held(txn: Any, entries: int) -> int:
+    """LMDB's count of keys less the skipped entries and the store's own keys: the records and
+    headers, by that count."""
+    cursor = txn.cursor()
     skipped = 0
     if cursor.set_range(SKIPPED_PREFIX):
         for key in cursor.iternext(keys=True, values=False):
@@ -116,10 +151,17 @@ def records_problem(txn: Any, entries: int, count: int, *, exact: bool) -> str |
         txn.get(k) is not None
         for k in (PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY)
     )
-    held = entries - skipped - fixed
-    if held < 2 * count or (exact and held != 2 * count):
-        return (
-            f"{held / 2:g} records and headers for {count} records (a record missing, stored "
-            "twice, or keys of another kind)"
-        )
-    return None
+    return entries - skipped - fixed
+
+
+def _count_keys(txn: Any, low: bytes, high: bytes, width: int) -> int:
+    """The keys of ``width`` bytes in ``[low, high)``, counted one by one."""
+    cursor = txn.cursor()
+    n = 0
+    if cursor.set_range(low):
+        for raw in cursor.iternext(keys=True, values=False):
+            key = bytes(raw)
+            if key >= high:
+                break
+            n += len(key) == width
+    return n

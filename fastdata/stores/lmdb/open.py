@@ -32,7 +32,8 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     path = os.fspath(path)
     lease = open_reader(path)
     try:
-        if lease.env.stat()["entries"] == 0:
+        if lease.env.stat()["depth"] == 0:  # (no tree: not LMDB's count of keys, which
+            # another tool may have changed)
             raise IncompleteStoreError(
                 f"{path}: an empty store: a conversion into it stopped before it began; run "
                 f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}` again"

@@ -26,7 +26,7 @@ from ...records import (
     check_labels,
     skipped_file,
 )
-from ..reader import ScanBlock, ScanItem, StoreReader, scan_item
+from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, scan_item
 from . import file as lmdb_file
 from .env import Lease, _data_file, open_reader
 from .layout import (
@@ -35,6 +35,7 @@ from .layout import (
     NAMES_KEY,
     _read_skipped,
     header_key,
+    miscounted,
     record_key,
     records_problem,
     skipped_key,
@@ -72,6 +73,13 @@ class _Leased(StoreReader):
         entries = int(lease.env.stat()["entries"])
         count = self.meta.count
         return lease.read(lambda txn: records_problem(txn, entries, count, exact=False), self.path)
+
+    def foreign_content(self) -> list[str]:
+        lease = self._env()
+        entries = int(lease.env.stat()["entries"])
+        count = self.meta.count
+        found = lease.read(lambda txn: miscounted(txn, entries, count), self.path)
+        return [found] if found else []
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
@@ -308,6 +316,7 @@ class LMDBStore(_Leased):
         the pages read (see "appends"): then the check is refused, to be run again."""
         lease = self._env()
         before = lease.entry.epoch()
+        found: list[Foreign] = []
         with lmdb_file.Tree(_data_file(self.path)) as tree:
             if tree.file_key != lease.entry.key:
                 raise self._replaced("(another data file)")
@@ -316,6 +325,8 @@ class LMDBStore(_Leased):
                 for low, high in ((None, b"#0"), (b"#:", b"0"), (b":", None)):
                     for _ in tree.entries(low, high):
                         pass
+            if start == 0:  # (the walk of every key that is no record's)
+                found.extend(_named(name, page) for name, page in tree.databases)
             if lease.entry.epoch() != before:
                 raise StoreError(
                     f"{self.path}: an append began while the store was checked, so what was "
@@ -323,6 +334,7 @@ class LMDBStore(_Leased):
                     f"`fastdata verify {shlex.quote(os.path.abspath(self.path))}`"
                 )
             damage.extend(tree.found)
+            damage.extend(dict.fromkeys(found))  # (once each: a page may be walked twice)
 
     def _paired(
         self, tree: lmdb_file.Tree, start: int, stop: int
@@ -392,6 +404,14 @@ class LMDBStore(_Leased):
             page = f"page {under.page}" if under is not None else "a page"
             return i, None, b"", f"its bytes lie on damaged {page}; not read"
         return scan_item(self.path, i, head, data)
+
+
+def _named(name: bytes, page: int) -> Foreign:
+    return Foreign(
+        f"a named database {name.decode('utf-8', 'replace')!r} (another tool's, its record on "
+        f"page {page}): fastdata stores have none; it is read around and kept",
+        page,
+    )
 
 
 class _Walk:

@@ -69,7 +69,7 @@ def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
     it)."""
     lease = open_reader(path)
     try:
-        if lease.env.stat()["entries"] == 0:
+        if lease.env.stat()["depth"] == 0:  # (no tree; see open_lmdb)
             return None, None, None
         with _reading(path), lease.env.begin(buffers=True) as txn:
             raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
