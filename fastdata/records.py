@@ -16,7 +16,7 @@ import re
 import shlex
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, cast
 
@@ -50,6 +50,8 @@ __all__ = [
     "checksum",
     "checksums",
     "class_count",
+    "bytes_problem",
+    "first_mismatch",
     "name_bytes",
     "new_store_id",
     "plain_headers",
@@ -291,6 +293,58 @@ def plain_headers(
         np.fromiter(map(int, sizes), np.int64, n),
         crc_values,
     )
+
+
+_SIZE_AND_CHECKSUM = re.compile(
+    rb'^\{"name":"'
+    + _NAME_CHARS
+    + rb'(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})'
+    + _NAME_CHARS
+    + rb')*","label":-?(?:0|[1-9][0-9]{0,9}),"size":(0|[1-9][0-9]{0,15}),'
+    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"',
+    re.MULTILINE,
+)
+"""The size and checksum of a header as :meth:`RecordHeader.to_json` writes it (with fields or
+without), one per line: what a checked read compares a record's bytes with."""
+
+
+def first_mismatch(
+    heads: Sequence[bytes | memoryview],
+    data: Sequence[bytes | memoryview],
+    where: Callable[[int], str],
+) -> tuple[int, str] | None:
+    """The first record whose bytes are not the ones its header describes (their size and
+    CRC-32), among records read with their headers' bytes: its position and what differs; None
+    where every one's are. What a checked read does before it gives a record's bytes.
+
+    The headers are read together where each is as :meth:`RecordHeader.to_json` writes it (one
+    pattern over them all, joined by newlines, which no such header holds); otherwise each is
+    read whole, which names what is wrong with one that is not a header.
+
+    Raises:
+        RecordError: a header that is not one (``where(n)`` names the ``n``-th).
+    """
+    n = len(heads)
+    text = b"\n".join(heads)
+    found = _SIZE_AND_CHECKSUM.findall(text) if text.count(b"\n") == n - 1 else []
+    if len(found) != n:  # (anchored at each line's start: one match a line at most)
+        parsed = [RecordHeader.from_json(head, where(j)) for j, head in enumerate(heads)]
+        found = [(h.size, h.crc32) for h in parsed]
+    for j, ((size, crc), value) in enumerate(zip(found, data, strict=True)):
+        why = bytes_problem(int(size), int(crc), value)
+        if why is not None:
+            return j, why
+    return None
+
+
+def bytes_problem(size: int, crc: int, data: bytes | memoryview) -> str | None:
+    """What differs between a record's bytes and the size and CRC-32 its header gives (None:
+    nothing): what a checked read says of a record that fails."""
+    if len(data) != size:
+        return f"{len(data)} bytes, its header says {size}"
+    if _crc32(data) & 0xFFFFFFFF != crc:
+        return "its CRC-32 is not its header's: its bytes are not the ones stored"
+    return None
 
 
 @dataclass(frozen=True)

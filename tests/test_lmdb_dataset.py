@@ -1,4 +1,6 @@
+import json
 import pickle
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -100,7 +102,8 @@ def test_dataloader_workers(store: Path, context: str) -> None:
 
 
 def test_worker_errors_name_store_and_record(tmp_path: Path, store: Path) -> None:
-    # damage one record's image bytes in place (same length, keeps the store otherwise intact)
+    # one record's image bytes made undecodable in place (same length), its header's checksum
+    # made theirs (so the read's check passes and the decode fails), the store otherwise intact
     env = lmdb.open(str(store), map_size=1 << 24)
     with env.begin(write=True) as txn:
         key = b"0000000004"
@@ -108,6 +111,9 @@ def test_worker_errors_name_store_and_record(tmp_path: Path, store: Path) -> Non
         start = value.index(b"\xff\xd8")
         value[start + 2 :] = b"\x00" * (len(value) - start - 2)
         txn.put(key, bytes(value))
+        header = json.loads(txn.get(b"#" + key))
+        header["crc32"] = zlib.crc32(bytes(value))
+        txn.put(b"#" + key, json.dumps(header).encode())
     env.close()
     ds = LMDBImageDataset(store)
     with pytest.raises(CorruptImageError, match=r"good.lmdb: record 4 \(cat/004.jpg\)"):

@@ -193,7 +193,10 @@ def test_damaged_documents_are_errors_not_crashes(folder_a: Path, mongo_uri: str
         ds[3]  # and not a terabyte of zeros
     with pytest.raises(RecordError, match=r"record 4: its image \('data'\) is missing"):
         ds[4]
-    assert ds[5][1] == 0  # its image is intact
+    with pytest.raises(RecordError, match=r"record 5: damaged \('size' or 'crc32'\)"):
+        ds[5]  # its image cannot be checked: a checked read refuses it
+    unchecked = MongoImageDataset(mongo_uri, "c", output="bytes", check=False)
+    assert unchecked[5][1] == 0  # its image is intact
     report = verify_store(open_store(mongo_uri, collection="c"))
     assert sorted(f.index for f in report.failures) == [3, 4, 5]
     result = cli("verify", mongo_uri, "-c", "c", "-q")

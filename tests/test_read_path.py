@@ -102,15 +102,17 @@ def _own_pages(lease: object, keys: list[bytes]) -> set[tuple[int, int]]:
     return {(at, n) for at, n in places if at % mmap.PAGESIZE == PAGE_HEADER}
 
 
+@pytest.mark.parametrize("check", [False, True])
 def test_a_store_read_from_the_disk_asks_for_each_value_before_looking_any_up(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    store: Path, monkeypatch: pytest.MonkeyPatch, check: bool
 ) -> None:
     """After a batch that came from the disk, the next asks for the pages of every value that
     lies on pages of its own, each in one request of exactly its bytes, all before LMDB looks up
     any of them (LMDB's lookup would fault them in one page at a time, one read from the disk
-    each), and returns the same bytes; a batch from memory asks for nothing."""
+    each), and returns the same bytes; a batch from memory asks for nothing. A checked read
+    (which reads each record's header too) asks alike."""
     want = bare_values(store)
-    ds = LMDBImageDataset(store, output="bytes")
+    ds = LMDBImageDataset(store, output="bytes", check=check)
     ds[0]
     lease = ds.reader._env()  # type: ignore[attr-defined]
     batch = list(range(0, len(want), 3))
@@ -128,7 +130,8 @@ def test_a_store_read_from_the_disk_asks_for_each_value_before_looking_any_up(
             self.txn = txn
 
         def get(self, key: bytes) -> object:
-            events.append(("get", int(key), 0))
+            head = key.startswith(b"#")  # (a header, which a checked read reads too)
+            events.append(("head" if head else "get", int(key.lstrip(b"#")), 0))
             return self.txn.get(key)  # type: ignore[attr-defined]
 
         def __getattr__(self, name: str) -> object:
@@ -152,7 +155,7 @@ def test_a_store_read_from_the_disk_asks_for_each_value_before_looking_any_up(
     events.clear()
     assert ds[7][0] == want[7]
     ds.__getitems__(batch)
-    assert all(e[0] == "get" for e in events)
+    assert all(e[0] in ("get", "head") for e in events)
 
 
 def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(

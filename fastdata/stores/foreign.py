@@ -88,8 +88,10 @@ class PickleLMDBStore(_Leased):
             raise RecordError(f"{self.path}: key {key!r} listed in __keys__ is missing")
         return _unpickled_sample(raw, f"{self.path}: key {key!r}")
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
-        idx = self.check_indices(indices)
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
+        idx = self.check_indices(indices)  # (no checksums: nothing to check)
         with _reading(self.path), self._env().env.begin(buffers=True) as txn:
             return [self._get(txn, i) for i in idx]
 
@@ -223,8 +225,10 @@ class LegacyMongoStore(_MongoTarget, StoreReader):
             out.append((name, data, repaired))
         return out
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
-        idx = self.check_indices(indices)
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
+        idx = self.check_indices(indices)  # (no checksums: nothing to check)
         return [
             (data, int(self._labels[i]))
             for (_, data, _), i in zip(self._fetch(idx), idx, strict=True)

@@ -5,6 +5,7 @@ how a store grown by appends is seen as it was opened."""
 from __future__ import annotations
 
 import abc
+import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -179,22 +180,56 @@ class StoreReader(abc.ABC):
         them). Kept apart from the metadata: opening a store never reads this list."""
         return []
 
+    # NOTE [ Checked reads ]
+    #
+    # A record's header keeps the size and CRC-32 of its bytes, written by the writer from the
+    # bytes it stored. A read with check=True (the default) compares each record's bytes with
+    # them before it gives them, and raises the error of ``mismatch`` (a RecordError naming the
+    # store, the record and the `fastdata verify` command) for the first that differs: a damaged
+    # LMDB page can send LMDB's lookup to another record's pages, or to a page of the tree, whose
+    # bytes it then gives as the value, and bit rot changes bytes in place; only a check tells.
+    # The header is read in the same transaction or query as the bytes; its size and checksum
+    # are read from the headers of a batch at once (records.first_mismatch), and the CRC-32 is
+    # ISA-L's. Decoding datasets always check (the cost is well under 1% of a decode); raw reads
+    # may pass check=False (README, "Checked reads", gives the cost). Stores of other tools
+    # carry no checksums (has_checksums): there is nothing to check, and check is ignored.
+
     @abc.abstractmethod
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
-        """``(image bytes, label)`` of the given records, in the order asked, in one round trip.
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
+        """``(image bytes, label)`` of the given records, in the order asked, in one round trip;
+        ``check``: each record's bytes checked against its header first (NOTE [ Checked reads ]).
 
         Raises:
             IndexError: an index is out of range.
+            RecordError: (``check``) a record's bytes are not the ones stored.
         """
 
-    def read_sample(self, index: int) -> tuple[bytes, int]:
+    def read_sample(self, index: int, *, check: bool = True) -> tuple[bytes, int]:
         """``(image bytes, label)`` of one record; backends with a shorter path for one record
         than for a batch take it.
 
         Raises:
             IndexError: the index is out of range.
+            RecordError: (``check``) its bytes are not the ones stored.
         """
-        return self.read_samples([index])[0]
+        return self.read_samples([index], check=check)[0]
+
+    @property
+    def command_target(self) -> str:
+        """The store as the words of a command that names it (quoted for the shell): what the
+        commands printed in messages give."""
+        return shlex.quote(self.location)
+
+    def mismatch(self, index: int, name: str, why: str) -> RecordError:
+        """The error of record ``index`` (``name``) whose bytes are not the ones stored
+        (``why``), found by a checked read."""
+        return RecordError(
+            f"{self.location}: record {index} ({name}) fails its checksum ({why}); the store is "
+            f"damaged: run `fastdata verify {self.command_target}`, which lists every damaged "
+            "record"
+        )
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         """``(name, image bytes, label)`` of the given records, in the order asked: the bytes
@@ -203,9 +238,10 @@ class StoreReader(abc.ABC):
             (r.header.name, r.data, int(self.labels[r.index])) for r in self.read_records(indices)
         ]
 
-    def read_data(self, indices: Sequence[int]) -> list[bytes]:
-        """The stored image bytes of the given records, in the order asked."""
-        return [data for data, _ in self.read_samples(indices)]
+    def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
+        """The stored image bytes of the given records, in the order asked (``check``: see
+        :meth:`read_samples`)."""
+        return [data for data, _ in self.read_samples(indices, check=check)]
 
     @abc.abstractmethod
     def read_records(self, indices: Sequence[int]) -> list[Record]:
@@ -366,8 +402,10 @@ class MemoryReader(StoreReader):
         self.reads = 0
         """How many times records were read (one per ``read_samples`` call)."""
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
-        self.reads += 1
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
+        self.reads += 1  # (no checksums: nothing to check)
         idx = self.check_indices(indices)
         return [(self._bytes(i), int(self._labels[i])) for i in idx]
 

@@ -185,13 +185,19 @@ class StoreView(StoreReader):
         idx = self.check_indices(indices)
         return idx, self.records[idx].tolist()
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
         idx, base = self._map(indices)
         labels = self.labels[idx].tolist()
-        return list(zip(self.base.read_data(base), labels, strict=True))
+        return list(zip(self.base.read_data(base, check=check), labels, strict=True))
 
-    def read_data(self, indices: Sequence[int]) -> list[bytes]:
-        return self.base.read_data(self._map(indices)[1])
+    def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
+        return self.base.read_data(self._map(indices)[1], check=check)
+
+    @property
+    def command_target(self) -> str:
+        return self.base.command_target
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         idx, base = self._map(indices)

@@ -532,6 +532,33 @@ class Lease:
             txn.abort()
         return out if epoch[0] == before else None
 
+    def values_at(self, keys: Sequence[bytes]) -> list[bytes] | None:
+        """The values of a few keys in one transaction, on the shortest path there is, or None
+        where that path cannot give them all (as :meth:`value_at`, which is this for one key,
+        written apart: it is every unchecked raw read's path)."""
+        entry = self.entry
+        epoch = entry.epoch_view
+        span = entry.span
+        if epoch is None or span is None or self._cold or self._ahead is not None:
+            return None
+        before = epoch[0]
+        out: list[bytes] = []
+        txn = self.env.begin(buffers=True)
+        try:
+            for key in keys:
+                raw = txn.get(key)
+                if raw is None:
+                    return None
+                at = address(raw)
+                if not (span[0] <= at and at + len(raw) <= span[1]):
+                    return None
+                out.append(bytes(raw))
+        except lmdb.Error:
+            return None
+        finally:
+            txn.abort()
+        return out if epoch[0] == before else None
+
     def values(self, keys: Sequence[bytes], where: Callable[[int], str]) -> list[bytes | None]:
         """The values of ``keys`` (None for a key not there), read in one transaction as
         :meth:`read` reads, each checked to lie inside the file before it is copied;

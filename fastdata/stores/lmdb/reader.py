@@ -24,6 +24,7 @@ from ...records import (
     SkippedFile,
     StoreMeta,
     check_labels,
+    first_mismatch,
     skipped_file,
 )
 from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, scan_item
@@ -111,6 +112,10 @@ class _Leased(StoreReader):
                     "a finished replacement waits to be moved into place; the next writer moves it"
                 )
         return notes
+
+    @property
+    def command_target(self) -> str:
+        return shlex.quote(os.path.abspath(self.path))
 
     def _check_identity(self, lease: Lease) -> None:
         """Raise StoreReplacedError when ``lease`` is not the store this reader opened."""
@@ -243,37 +248,61 @@ class LMDBStore(_Leased):
         names = PackedStrings.from_joined(raw or b"")
         return names if len(names) == len(self) and len(self) else None
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        return list(zip(self._data(idx), self._labels_of(idx), strict=True))
+        return list(zip(self._data(idx, check), self._labels_of(idx), strict=True))
 
-    def read_sample(self, index: int) -> tuple[bytes, int]:
+    def read_sample(self, index: int, *, check: bool = True) -> tuple[bytes, int]:
         lease = self._lease
         if lease is None or not lease.usable:
             lease = self._env()  # (which loads what a pickle left out)
         n = self._meta.count
         i = index if 0 <= index < n else self._wrapped(index, n)
-        data = lease.value_at(b"%010d" % i)
-        if data is None:
-            return self.read_samples([i])[0]  # the path that handles every other case
-        return data, self._labels.item(i)
+        key = b"%010d" % i
+        if not check:
+            data = lease.value_at(key)
+            if data is not None:
+                return data, self._labels.item(i)
+        else:
+            pair = lease.values_at((key, b"#" + key))
+            if pair is not None:
+                self._checked([i], pair[:1], pair[1:])
+                return pair[0], self._labels.item(i)
+        return self.read_samples([i], check=check)[0]  # the path that handles every other case
 
-    def read_data(self, indices: Sequence[int]) -> list[bytes]:
-        return self._data(self.check_indices(indices))
+    def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
+        return self._data(self.check_indices(indices), check)
 
-    def _data(self, idx: list[int]) -> list[bytes]:
-        """The bytes of the records ``idx`` (checked indices), in one transaction."""
-        found = self._env().values(
-            [b"%010d" % i for i in idx],  # record_key, inline: this is every raw read's path
-            lambda n: f"{self.path}: record {idx[n]}",
-        )
+    def _data(self, idx: list[int], check: bool) -> list[bytes]:
+        """The bytes of the records ``idx`` (checked indices), in one transaction; ``check``:
+        each checked against its header first (read in the same transaction)."""
+        keys = [b"%010d" % i for i in idx]  # record_key, inline: this is every raw read's path
+        if check:
+            keys += [b"#" + k for k in keys]  # (then each header_key)
+        n = len(idx)
+        found = self._env().values(keys, lambda j: f"{self.path}: record {idx[j % n]}")
         if None in found:
-            where = f"{self.path}: record {record_key(idx[found.index(None)]).decode()}"
+            j = found.index(None)
+            where = f"{self.path}: record {record_key(idx[j % n]).decode()}"
             raise RecordError(
-                f"{where} is missing; the store is damaged, run `fastdata verify` on it and "
-                "convert it again"
+                f"{where}{'' if j < n else ': its header'} is missing; the store is damaged, run "
+                "`fastdata verify` on it and convert it again"
             )
-        return cast("list[bytes]", found)  # none is None
+        data = cast("list[bytes]", found[:n])  # none is None
+        if check:
+            self._checked(idx, data, cast("list[bytes]", found[n:]))
+        return data
+
+    def _checked(self, idx: list[int], data: list[bytes], heads: list[bytes]) -> None:
+        """Raise the error of the first of the records ``idx`` whose bytes are not the ones
+        their header describes (NOTE [ Checked reads ] in ``stores/reader.py``)."""
+        bad = first_mismatch(heads, data, lambda j: f"{self.path}: record {idx[j]}")
+        if bad is not None:
+            j, why = bad
+            where = f"{self.path}: record {idx[j]}"
+            raise self.mismatch(idx[j], RecordHeader.from_json(heads[j], where).name, why)
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)

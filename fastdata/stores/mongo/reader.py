@@ -21,6 +21,7 @@ from ...records import (
     RecordHeader,
     SkippedFile,
     StoreMeta,
+    bytes_problem,
     check_labels,
     name_bytes,
     skipped_file,
@@ -378,10 +379,37 @@ class MongoStore(_MongoTarget, StoreReader):
             names.append(name_bytes(name))
         return PackedStrings(names)
 
-    def read_samples(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+    def read_samples(
+        self, indices: Sequence[int], *, check: bool = True
+    ) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)
-        docs = self._fetch(idx, {"data": 1, "gridfs_id": 1, "size": 1, "store": 1})
+        fields = {"data": 1, "gridfs_id": 1, "size": 1, "store": 1}
+        if check:  # (NOTE [ Checked reads ] in stores/reader.py)
+            fields.update(crc32=1, name=1)
+        docs = self._fetch(idx, fields)
+        if check:
+            self._checked(idx, docs)
         return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx, strict=True)]
+
+    def _checked(self, idx: list[int], docs: list[dict[str, Any]]) -> None:
+        """Raise the error of the first record whose bytes are not the ones its document
+        describes (its ``size`` and ``crc32``)."""
+        for i, doc in zip(idx, docs, strict=True):
+            data, size, crc = doc["data"], doc.get("size"), doc.get("crc32")
+            if not (isinstance(size, int) and isinstance(crc, int) and 0 <= crc < 1 << 32) or (
+                isinstance(size, bool) or isinstance(crc, bool)
+            ):  # (BSON gives 64-bit integers as a subclass of int)
+                raise RecordError(
+                    f"{self.location}: record {i}: damaged ('size' or 'crc32'); run "
+                    f"`fastdata verify {self.command_target}`"
+                )
+            why = bytes_problem(size, crc, data)
+            if why is not None:
+                raise self.mismatch(i, str(_names_from_bson(doc).get("name")), why)
+
+    @property
+    def command_target(self) -> str:
+        return command_words(self.uri, self.collection)
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         idx = self.check_indices(indices)
