@@ -200,8 +200,10 @@ def run(work: Path, n_images: int, repeat: int) -> None:
             self.close()
 
     class Ours(Reader):
+        check = False  # (the figures before reads were checked; Checked: the default)
+
         def open(self) -> None:
-            self.ds = LMDBImageDataset(dst, output="bytes")
+            self.ds = LMDBImageDataset(dst, output="bytes", check=self.check)
 
         def read(self) -> None:
             for b in batches:
@@ -231,6 +233,12 @@ def run(work: Path, n_images: int, repeat: int) -> None:
                 for i in b:
                     ds[i]
 
+    class Checked(Ours):
+        check = True
+
+    class CheckedOne(OursOne):
+        check = True
+
     class BareOne(Bare):
         def read(self) -> None:
             for k in flat:
@@ -257,13 +265,19 @@ def run(work: Path, n_images: int, repeat: int) -> None:
         finally:
             reader.close()
 
-    print("\nrandom reads of raw bytes (output='bytes'), warm page cache")
+    print("\nrandom reads of raw bytes (output='bytes', check=False), warm page cache")
     singles = (OursOne(), BareOne())
-    rounds = [[warm(r) for r in readers + singles] for _ in range(3)]
-    t_ours, t_bare, t_files, t_one, t_bare_one = (min(ts) for ts in zip(*rounds))
+    checked = (Checked(), CheckedOne())
+    rounds = [[warm(r) for r in readers + singles + checked] for _ in range(3)]
+    t_ours, t_bare, t_files, t_one, t_bare_one, t_checked, t_checked_one = (
+        min(ts) for ts in zip(*rounds, strict=True)
+    )
     row("ds[i] vs one bare lmdb transaction per get", n / t_one, n / t_bare_one, "(goal >= 0.85)")
     row("__getitems__(64) vs one bare transaction per 64", n / t_ours, n / t_bare, "(goal >= 0.90)")
     row("__getitems__(64) vs files from the folder", n / t_ours, n / t_files, "(goal >= 2.5)")
+    print("  checked reads (check=True, the default) against check=False, the same run:")
+    row("ds[i] checked vs unchecked", n / t_checked_one, n / t_one, "(its cost)")
+    row("__getitems__(64) checked vs unchecked", n / t_checked, n / t_ours, "(its cost)")
 
     print("\nrandom reads of raw bytes, pages evicted from the page cache before each pass")
 
@@ -279,9 +293,10 @@ def run(work: Path, n_images: int, repeat: int) -> None:
             times.append(time.perf_counter() - t)
         return min(times)
 
-    c_ours, c_bare, c_files = (cold(r) for r in readers)
+    c_ours, c_bare, c_files, c_checked = (cold(r) for r in (*readers, Checked()))
     row("LMDBImageDataset vs bare lmdb get loop", n / c_ours, n / c_bare, "(goal >= 0.80)")
     row("LMDBImageDataset vs files from the folder", n / c_ours, n / c_files, "(goal >= 1.5)")
+    row("__getitems__(64) checked vs unchecked", n / c_checked, n / c_ours, "(its cost)")
 
     # ---------------------------------------------------------------- decoding
     print("\ndecoding to RGB PIL images, random order, one process")
@@ -297,8 +312,19 @@ def run(work: Path, n_images: int, repeat: int) -> None:
         for b in batches:
             batch = [decode_pil(blobs[i]) for i in b]  # noqa: F841 - kept, as a loader does
 
-    d_ours, d_mem = best_of(repeat, decode_ours), best_of(repeat, decode_memory)
+    unchecked = LMDBImageDataset(dst, output="bytes", check=False)
+
+    def decode_unchecked() -> None:  # (the same reads and decodes, less the check)
+        for b in batches:
+            batch = [decode_pil(data) for data, _ in unchecked.__getitems__(b)]  # noqa: F841
+
+    timed = [  # (interleaved: each round times the three in turn)
+        [best_of(1, fn) for fn in (decode_ours, decode_memory, decode_unchecked)]
+        for _ in range(repeat)
+    ]
+    d_ours, d_mem, d_unchecked = (min(ts) for ts in zip(*timed, strict=True))
     row("LMDBImageDataset vs decoding bytes in memory", n / d_ours, n / d_mem, "(goal >= 0.95)")
+    row("checked (always, decoding) vs unchecked reads", n / d_ours, n / d_unchecked, "(its cost)")
 
 
 if __name__ == "__main__":
