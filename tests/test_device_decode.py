@@ -356,7 +356,7 @@ from fastdata.errors import CorruptImageError, RecordError
 loader = create_loader(LMDBImageDataset({str(store)!r}, indices=[0, 0]), batch_size=2,
                        device="cpu", num_workers=0, decode="device", train=False)
 print(tuple(next(iter(loader))[0].shape))
-bad = create_loader(LMDBImageDataset({str(store)!r}, check=False), batch_size=2,
+bad = create_loader(LMDBImageDataset({str(store)!r}), batch_size=2,
                     device="cpu", num_workers=0, decode="device", train=False)
 try:
     next(iter(bad))
