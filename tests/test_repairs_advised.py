@@ -18,6 +18,7 @@ from fastdata.errors import RecordError
 from fastdata.images.decode import has_turbo
 
 from .conftest import jpeg_bytes, snapshot, write
+from .test_damaged_stores import flip_a_byte
 from .procs import REPO, cli
 
 # (damaged pixel data is found by libjpeg-turbo's strict decode; Pillow decodes it leniently)
@@ -136,3 +137,59 @@ def test_export_decode_refuses_an_undecodable_record_unless_told_to_skip(tmp_pat
     assert report.files == 3 and [u.split(":")[0] for u in report.undecodable] == ["cat/bad.jpg"]
     plain = cli("export", str(store), str(tmp_path / "out3"), "--skip-damaged", "-q")
     assert plain.returncode == 0  # (without --decode, what is whole is copied: its checksum holds)
+
+
+def test_an_export_stopped_by_a_damaged_record_finishes_as_its_message_says(
+    tmp_path: Path,
+) -> None:
+    # the export stops at the damaged record with files already written: the options it names
+    # (--skip-damaged and --resume) finish it; --skip-damaged alone was refused there
+    src = folder(tmp_path / "src", ("a", "b"))
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    flip_a_byte(store, b"%010d" % 4)  # b/1.jpg
+    out = tmp_path / "out"
+    first = cli("export", str(store), str(out))
+    assert first.returncode == 1, first.stderr
+    assert "--skip-damaged" in first.stderr and "--resume" in first.stderr, first.stderr
+    assert "skip_damaged=True" not in first.stderr
+    written = snapshot(out)
+    assert written  # it stopped part-way
+    again = cli("export", str(store), str(out), "--skip-damaged", "--resume")
+    assert again.returncode == 1, again.stderr  # a record left out: exit 1, as verify's repair
+    assert "b/1.jpg" in again.stdout + again.stderr
+    assert sorted(snapshot(out)) == ["a/0.jpg", "a/1.jpg", "a/2.jpg", "b/0.jpg", "b/2.jpg"]
+    with pytest.raises(RecordError, match=r"skip_damaged=True and resume=True"):
+        export_store(open_store(store), tmp_path / "api")
+
+
+def test_an_export_removes_what_a_killed_export_left_only_when_resuming_one(tmp_path: Path) -> None:
+    # ".fastdata-<pid>.tmp" of a process no longer running: a killed export's file, which
+    # --resume removes; in a folder an export merely writes into, a user's own file of that name
+    src = folder(tmp_path / "src", ("a",))
+    store = tmp_path / "s.lmdb"
+    convert(src, store)
+    out = tmp_path / "out"
+    mine = write(out / "a" / ".fastdata-4000000.tmp", b"my own file")
+    result = cli("export", str(store), str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    assert mine.read_bytes() == b"my own file"
+    result = cli("export", str(store), str(out), "--resume", "-q")
+    assert result.returncode == 0, result.stderr
+    assert not mine.exists()  # a resume continues an export: what a killed one left goes
+
+
+def test_the_python_api_is_advised_arguments_for_a_manifest_it_did_not_write(
+    tmp_path: Path,
+) -> None:
+    rows = tmp_path / "src" / "manifest.csv"
+    write(tmp_path / "src" / "x.jpg", jpeg_bytes(seed=1))
+    rows.write_text("path,label\nx.jpg,a\n", encoding="utf-8")
+    store = tmp_path / "s.lmdb"
+    convert(rows, store)
+    out = tmp_path / "out"
+    write(out / "manifest.jsonl", b"my own notes\n")
+    with pytest.raises(Exception, match=r"pass overwrite=True to replace it") as info:
+        export_store(open_store(store), out)
+    assert "--overwrite" not in str(info.value)
+    assert (out / "manifest.jsonl").read_bytes() == b"my own notes\n"

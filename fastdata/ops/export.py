@@ -72,8 +72,11 @@ class _Destination:
     """Where an export writes: each record's path checked to stay inside the folder, each
     folder under it created and resolved once (its links followed) however many files go in."""
 
-    def __init__(self, outdir: Path) -> None:
+    def __init__(self, outdir: Path, *, resume: bool = False) -> None:
         self.outdir = outdir
+        self.resume = resume
+        """Remove what a killed export left in each folder (``--resume`` only: a folder of the
+        user's may hold a file of that name of its own)."""
         self.root = os.path.realpath(outdir)
         self._folders: set[tuple[str, ...]] = set()
         """Folders (as name parts) made and found to resolve inside the root."""
@@ -104,7 +107,7 @@ class _Destination:
                 target.parent.mkdir(parents=True, exist_ok=True)
             self.inside(target.parent, name)
             if create:
-                if existing == target.parent:  # (a folder made now holds nothing left over)
+                if self.resume and existing == target.parent:  # (a new folder holds none)
                     _remove_stale_temporaries(target.parent)
                 self._folders.add(folder)
         # the folder resolves inside the root; only the file's own name may still be a link,
@@ -176,7 +179,7 @@ def export_store(
     except OSError as exc:
         raise _write_failed(out, exc) from None
     report = ExportReport(str(out), repaired=repaired)
-    destination = _Destination(out)
+    destination = _Destination(out, resume=resume)
     total = len(reader)
     meta = reader.meta
     rows: list[bytes] | None = None
@@ -261,8 +264,9 @@ def _claim(out: Path, reader: StoreReader, *, overwrite: bool) -> None:
     if os.path.lexists(manifest) and not overwrite and not ours:
         raise StoreExistsError(
             f"{manifest}: exists already, and no export that fastdata started in {out} wrote it "
-            "(it may be the manifest the store came from); export into another folder, or pass "
-            "--overwrite to replace it"
+            "(it may be the manifest the store came from); export into another folder, or pass ",
+            option("overwrite"),
+            " to replace it",
         )
     if not ours:
         made = {"export of": reader.location, "store id": reader.meta.id}
@@ -384,7 +388,12 @@ def _checked(
     )
 
 
-_SKIP_DAMAGED = (option("skip_damaged"), " to export the rest")
+_SKIP_DAMAGED = (
+    option("skip_damaged"),
+    " and ",
+    option("resume"),
+    " to export the rest (the files written so far are kept)",
+)
 
 
 def _decodes(
