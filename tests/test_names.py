@@ -302,3 +302,14 @@ def test_hostile_collection_names_are_refused_or_keep_their_own_store(
     sources["c"] = c
     for name in legal:
         assert exported(mongo_uri, tmp_path, name) == snapshot(sources[name]), name
+
+
+@pytest.mark.parametrize("name", [".a", "a.", "a..b", "."])
+def test_a_collection_name_mongodb_refuses_for_its_dots_is_refused_as_a_usage_error(
+    name: str,
+) -> None:
+    # (pymongo refused these deep in a write: "checking the collection failed", exit 1)
+    from fastdata.stores.names import check_collection
+
+    with pytest.raises(fastdata.ReservedNameError, match=r"'\.'"):
+        check_collection(name, "mongodb://h/db")

@@ -70,20 +70,23 @@ def check_repairs(store_words: str, source: Path, cwd: Path, count: int) -> None
     assert found.returncode == 1, found.stdout + found.stderr
     assert "cat/bad.jpg: damaged JPEG data" in found.stdout
     advised = commands(found.stdout)
+    elsewhere = cwd / "elsewhere"  # the commands run from any folder (absolute paths)
+    elsewhere.mkdir(exist_ok=True)
 
-    exported = shell(advised["export"], cwd)
+    exported = shell(advised["export"], elsewhere)
     assert exported.returncode == 1, exported.stdout + exported.stderr
     assert "left out 1 record(s) that do not decode:" in exported.stdout
     assert "cat/bad.jpg: damaged JPEG data" in exported.stdout
     words = shlex.split(advised["export"])
-    out = Path(cwd, words[words.index("--skip-damaged") - 1])
+    out = Path(words[words.index("--skip-damaged") - 1])
+    assert out.is_absolute() and out.parent == cwd
     files = snapshot(out)
     assert "cat/bad.jpg" not in files and len(files) == count
     assert files == {name: (source / name).read_bytes() for name in files}
 
     assert set(advised) == {"export", "convert"}, found.stdout
     assert "--verify-decode" in advised["convert"]
-    converted = shell(advised["convert"], cwd)
+    converted = shell(advised["convert"], elsewhere)
     assert converted.returncode == 0, converted.stdout + converted.stderr
     assert "cat/bad.jpg: damaged JPEG data" in converted.stdout  # skipped, and said so
     again = verify_in(cwd, store_words, "--decode")

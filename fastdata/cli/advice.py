@@ -27,10 +27,10 @@ def repairs(store: str, collection: str | None, meta: Any, *, decode: bool) -> s
 
         target = command_words(store, collection)
         name = re.sub(r"[^\w.-]+", "_", collection)
-    else:
-        target = shlex.quote(store)
-        name = os.path.splitext(os.path.normpath(store))[0]
-    sound = _free(f"{name}-sound")
+    else:  # absolute paths: the commands run from any folder (I11)
+        target = shlex.quote(os.path.abspath(store))
+        name = os.path.splitext(os.path.abspath(store))[0]
+    sound = _free(os.path.abspath(f"{name}-sound"))
     export = f"fastdata export {target} {shlex.quote(sound)} --skip-damaged"
     copy_out = f"copy out the records that are sound with `{export}{' --decode' * decode}`"
     source = meta.source if meta is not None else ""

@@ -268,6 +268,8 @@ def check_collection(collection: str, where: str, database: str = "") -> None:
         refuse("is not UTF-8, which MongoDB requires")
     if "$" in collection or "\0" in collection:
         refuse("holds '$' or a NUL, which MongoDB does not allow in a collection name")
+    if collection.startswith(".") or collection.endswith(".") or ".." in collection:
+        refuse("begins or ends with '.' or holds '..', which MongoDB does not allow")
     if collection.startswith("system."):
         refuse("begins with 'system.', which MongoDB keeps for itself")
     if collection == META_COLLECTION:
