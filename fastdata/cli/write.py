@@ -247,7 +247,8 @@ def _counted(what: str, count: int, names: list[str]) -> None:
 
 def _render_convert(report: ConvertReport) -> None:
     """What a conversion or an append did, as the CLI prints it."""
-    classes = f"{len(report.classes)} classes" if report.labelled else "no classes (targets -1)"
+    n = len(report.classes)
+    classes = f"{n} class{'es' * (n != 1)}" if report.labelled else "no classes (targets -1)"
     click.echo(
         f"{report.destination}: {report.count} images in {classes}, {_human(report.total_bytes)}"
     )
