@@ -26,7 +26,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptImageError
-from .codec import EOI, first_rows
+from .codec import EOI, first_rows, read_scans
 from .codec import is_jpeg as _is_jpeg
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TRUNCATED",
     "check_repaired",
+    "check_scans",
     "decode_array",
     "decode_check",
     "decode_numpy",
@@ -362,20 +363,46 @@ _FILLER = b"\xaa" * 256
 first bit set, unlike the zeros a decoder puts in at the marker)."""
 
 
+def check_scans(data: bytes | memoryview, name: str) -> None:
+    """Check, from its scan headers alone, that a JPEG that lacked its end-of-image marker
+    (``data``, the marker appended) was not cut between two of its scans: a progressive file
+    must hold every bit of every coefficient of every component (a scan with Al 0 for each), a
+    sequential or lossless one a scan for every component. A file cut there decodes without a
+    word, from the scans it has (a progressive one blurred, its finer bits missing; another
+    without the colour of the components missing), which no decode tells from a whole one.
+    Costs a walk of the headers (:func:`~fastdata.images.codec.read_scans`); a file whose
+    headers it cannot judge passes (the decode that follows judges it), unless they are too
+    many to walk.
+
+    Raises:
+        CorruptImageError: ``truncated JPEG: progressive scans missing``, ``truncated JPEG:
+            scans of some of its components missing``, ``truncated JPEG: ends inside a marker
+            segment after its scan data``, or more marker segments than
+            :data:`~fastdata.images.codec.MOST_SEGMENTS` (not judged, so not repaired).
+    """
+    scans = read_scans(data)
+    why = scans.missing if scans is not None else None
+    if why is not None:
+        raise CorruptImageError(name, why)
+
+
 def check_repaired(data: bytes, name: str) -> None:
     """Check that a JPEG that lacked its end-of-image marker (``data``, the marker appended)
-    lacked nothing else. A file missing only the marker decodes whole, every row of blocks
-    present; a file cut short does not: libjpeg-turbo meets the marker where scan data should
-    be and says so. Pillow does not, so there the image is decoded a second time with filler
-    bits before the marker: a whole scan ends before them (the decoder skips them to the
+    lacked nothing else. First its scan headers (:func:`check_scans`: a file cut between two
+    scans), then a decode: a file missing only the marker decodes whole, every row of blocks
+    present; a file cut inside a scan does not: libjpeg-turbo meets the marker where scan data
+    should be and says so. Pillow does not, so there the image is decoded a second time with
+    filler bits before the marker: a whole scan ends before them (the decoder skips them to the
     marker), a scan cut short decodes them into its missing blocks, and the pixels differ.
     Costs a decode (two without libjpeg-turbo); call it after :func:`image_size` (the pixel
     limit).
 
     Raises:
-        CorruptImageError: the scan data ends early (:data:`TRUNCATED`), or the image does not
-            decode with the marker appended (a file cut inside the headers of a later scan).
+        CorruptImageError: scans missing (:func:`check_scans`), the scan data ends early
+            (:data:`TRUNCATED`), or the image does not decode with the marker appended (a file
+            cut inside the headers of a later scan).
     """
+    check_scans(data, name)
     if _simplejpeg is not None:
         try:
             _simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)

@@ -399,10 +399,13 @@ _SKIP_DAMAGED = (
 def _decodes(
     reader: StoreReader, rec: Record, data: bytes, skip_damaged: bool, report: ExportReport
 ) -> bytes | None:
-    """``data`` (the bytes to write for ``rec``) if the record's image decodes, strictly."""
-    from ..images.decode import decode_check
+    """``data`` (the bytes to write for ``rec``) if the record's image decodes, strictly, and
+    one repaired at conversion was not cut between two scans (which decodes without a word)."""
+    from ..images.decode import check_scans, decode_check
 
     try:
+        if rec.header.repaired and rec.header.format == "jpeg":
+            check_scans(rec.data, rec.header.name)
         decode_check(rec.data, rec.header.name)
     except CorruptImageError as exc:
         if skip_damaged:
