@@ -79,6 +79,7 @@ __all__ = [
     "gridfs_record_id",
     "gridfs_records_of",
     "is_bucket_of",
+    "is_gridfs_file_id",
     "lmdb_derived",
     "mongo_collections",
     "mongo_documents",
@@ -244,6 +245,16 @@ def gridfs_labels_id(store_id: str) -> str:
 def gridfs_records_of(store_id: str) -> dict[str, Any]:
     """The filter of every GridFS file of the store ``store_id``."""
     return {"_id": {"$regex": f"^{re.escape(store_id)}:"}}
+
+
+def is_gridfs_file_id(file_id: object, collection: str) -> bool:
+    """Whether ``file_id`` is the id of a GridFS file that fastdata makes for a store in
+    ``collection``: ``"<id>:<index>"`` or ``"<id>:labels"`` (``<id>``: a store id, or the
+    collection's name for stores of the first format)."""
+    if not isinstance(file_id, str):
+        return False
+    owner = rf"(?:[0-9a-f]{{32}}|{re.escape(collection)})"
+    return re.fullmatch(owner + r":(?:[0-9]+|labels)", file_id) is not None
 
 
 def check_collection(collection: str, where: str, database: str = "") -> None:

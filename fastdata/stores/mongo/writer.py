@@ -31,6 +31,7 @@ from .. import names
 from ..names import META_COLLECTION, progress_id
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
+from .buckets import buckets_named, drop_buckets
 from .claim import Claimed
 from .connection import _gridfs, _MongoTarget, command_words
 from .layout import (
@@ -135,7 +136,8 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 meta = StoreMeta.from_dict(_names_from_bson(docs[coll]), self.location)
             except StoreError as exc:
                 other = f"holds a store with damaged metadata ({exc})"
-            bucket = docs[coll].get("gridfs_bucket")
+            # as a reader finds it: a store of the first format names none, and has one
+            bucket = docs[coll].get("gridfs_bucket", names.bucket(coll, ""))
             self._base_bucket = bucket if isinstance(bucket, str) else ""
             saved = docs.get(progress_id(coll))
             if (
@@ -199,32 +201,34 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         meta.replace_one({"_id": progress_id(name)}, state, upsert=True)
 
     def _drop(self, name: str) -> None:
-        """Drop collection ``name``, its metadata, progress and skipped lists, and the buckets of
-        no store."""
+        """Drop collection ``name``, its metadata, progress and skipped lists, and the GridFS
+        buckets they name that no other store of this collection uses (NOTE [ Whose GridFS
+        bucket ]): the buckets first, so a drop cut short leaves the documents that name them."""
         db = self._conn.db()
-        for doc in db[META_COLLECTION].find({"_id": {"$in": [name, progress_id(name)]}}):
+        own = [name, progress_id(name)]
+        docs = list(db[META_COLLECTION].find({"_id": {"$in": own}}))
+        rest = [n for n in self._store_documents() if n not in own]
+        others = db[META_COLLECTION].find({"_id": {"$in": rest}})
+        drop_buckets(db, self._buckets_named(docs) - self._buckets_named(others), *self._where)
+        for doc in docs:
             for key in ("id", "store_id"):
                 if isinstance(doc.get(key), str) and doc[key]:
                     db[META_COLLECTION].delete_many(_skipped_ids(doc[key]))
         db[name].drop()
-        db[META_COLLECTION].delete_many({"_id": {"$in": [name, progress_id(name)]}})
-        self._drop_orphan_buckets()
+        db[META_COLLECTION].delete_many({"_id": {"$in": own}})
 
-    def _drop_orphan_buckets(self) -> None:
-        db = self._conn.db()
-        live = {
-            d["gridfs_bucket"]
-            if isinstance(d.get("gridfs_bucket"), str)
-            else names.bucket(self.collection, d.get("id", ""))
-            for d in db[META_COLLECTION].find(
-                {"_id": {"$in": [self.collection, self._aside_name]}},
-                {"id": 1, "gridfs_bucket": 1},
-            )
-        }
-        live.add(self._bucket_name)
-        for name in db.list_collection_names():
-            if names.is_bucket_of(name, self.collection) and name.rsplit(".", 1)[0] not in live:
-                db[name].drop()
+    def _buckets_named(self, docs: Any) -> set[str]:
+        return buckets_named(docs, self.collection, self._aside_name)
+
+    @property
+    def _where(self) -> tuple[str, str]:
+        return self.collection, self.location
+
+    def _store_documents(self) -> list[str]:
+        """The ids of the metadata and progress documents of this collection and of its
+        replacement, in ``__fastdata__``."""
+        coll, aside = self.collection, self._aside_name
+        return [coll, progress_id(coll), aside, progress_id(aside)]
 
     def _kept_skipped(self, base: StoreMeta) -> int:
         return 0  # the skipped list is kept under the store's id: the new id gets all of it
@@ -276,13 +280,17 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                     to=f"{db.name}.{coll}",
                     dropTarget=True,
                 )
+            # the buckets of the store replaced and of a conversion in place that was killed,
+            # while the documents that name them are still there
+            replaced = db[META_COLLECTION].find({"_id": {"$in": [coll, progress_id(coll)]}})
+            gone = self._buckets_named(replaced) - self._buckets_named([doc])
+            drop_buckets(db, gone, *self._where)
             doc["_id"] = coll
             db[META_COLLECTION].replace_one({"_id": coll}, doc, upsert=True)
             db[META_COLLECTION].delete_many(
                 {"_id": {"$in": [aside, progress_id(aside), progress_id(coll)]}}
             )
             self._store_id = str(doc.get("id", ""))
-            self._drop_orphan_buckets()
 
         # Each step can be repeated: a replacement killed half-way is finished by the next writer.
         self._run("moving the new store into place", promote)
