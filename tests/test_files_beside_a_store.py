@@ -14,7 +14,7 @@ from pathlib import Path
 from fastdata import convert, open_store
 
 from .conftest import jpeg_bytes, tiny_store, write
-from .procs import cli, run_script, script, wait_for
+from .procs import HOLDING_CONVERT, cli, run_script, script, wait_for
 from .test_append_readers import STOPPED_READER
 
 READ_AROUND = """
@@ -111,3 +111,102 @@ def test_a_writer_lock_that_is_a_link_is_not_written_through(tmp_path: Path) -> 
     result = cli(*append, timeout=60)
     assert result.returncode == 0, result.stderr
     assert len(open_store(store)) == 5
+
+
+def _link(kind: str, data_file: Path, into: Path) -> None:
+    """``into/data.mdb`` made a link (``kind``) to ``data_file``: another store reached through
+    it."""
+    into.mkdir()
+    if kind == "symlink":
+        (into / "data.mdb").symlink_to(data_file)
+    else:
+        os.link(data_file, into / "data.mdb")
+
+
+def _refused_as_linked(result: subprocess.CompletedProcess, data_file: Path, kind: str) -> None:
+    message = result.stderr.strip()
+    assert result.returncode == 1 and message.count("\n") == 0, message
+    assert f"{data_file}: " in message, message
+    assert ("symbolic link" if kind == "symlink" else "hard links") in message, message
+    assert "--overwrite" not in message and "--resume" not in message, message
+
+
+def _run_as_printed(message: str) -> None:
+    command = message.split("`")[1]
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_store_whose_data_file_is_a_link_into_another_is_not_written(tmp_path: Path) -> None:
+    """Two appends, to a store and to another folder whose data.mdb links to its data file, ran
+    at once on one file, each under its own writer.lock; one append through the link changed
+    the other store; and the append that lost was told to convert again with --overwrite."""
+    a = tiny_store(tmp_path, 20)
+    b = tmp_path / "b.lmdb"
+    _link("symlink", a / "data.mdb", b)
+    for i in range(20, 30):
+        write(tmp_path / "src" / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
+    started, go = tmp_path / "started", tmp_path / "go"
+    writer = script(HOLDING_CONVERT, tmp_path / "src", a, started, go, "--append")
+    wait_for(started, writer)  # the append to a holds a's lock, mid-append
+    through = cli("convert", str(tmp_path / "src"), str(b), "--append", "-q", timeout=60)
+    _refused_as_linked(through, b / "data.mdb", "symlink")
+    assert sorted(os.listdir(b)) == ["data.mdb"]  # nothing written beside it either
+    go.touch()
+    _, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    assert len(open_store(a)) == 30 and cli("verify", str(a), "-q").returncode == 0
+    # the copy it advises, run as printed, is b's own: b grows, a stays as it is
+    before = (a / "data.mdb").read_bytes()
+    _run_as_printed(through.stderr)
+    for i in range(30, 33):
+        write(tmp_path / "src" / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
+    assert convert(tmp_path / "src", b, append=True, workers=1).count == 33
+    assert (a / "data.mdb").read_bytes() == before and len(open_store(a)) == 30
+
+
+def test_a_data_file_with_two_names_is_written_under_neither(tmp_path: Path) -> None:
+    a = tiny_store(tmp_path, 20)
+    b = tmp_path / "b.lmdb"
+    _link("hardlink", a / "data.mdb", b)
+    write(tmp_path / "src" / "c" / "0020.jpg", jpeg_bytes(16, 16, seed=20))
+    before = (a / "data.mdb").read_bytes()
+    for store in (a, b):
+        result = cli("convert", str(tmp_path / "src"), str(store), "--append", "-q", timeout=60)
+        _refused_as_linked(result, store / "data.mdb", "hardlink")
+    assert (a / "data.mdb").read_bytes() == before and sorted(os.listdir(b)) == ["data.mdb"]
+    _run_as_printed(result.stderr)  # b gets a copy of its own: each store is written alone
+    for store in (a, b):
+        assert convert(tmp_path / "src", store, append=True, workers=1).count == 21
+        assert cli("verify", str(store), "-q").returncode == 0
+
+
+PUT_KEY = """
+    import lmdb, sys
+    env = lmdb.open(sys.argv[1])
+    with env.begin(write=True) as txn:
+        txn.put(sys.argv[2].encode(), b"theirs")
+    env.close()
+"""
+
+
+def test_records_that_another_program_writes_during_an_append_are_not_met_with_overwrite(
+    tmp_path: Path,
+) -> None:
+    """It said "the store is not the one this conversion started, convert again with
+    --overwrite", which replaces a store that appends grew (and another store's records, where
+    the data file is shared)."""
+    store = tiny_store(tmp_path, 20)
+    for i in range(20, 30):
+        write(tmp_path / "src" / "c" / f"{i:04d}.jpg", jpeg_bytes(16, 16, seed=i))
+    started, go = tmp_path / "started", tmp_path / "go"
+    writer = script(HOLDING_CONVERT, tmp_path / "src", store, started, go, "--append")
+    wait_for(started, writer)  # records 20 and 21 committed; 22 and 23 are next
+    put = run_script(PUT_KEY, store, "0000000022", timeout=60)
+    assert put.returncode == 0, put.stderr
+    go.touch()
+    _, err = writer.communicate(timeout=120)
+    assert writer.returncode != 0
+    assert "records from 22 on are in the store, which this append did not write" in err, err
+    assert "resume=True" in err and "overwrite" not in err, err
+    assert len(open_store(store)) == 20

@@ -15,7 +15,7 @@ import stat
 
 from ..sources.folder import file_kind
 
-__all__ = ["open_regular"]
+__all__ = ["not_its_own", "open_regular"]
 
 
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int | str:
@@ -39,3 +39,21 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) ->
         os.close(fd)
         return file_kind(st.st_mode)
     return fd
+
+
+def not_its_own(path: str | os.PathLike[str]) -> str | None:
+    """What makes the file at ``path`` not a regular file of its own, for a message: a link
+    ("a symbolic link to ..."), a file with several names (hard links), or something else
+    ("a folder", ...); None when it is one, or when nothing is there. A writer that wrote into
+    such a file would write another store's too, under a lock of its own."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"a symbolic link to {os.path.realpath(path)}"
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode)
+    if st.st_nlink > 1:
+        return f"a file with {st.st_nlink} names (hard links)"
+    return None

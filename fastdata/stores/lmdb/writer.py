@@ -57,6 +57,7 @@ from .layout import (
     records_problem,
     skipped_key,
 )
+from .own import refuse_shared, taken
 from .reader import LMDBStore
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,12 @@ class LMDBWriter(StoreWriter):
     """Writes a fastdata store into an LMDB folder.
 
     The writer lock is ``writer.lock`` in the store folder (``flock``: the kernel releases it if
-    the process dies). A fresh store is written in place; a store that replaces another is built
-    in ``.replacement/`` inside the folder and its ``data.mdb`` renamed over the old one when
-    complete, so readers see either store whole, never a mix. Each batch and its progress are
-    committed in one transaction. The map grows (doubling) when LMDB reports it full, so no size
-    needs guessing.
+    the process dies), over a ``data.mdb`` of the store's own, never a link (NOTE [ A data file
+    of its own ] in ``own.py``). A fresh store is written in place; a store that replaces
+    another is built in ``.replacement/`` inside the folder and its ``data.mdb`` renamed over
+    the old one when complete, so readers see either store whole, never a mix. Each batch and
+    its progress are committed in one transaction. The map grows (doubling) when LMDB reports it
+    full, so no size needs guessing.
 
     Args:
         path: the store folder (created if missing; must be empty or hold an LMDB store; not a
@@ -152,6 +154,7 @@ class LMDBWriter(StoreWriter):
                     f"{folder}: the folder is not empty ({foreign[0]}, ...) and holds no LMDB "
                     "store; give a new or empty folder for the store"
                 )
+        refuse_shared(self.path)  # (NOTE [ A data file of its own ])
         # the folders this writer creates: removed again if it ends without writing a store (a
         # refused command leaves nothing behind)
         self._created = tuple(p for p in [folder, *folder.parents] if not p.exists())
@@ -377,11 +380,7 @@ class LMDBWriter(StoreWriter):
             # metadata keys, which sort after the records
             _, added = cursor.putmulti(data, overwrite=False, append=not self.appending)
             if added != len(data):
-                raise StoreError(
-                    f"{self.path}: records from {records[0].index} on exist already; the store "
-                    "is not the one this conversion started, convert again with ",
-                    option("overwrite"),
-                )
+                raise taken(self.path, self._target(), records[0].index, self.appending)
             cursor.putmulti(headers + skipped)
             txn.put(PROGRESS_KEY, state)
 

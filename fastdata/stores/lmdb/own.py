@@ -1,0 +1,97 @@
+"""What a writer of an LMDB store may write: a data file of the store's own.
+
+NOTE [ A data file of its own ]
+
+The writer lock (``writer.lock``) and LMDB's lock table (``lock.mdb``) lie beside ``data.mdb`` in
+the store's folder, and a writer holds those of the folder it was given. So one data file reached
+from two folders (a symbolic link, or a hard link, from one store's ``data.mdb`` to another's)
+would have two writers at once, each under a lock of its own, writing the same pages. A writer
+therefore writes only a ``data.mdb`` (its replacement's too) that is a regular file with one name,
+and refuses any other before it writes anything (:func:`refuse_shared`); a store reached through
+a link is read, and copied, as any other. Where records appear that the writer did not write all
+the same (a link made while it ran, another program), it says so, and never advises starting over
+where another store's records may be in the file (:func:`taken`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from ...errors import SAME_COMMAND, StoreError, option
+from ..files import not_its_own
+from ..names import aside_folder, data_file
+
+__all__ = ["refuse_shared", "shared_error", "taken"]
+
+
+def refuse_shared(folder: str) -> None:
+    """Refuse the store in ``folder`` where its data file, or its replacement's, is not a
+    regular file of its own, or its replacement's folder is a link.
+
+    Raises:
+        StoreError: one line naming the file, what it is, and what to do.
+    """
+    aside = aside_folder(folder)
+    if os.path.islink(aside):
+        raise StoreError(
+            f"{aside}: a symbolic link, where fastdata builds a replacement of the store (and "
+            f"removes it whole); remove the link (`rm {shlex.quote(os.path.abspath(aside))}`) "
+            "and run the same command again"
+        )
+    for path in (data_file(folder), data_file(aside)):
+        what = not_its_own(path)
+        if what is not None:
+            raise shared_error(path, what)
+
+
+def shared_error(path: str, what: str) -> StoreError:
+    """The refusal of the data file ``path``, which is ``what`` (``files.not_its_own``)."""
+    here = shlex.quote(os.path.abspath(path))
+    if what.startswith("a symbolic link to "):
+        real = os.path.realpath(path)
+        fix = (
+            f"write to {os.path.dirname(real)} instead, or give this store a copy of its own "
+            f"while nothing writes to either (`cp --remove-destination {shlex.quote(real)} "
+            f"{here}`)"
+        )
+    elif what.endswith("(hard links)"):
+        copy = shlex.quote(os.path.abspath(path) + ".copy")
+        fix = (
+            "give this store a copy of its own while nothing writes to any of them "
+            f"(`cp -p {here} {copy} && mv {copy} {here}`)"
+        )
+    else:
+        fix = "move it out of the store folder"
+    return StoreError(
+        f"{path}: {what}, not a data file of this store's own: a writer of another store may "
+        "write the same file at the same time, under another lock, and damage both; nothing "
+        f"was written: {fix}"
+    )
+
+
+def taken(folder: str, target: str, first: int, appending: bool) -> StoreError:
+    """What to say when records from ``first`` on, which this run did not write, are in the
+    store in ``folder`` (written in ``target``, the folder or its replacement's): something else
+    writes it. A data file shared with another store (linked since the run began) is named;
+    otherwise another program wrote into it, and starting over is advised only for a store that
+    is not complete yet (an append's store holds what earlier runs added)."""
+    path = data_file(target)
+    what = not_its_own(path)
+    if what is not None:
+        return shared_error(path, what)
+    where = f"{folder}: records from {first} on are in the store, which this "
+    if appending:
+        return StoreError(
+            where + "append did not write: another program writes into the store; nothing of "
+            "this batch was written, and the store reads as before the append: stop that "
+            "program, then run ",
+            SAME_COMMAND,
+            " with ",
+            option("resume"),
+        )
+    return StoreError(
+        where + "conversion did not write: another program writes into the store, which is not "
+        "complete yet; stop that program, then convert again with ",
+        option("overwrite"),
+    )
