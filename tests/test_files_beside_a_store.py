@@ -209,4 +209,6 @@ def test_records_that_another_program_writes_during_an_append_are_not_met_with_o
     assert writer.returncode != 0
     assert "records from 22 on are in the store, which this append did not write" in err, err
     assert "resume=True" in err and "overwrite" not in err, err
-    assert len(open_store(store)) == 20
+    again = cli("convert", str(tmp_path / "src"), str(store), "--append", "--resume", "-q")
+    assert again.returncode == 1 and "'0000000022'" in again.stderr, again.stderr
+    assert "--overwrite" not in again.stderr and len(open_store(store)) == 20

@@ -4,6 +4,7 @@ reading and appending go on around it, and keep it."""
 
 from __future__ import annotations
 
+import shlex
 import struct
 from pathlib import Path
 
@@ -91,3 +92,72 @@ def test_a_zeroed_count_of_keys_is_named_not_an_empty_store(tmp_path: Path) -> N
     _add_images(tmp_path / "src", 20, 5)
     assert convert(tmp_path / "src", store, append=True, workers=1).count == 25
     assert cli("verify", str(store), "-q").returncode == 0
+
+
+def _put_key(store: Path, key: bytes) -> None:
+    """Another tool adds ``key`` to the store, with plain ``lmdb``."""
+    env = lmdb.open(str(store))
+    with env.begin(write=True) as txn:
+        txn.put(key, b"theirs")
+    env.close()
+
+
+def _kept(store: Path, key: bytes) -> bool:
+    env = lmdb.open(str(store), readonly=True, lock=False)
+    with env.begin() as txn:
+        found = txn.get(key) == b"theirs"
+    env.close()
+    return found
+
+
+def test_another_tools_key_is_named_and_an_append_keeps_it(tmp_path: Path) -> None:
+    """verify said "20 records OK" and named nothing."""
+    store = tiny_store(tmp_path, 20)
+    _put_key(store, b"zzz_extra")
+    result = cli("verify", str(store), "-q")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert (
+        "content fastdata did not write" in out and "'zzz_extra'" in out and "20 records OK" in out
+    )
+    _no_repair_advised(out)
+    _add_images(tmp_path / "src", 20, 3)
+    append = cli("convert", str(tmp_path / "src"), str(store), "--append", "-q")
+    assert append.returncode == 0, append.stderr
+    assert _kept(store, b"zzz_extra")
+    again = cli("verify", str(store), "-q")
+    assert (
+        again.returncode == 0 and "'zzz_extra'" in again.stdout and "23 records OK" in again.stdout
+    )
+
+
+@pytest.mark.parametrize("key", [b"0000000099", b"#0000000020"])
+def test_another_tools_key_where_an_append_writes_is_named_and_the_append_refused(
+    tmp_path: Path, key: bytes
+) -> None:
+    """verify said "20 records OK" and named nothing; every append then ended in "breaks its
+    invariants ... This is a fault in fastdata: please report it"."""
+    store = tiny_store(tmp_path, 20)
+    _put_key(store, key)
+    expected = [bytes(d) for d, _ in open_store(store).read_samples(range(20))]
+    result = cli("verify", str(store), "-q")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "content fastdata did not write" in out and repr(key.decode()) in out, out
+    assert "an append refuses it" in out and "20 records OK" in out
+    _no_repair_advised(out)
+    _add_images(tmp_path / "src", 20, 3)
+    append = cli("convert", str(tmp_path / "src"), str(store), "--append", "-q")
+    assert append.returncode == 1, append.stderr
+    message = append.stderr.strip()
+    assert message.count("\n") == 0 and repr(key.decode()) in message, message
+    assert "fault in fastdata" not in message and "--overwrite" not in message, message
+    assert [bytes(d) for d, _ in open_store(store).read_samples(range(20))] == expected
+    assert _kept(store, key)
+    # the copy it advises, run as printed, leaves the key out; the append goes to the copy
+    command = shlex.split(message.split("`")[1])
+    assert command[:2] == ["fastdata", "copy"]
+    assert cli(*command[1:], "-q").returncode == 0
+    copy = Path(command[3])
+    assert convert(tmp_path / "src", copy, append=True, workers=1).count == 23
+    assert cli("verify", str(copy), "-q").returncode == 0

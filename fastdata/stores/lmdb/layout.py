@@ -101,13 +101,8 @@ def records_problem(txn: Any, entries: int, count: int, *, exact: bool) -> str |
     that another tool changed), the records and headers are counted one by one."""
     if count and (txn.get(record_key(count - 1)) is None or txn.get(header_key(count - 1)) is None):
         return f"record {count - 1} (the last) is missing"
-    if exact:
-        cursor = txn.cursor()
-        for first in (record_key(count), header_key(count)):
-            if cursor.set_range(first):
-                key = bytes(cursor.key())
-                if key[:1].isdigit() or (key[:1] == b"#" and key[1:2].isdigit()):
-                    return f"a record past the last ({key.decode('ascii', 'replace')})"
+    if exact and (key := past_the_last(txn, count)) is not None:
+        return f"a record past the last ({key.decode('ascii', 'replace')})"
     held = _held(txn, entries)
     if held < 2 * count or (exact and held != 2 * count):
         records = _count_keys(txn, record_key(0), record_key(count), len(record_key(0)))
@@ -118,6 +113,73 @@ def records_problem(txn: Any, entries: int, count: int, *, exact: bool) -> str |
                 "header missing)"
             )
     return None
+
+
+def past_the_last(txn: Any, count: int) -> bytes | None:
+    """The first key shaped like a record or a header (a digit, or ``#`` and a digit, first)
+    that sorts at or past record ``count``'s, if any: where a store of ``count`` records holds
+    nothing, and where an append puts its records."""
+    cursor = txn.cursor()
+    for first in (record_key(count), header_key(count)):
+        if cursor.set_range(first):
+            key = bytes(cursor.key())
+            if is_past_the_last(key, count):
+                return key
+    return None
+
+
+def is_past_the_last(key: bytes, count: int) -> bool:
+    """Whether ``key`` is shaped like a record or a header and sorts at or past record
+    ``count``'s (see :func:`past_the_last`)."""
+    if key[:1].isdigit():
+        return key >= record_key(count)
+    return key[:1] == b"#" and key[1:2].isdigit() and key >= header_key(count)
+
+
+_OWN_KEYS = frozenset({PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY})
+
+
+def _own_key(key: bytes, records: int, skipped: int) -> bool:
+    """Whether ``key`` is one fastdata writes in a store of ``records`` records (and headers)
+    and ``skipped`` skipped entries."""
+    if key in _OWN_KEYS:
+        return True
+    number, bound = key, records
+    if key.startswith(SKIPPED_PREFIX):
+        number, bound = key[len(SKIPPED_PREFIX) :], skipped
+    elif key[:1] == b"#":
+        number = key[1:]
+    return len(number) == 10 and number.isdigit() and int(number) < bound
+
+
+def foreign_keys(txn: Any, entries: int, records: int, skipped: int) -> list[bytes]:
+    """The keys of the store's main database that fastdata did not write, seen in ``txn``: all
+    but its own keys, the records and headers ``0 .. records-1`` and the skipped entries
+    ``0 .. skipped-1`` (``records`` and ``skipped`` take in an interrupted append's). O(1)
+    but for the skipped entries where LMDB's count of keys (``entries``) adds up with those;
+    elsewhere every key is looked at."""
+    if _held(txn, entries) == 2 * records and _skipped_keys(txn) in (0, skipped):
+        return []
+    keys = txn.cursor().iternext(keys=True, values=False)
+    return [bytes(k) for k in keys if not _own_key(bytes(k), records, skipped)]
+
+
+FOREIGN_KEYS_NAMED = 10
+"""Keys of another tool that ``verify`` names one by one (it counts the rest)."""
+
+
+def said_foreign(keys: list[bytes], count: int) -> list[str]:
+    """Keys that fastdata did not write (:func:`foreign_keys`) in a store of ``count`` records,
+    as ``verify`` names them."""
+    out = []
+    for key in keys[:FOREIGN_KEYS_NAMED]:
+        what = f"another tool's key {key.decode('ascii', 'backslashreplace')!r}"
+        if is_past_the_last(key, count):
+            what += ", shaped like a record past the last: an append refuses it"
+        out.append(what)
+    if len(keys) > FOREIGN_KEYS_NAMED:
+        out.append(f"... and {len(keys) - FOREIGN_KEYS_NAMED:,} more keys of another tool")
+    return out
 
 
 def miscounted(txn: Any, entries: int, count: int) -> str | None:
@@ -140,6 +202,12 @@ def miscounted(txn: Any, entries: int, count: int) -> str | None:
 def _held(txn: Any, entries: int) -> int:
     """LMDB's count of keys less the skipped entries and the store's own keys: the records and
     headers, by that count."""
+    fixed = sum(txn.get(k) is not None for k in _OWN_KEYS)
+    return entries - _skipped_keys(txn) - fixed
+
+
+def _skipped_keys(txn: Any) -> int:
+    """The keys that begin like a skipped entry's, counted one by one."""
     cursor = txn.cursor()
     skipped = 0
     if cursor.set_range(SKIPPED_PREFIX):
@@ -147,11 +215,7 @@ def _held(txn: Any, entries: int) -> int:
             if not bytes(key).startswith(SKIPPED_PREFIX):
                 break
             skipped += 1
-    fixed = sum(
-        txn.get(k) is not None
-        for k in (PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY)
-    )
-    return entries - skipped - fixed
+    return skipped
 
 
 def _count_keys(txn: Any, low: bytes, high: bytes, width: int) -> int:

@@ -1,4 +1,5 @@
-"""What a writer of an LMDB store may write: a data file of the store's own.
+"""What a writer of an LMDB store may write: a data file of the store's own, and the keys of
+the records it adds.
 
 NOTE [ A data file of its own ]
 
@@ -11,6 +12,10 @@ and refuses any other before it writes anything (:func:`refuse_shared`); a store
 a link is read, and copied, as any other. Where records appear that the writer did not write all
 the same (a link made while it ran, another program), it says so, and never advises starting over
 where another store's records may be in the file (:func:`taken`).
+
+Another tool's key where an append puts its records (shaped like a record past the last) would
+take the place of a record the append numbers so: the append is refused before it writes, naming
+the key (:func:`check_room`), as ``verify`` names it (``layout.foreign_keys``).
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import shlex
 from ...errors import SAME_COMMAND, StoreError, option
 from ..files import not_its_own
 from ..names import aside_folder, data_file
+from .env import _reading, open_reader
+from .layout import past_the_last
 
-__all__ = ["refuse_shared", "shared_error", "taken"]
+__all__ = ["check_room", "refuse_shared", "shared_error", "taken"]
 
 
 def refuse_shared(folder: str) -> None:
@@ -67,6 +74,31 @@ def shared_error(path: str, what: str) -> StoreError:
         f"{path}: {what}, not a data file of this store's own: a writer of another store may "
         "write the same file at the same time, under another lock, and damage both; nothing "
         f"was written: {fix}"
+    )
+
+
+def check_room(folder: str, first: int) -> None:
+    """Refuse an append to the store in ``folder``, before it writes, where another tool's key
+    lies where it puts its records (record ``first`` on): it would end refused.
+
+    Raises:
+        StoreError: the key, and what to do.
+    """
+    lease = open_reader(folder)
+    try:
+        with _reading(folder), lease.env.begin() as txn:
+            key = past_the_last(txn, first)
+    finally:
+        lease.release()
+    if key is None:
+        return
+    root, ext = os.path.splitext(os.path.abspath(folder))
+    copy = " ".join(map(shlex.quote, (os.path.abspath(folder), f"{root}-copy{ext}")))
+    raise StoreError(
+        f"{folder}: holds the key {key.decode('ascii', 'backslashreplace')!r}, which fastdata "
+        "did not write, where an append puts its records (past the last record): remove it "
+        "with the tool that wrote it, or copy the store, which leaves it out "
+        f"(`fastdata copy {copy}`), and append to the copy"
     )
 
 

@@ -35,10 +35,12 @@ from .layout import (
     META_KEY,
     NAMES_KEY,
     _read_skipped,
+    foreign_keys,
     header_key,
     miscounted,
     record_key,
     records_problem,
+    said_foreign,
     skipped_key,
 )
 
@@ -76,11 +78,17 @@ class _Leased(StoreReader):
         return lease.read(lambda txn: records_problem(txn, entries, count, exact=False), self.path)
 
     def foreign_content(self) -> list[str]:
+        from .writer import _peek
+
         lease = self._env()
         entries = int(lease.env.stat()["entries"])
-        count = self.meta.count
-        found = lease.read(lambda txn: miscounted(txn, entries, count), self.path)
-        return [found] if found else []
+        count, skipped = self.meta.count, self.meta.skipped_count
+        _, pending, _ = _peek(self.path)  # (its records and skipped entries are fastdata's)
+        if pending is not None:
+            count, skipped = max(count, pending.next_index), max(skipped, len(pending.skipped))
+        found = lease.read(lambda txn: miscounted(txn, entries, self.meta.count), self.path)
+        keys = lease.read(lambda txn: foreign_keys(txn, entries, count, skipped), self.path)
+        return ([found] if found else []) + said_foreign(keys, count)
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""

@@ -57,7 +57,7 @@ from .layout import (
     records_problem,
     skipped_key,
 )
-from .own import refuse_shared, taken
+from .own import check_room, refuse_shared, taken
 from .reader import LMDBStore
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,8 @@ class LMDBWriter(StoreWriter):
             )
 
     def _open(self, progress: Progress, *, new: bool) -> None:
+        if self.appending:
+            check_room(self.path, progress.next_index)
         target = self._target()
         if new and self.building_aside:
             self._discard_aside()
