@@ -746,12 +746,15 @@ def open_reader(path: str) -> Lease:
     if not os.path.exists(path) or (
         os.path.isdir(path) and not os.path.exists(os.path.join(path, DATA_FILE))
     ):
-        if os.path.isdir(path) and any(e.is_dir() for e in os.scandir(path)):
-            store = os.path.normpath(path) + ".lmdb"
-            raise StoreNotFoundError(
-                f"{path}: an image folder, not a store; convert it first: "
-                f"`fastdata convert {shlex.quote(path)} {shlex.quote(store)}`, then use {store}"
-            )
+        if os.path.isdir(path):
+            with os.scandir(path) as entries:  # (closed, however soon ``any`` stops)
+                folders = any(e.is_dir() for e in entries)
+            if folders:
+                store = os.path.normpath(path) + ".lmdb"
+                raise StoreNotFoundError(
+                    f"{path}: an image folder, not a store; convert it first: "
+                    f"`fastdata convert {shlex.quote(path)} {shlex.quote(store)}`, then use {store}"
+                )
         raise StoreNotFoundError(
             f"{path}: no LMDB store here; create one with "
             f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}`"
