@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata import open_store
-from fastdata.errors import StoreNotFoundError
+from fastdata import MongoImageDataset, convert, open_store
+from fastdata.errors import StoreNotFoundError, StoreReplacedError
 
 from .conftest import jpeg_bytes, write
 from .procs import cli
@@ -41,6 +41,26 @@ def held(store: object, collection: str | None = None) -> tuple[list[str], list[
 # ------------------------------------------------------------------------ fixed
 
 
+@pytest.mark.mongo
+def test_a_mongo_reader_of_a_store_replaced_by_a_smaller_one_says_replaced(
+    tmp_path: Path, mongo_uri: str
+) -> None:
+    """Model steps: convert A+M into collection C; a reader opens it (9 records); convert
+    Aplus over it (--overwrite, 8 records); the reader reads every record. It said 'record 8
+    is missing; the store is damaged', not that its store was replaced: the reader looked for
+    missing records before it looked at whose the records it found are."""
+    convert(folder(tmp_path / "big", {"a": 6}), mongo_uri, collection="c")
+    ds = MongoImageDataset(mongo_uri, "c", output="bytes")
+    assert len(ds) == 6
+    convert(
+        folder(tmp_path / "small", {"b": 3}, seed=50), mongo_uri, collection="c", overwrite=True
+    )
+    with pytest.raises(StoreReplacedError, match="create the dataset"):
+        ds.__getitems__(list(range(6)))
+    with pytest.raises(StoreReplacedError):
+        ds[5]  # a record only the old store had, alone
+
+
 def test_opening_a_folder_that_is_no_store_closes_it_and_prints_a_command_that_runs(
     tmp_path: Path,
 ) -> None:
@@ -58,3 +78,16 @@ def test_opening_a_folder_that_is_no_store_closes_it_and_prints_a_command_that_r
     result = cli(*shlex.split(command.group(1)))
     assert result.returncode == 0, result.stderr
     assert len(open_store(f"{images}.lmdb")) == 2
+
+
+@pytest.mark.mongo
+def test_a_missing_mongo_store_names_a_command_with_its_collection_quoted(
+    mongo_uri: str,
+) -> None:
+    """Model steps: open the collection 'a b' before anything was written to it."""
+    with pytest.raises(StoreNotFoundError) as info:
+        open_store(mongo_uri, collection="a b")
+    command = re.search(r"`fastdata ([^`]*)`", str(info.value))
+    assert command is not None, info.value
+    words = shlex.split(command.group(1))
+    assert words[words.index("--collection") + 1] == "a b"

@@ -217,14 +217,15 @@ class MongoStore(_MongoTarget, StoreReader):
             found = {
                 d["_id"]: d for d in db[self.collection].find({"_id": {"$in": wanted}}, fields)
             }
+            for i, doc in found.items():
+                self._check_document(db, i, doc)  # another store's document: replaced
             missing = [i for i in wanted if i not in found]
             if missing:
+                self._check_still_here(db)  # (a smaller store took its place: replaced too)
                 raise RecordError(
                     f"{self.location}: record {missing[0]} is missing; the store is damaged, "
                     "run `fastdata verify` on it and convert it again"
                 )
-            for i, doc in found.items():
-                self._check_document(db, i, doc)
             return [found[i] for i in indices]
 
         span = f"{min(indices)}-{max(indices)}" if indices else "none"
@@ -235,6 +236,17 @@ class MongoStore(_MongoTarget, StoreReader):
         # documents of the first layout carry no store id: they are the id-less store's
         if self._ids and doc.get("store", "") not in self._ids:
             raise self._replaced(f"{doc.get('store')!r}, found in record {doc.get('_id')}")
+
+    def _check_still_here(self, db: Any) -> None:
+        """Raise StoreReplacedError when the collection's metadata is no longer the store this
+        reader opened, nor one grown from it (read when a record it asks for is missing)."""
+        if not self._ids:
+            return  # a store of the first layout: no id to compare
+        doc = db[META_COLLECTION].find_one({"_id": self.collection}, {"id": 1, "appended_from": 1})
+        now = doc.get("id") if doc is not None else None
+        grew = doc.get("appended_from") if doc is not None else None
+        if now != self._id and not (isinstance(grew, list) and self._id in grew):
+            raise self._replaced(repr(now) if doc is not None else "no store")
 
     def _check_document(self, db: Any, index: int, doc: dict[str, Any]) -> None:
         """Check a document's store id and the type of its image before using it; fetch an image
