@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import resource
+import select
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -145,3 +148,84 @@ KILLED_COPY = (
     print("finished")
 """
 )
+
+
+# The CLI, with a point where it stops: before the (N+1)-th commit of records (write:N), before
+# the metadata (write_meta), or before a replacement built aside is moved into place (promote).
+# There it writes a byte to the inherited descriptor FASTDATA_KILL_FD and waits to be killed.
+# Commits are small (2 records a conversion, 4 a copy) so that a kill can fall between them.
+KILLABLE_CLI = """
+import os, sys, threading
+point, fd = os.environ["FASTDATA_KILL_POINT"], int(os.environ["FASTDATA_KILL_FD"])
+from fastdata.ops import convert, copy
+convert.convert.__kwdefaults__["commit_records"] = 2
+copy.copy_store.__kwdefaults__["batch_size"] = 1
+from fastdata.stores.lmdb.writer import LMDBWriter
+from fastdata.stores.mongo.writer import MongoWriter
+
+def reached(writer):
+    wait = getattr(writer, "_wait", None)
+    if wait is not None:
+        wait()  # the Mongo writer sends in the background: the batches before land first
+    os.write(fd, b"!")
+    threading.Event().wait()  # until the test kills this process
+
+commits = [0]
+def stopping(method, real):
+    def run(self, *args, **kwargs):
+        if method == "write":
+            if point == f"write:{commits[0]}":
+                reached(self)
+            commits[0] += 1
+        elif point == method.strip("_"):
+            reached(self)
+        return real(self, *args, **kwargs)
+    return run
+
+for cls in (LMDBWriter, MongoWriter):
+    for method in ("write", "_write_meta", "_promote"):
+        setattr(cls, method, stopping(method, getattr(cls, method)))
+from fastdata.cli import main
+sys.argv = ["fastdata", *sys.argv[1:]]
+main()
+"""
+
+
+@dataclass
+class Ended:
+    """How a CLI run ended: ``killed`` at its point, or with ``code``."""
+
+    killed: bool
+    code: int
+    out: str
+    err: str
+
+
+def run_killable(args: list[str], point: str, logs: Path, timeout: float = 120) -> Ended:
+    """``fastdata ARGS`` in a new process, killed (SIGKILL) if it reaches ``point``."""
+    r, w = os.pipe()
+    out, err = logs.with_suffix(".out"), logs.with_suffix(".err")
+    with open(out, "w") as o, open(err, "w") as e:
+        env = {**_env(), "FASTDATA_KILL_POINT": point, "FASTDATA_KILL_FD": str(w)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_CLI, *args],
+            stdout=o,
+            stderr=e,
+            env=env,
+            pass_fds=(w,),
+            stdin=subprocess.DEVNULL,
+        )
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], timeout)
+        got = os.read(r, 1) if ready else None
+    finally:
+        os.close(r)
+    if got is None:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"fastdata {args} neither reached {point} nor ended in {timeout} s")
+    if got:
+        os.kill(proc.pid, signal.SIGKILL)
+    code = proc.wait(timeout)
+    return Ended(bool(got), code, out.read_text(), err.read_text())

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import warnings
 from pathlib import Path
 
 import pytest
 
-from fastdata import MongoImageDataset, convert, open_store
-from fastdata.errors import StoreNotFoundError, StoreReplacedError
+from fastdata import MongoImageDataset, convert, copy_store, open_store
+from fastdata.errors import IncompleteStoreError, StoreNotFoundError, StoreReplacedError
 
 from .conftest import jpeg_bytes, write
-from .procs import cli
+from .procs import KILLED_CONVERT, cli, run_killable, run_script
 
 
 def folder(root: Path, classes: dict[str, int], *, bad: int = 0, seed: int = 0) -> Path:
@@ -59,6 +60,30 @@ def test_a_mongo_reader_of_a_store_replaced_by_a_smaller_one_says_replaced(
         ds.__getitems__(list(range(6)))
     with pytest.raises(StoreReplacedError):
         ds[5]  # a record only the old store had, alone
+
+
+def test_a_copy_killed_before_its_first_batch_resumes(tmp_path: Path) -> None:
+    """Model steps: convert M (2 files skipped) into S; copy S into D, killed before its first
+    commit; open D, then copy S into D with --resume. The progress counted the source's skipped
+    files, which were saved only with the first batch: D read as damaged metadata, and a copy
+    killed so over an interrupted conversion was discarded as damaged, so that --resume went
+    back to the conversion and was refused."""
+    src = tmp_path / "s.lmdb"
+    convert(folder(tmp_path / "M", {"m": 5}, bad=2), src)
+    dst = tmp_path / "d.lmdb"
+    assert run_killable(["copy", str(src), str(dst)], "write:0", tmp_path / "run1").killed
+    with pytest.raises(IncompleteStoreError, match="--resume"):
+        open_store(dst)
+    copy_store(src, dst, resume=True)
+    assert held(dst) == held(src)
+    # the same kill over an interrupted conversion (the copy built aside)
+    other = tmp_path / "o.lmdb"
+    a = folder(tmp_path / "A", {"a": 8}, seed=20)
+    assert run_script(KILLED_CONVERT, a, other, 2).returncode == -signal.SIGKILL
+    words = ["copy", str(src), str(other), "--overwrite"]
+    assert run_killable(words, "write:0", tmp_path / "run2").killed
+    copy_store(src, other, resume=True)
+    assert held(other) == held(src)
 
 
 def test_opening_a_folder_that_is_no_store_closes_it_and_prints_a_command_that_runs(

@@ -244,7 +244,15 @@ class LMDBWriter(StoreWriter):
         if new:
             progress.boot_id = boot_id()
             state = progress.to_json()
-            self._commit(lambda txn: txn.put(PROGRESS_KEY, state))
+            # the skipped entries the progress counts go with it (a copy starts with the source's
+            # list): a run stopped before its first batch leaves a progress that reads back
+            skipped = _skipped_items(progress.skipped, self._take_skipped(progress.skipped))
+
+            def fill(txn: Any) -> None:
+                txn.cursor().putmulti(skipped)
+                txn.put(PROGRESS_KEY, state)
+
+            self._commit(fill)
 
     def _discard_aside(self) -> None:
         shutil.rmtree(self._aside_path, ignore_errors=True)
