@@ -23,47 +23,12 @@ from .procs import REPO
 
 # --------------------------------------------------------------------------- known defects
 
-KNOWN_BROKEN: dict[str, str] = {
-    # Being fixed elsewhere; the rules that meet them stay, behind this set.
-    "mongo-reserved-names": (
-        "a collection named as fastdata names its own things collides with them: "
-        "__fastdata__ is refused as 'documents but no store', a store c.__replacement__ is moved "
-        "over c by c's next writer, a store x:progress makes x unreadable ('unreadable "
-        "conversion progress'), a store c:writer is overwritten by c's writer claim"
-    ),
-    "lmdb-aside-folder": (
-        "a store at S/.replacement is taken for an interrupted replacement of S, and S's next "
-        "writer moves it over S"
-    ),
-    "lmdb-store-file-names": (
-        "a folder named data.mdb in a store's folder (a store at S/data.mdb) makes S 'a damaged "
-        "LMDB store'; --overwrite, as the message says, builds the new store aside and cannot "
-        "move it into place ('Is a directory'), and every later writer of S fails the same way; "
-        "a folder named readers.epoch there (a store at S/readers.epoch) makes an append to S "
-        "fail with a bare IsADirectoryError"
-    ),
-    "no-usable-image": (
-        "a conversion of a source with no usable image raises SourceError after the store was "
-        "started, leaving an interrupted store where there was none"
-    ),
-    # Found by this model (tests/test_store_model_regressions.py holds each as a plain test).
-    "mongo-bucket-names": (
-        "a store named c.gridfs.files (or .chunks) is taken for an orphan GridFS bucket of c "
-        "and dropped by c's next writer, leaving its metadata over no records"
-    ),
-    "printed-resume-under-a-replacement": (
-        "a run interrupted in place (a conversion, an append), then an --overwrite over it "
-        "interrupted too: the store names the first run's resume command (in its "
-        "IncompleteStoreError, or beside the replacement's in what is unfinished), which is "
-        "refused (a resume continues the replacement built aside)"
-    ),
-    "mongo-invalid-names": (
-        "a collection name the server refuses is found out only after the writer has begun: "
-        "system.x leaves an interrupted store behind (its progress saved, the first insert "
-        "refused), $x creates __fastdata__ in a new database (the claim taken, then the look "
-        "refused)"
-    ),
-}
+KNOWN_BROKEN: dict[str, str] = {}
+# Empty: every defect the model found is fixed, each kept as a plain test in
+# tests/test_store_model_regressions.py (reserved names, a store in another's .replacement or
+# named like its files, a source with no usable image, a store named like a GridFS bucket, the
+# resume command printed under an interrupted replacement, names the server refuses). A defect
+# found next is listed here by tag, and the places that meet it are drawn only when enabled.
 """Defects the model finds on today's code, by tag. A place or source that meets one is drawn
 only when its tag is enabled: ``FASTDATA_MODEL_ENABLE=tag,tag`` (or ``all``) once it is fixed."""
 
@@ -111,18 +76,18 @@ _LMDB = [
     Place("lmdb", "s"),
     Place("lmdb", "c"),
     Place("lmdb", "s/inner"),  # a store inside another store's folder
-    # names of a store's own files, as stores inside it
-    Place("lmdb", "s/data.mdb", defect="lmdb-store-file-names"),
-    Place("lmdb", "s/writer.lock"),
-    Place("lmdb", "s/lock.mdb"),
-    Place("lmdb", "s/readers.epoch", defect="lmdb-store-file-names"),
+    # names of a store's own files, as stores inside it: reserved (I14), every write refused
+    Place("lmdb", "s/data.mdb", refused=True),
+    Place("lmdb", "s/writer.lock", refused=True),
+    Place("lmdb", "s/lock.mdb", refused=True),
+    Place("lmdb", "s/readers.epoch", refused=True),
     Place("lmdb", "a b"),
     Place("lmdb", "$x"),
     Place("lmdb", "x:progress"),
     Place("lmdb", "__fastdata__"),
     Place("lmdb", "-x"),
-    Place("lmdb", ".replacement"),
-    Place("lmdb", "s/.replacement", defect="lmdb-aside-folder"),
+    Place("lmdb", ".replacement", refused=True),
+    Place("lmdb", "s/.replacement", refused=True),
 ]
 _MONGO = [
     Place("mongo", "s"),
@@ -133,13 +98,13 @@ _MONGO = [
     Place("mongo", "d.e"),
     Place("mongo", "a:b"),
     Place("mongo", "-x"),
-    Place("mongo", "$x", refused=True, defect="mongo-invalid-names"),
-    Place("mongo", "__fastdata__", defect="mongo-reserved-names"),
-    Place("mongo", "x:progress", defect="mongo-reserved-names"),
-    Place("mongo", "c.__replacement__", defect="mongo-reserved-names"),
-    Place("mongo", "c:writer", defect="mongo-reserved-names"),
-    Place("mongo", "c.gridfs.files", defect="mongo-bucket-names"),
-    Place("mongo", "system.x", refused=True, defect="mongo-invalid-names"),
+    Place("mongo", "$x", refused=True),
+    Place("mongo", "__fastdata__", refused=True),
+    Place("mongo", "x:progress", refused=True),
+    Place("mongo", "c.__replacement__", refused=True),
+    Place("mongo", "c:writer", refused=True),
+    Place("mongo", "c.gridfs.files", refused=True),
+    Place("mongo", "system.x", refused=True),
 ]
 
 

@@ -340,6 +340,11 @@ class StoreLife(RuleBasedStateMachine):
         for name in sorted(db.list_collection_names()):
             found = db[name].find({}, {"data": 0})
             docs[name] = sorted(repr(sorted(d.items())) for d in found if "token" not in d)
+        if docs.get("__fastdata__") == []:
+            # a writer that claimed a collection in a new database and then found nothing to
+            # write leaves fastdata's own collection there, empty (I10): dropping it could drop
+            # the claim another writer inserts meanwhile
+            del docs["__fastdata__"]
         return files, docs
 
     # -- rules
@@ -602,6 +607,7 @@ class StoreLife(RuleBasedStateMachine):
 
 
 @pytest.mark.mongo
+@pytest.mark.slow  # (the bounded profile takes minutes on two cores: see "Profiles" above)
 def test_the_stores_life_follows_the_model(mongo_base_uri: str, tmp_path: Path) -> None:
     StoreLife.workdir = tmp_path
     StoreLife.sources = build_sources(tmp_path / "sources")

@@ -16,6 +16,7 @@ from fastdata import MongoImageDataset, convert, copy_store, open_store
 from fastdata.errors import (
     FastdataError,
     IncompleteStoreError,
+    ReservedNameError,
     StoreNotFoundError,
     StoreReplacedError,
 )
@@ -125,13 +126,13 @@ def test_a_missing_mongo_store_names_a_command_with_its_collection_quoted(
     assert words[words.index("--collection") + 1] == "a b"
 
 
-# ------------------------------------------------------------------------ open (KNOWN_BROKEN)
+# ------------------------------------------------------------------------ found by the model
 
 
 def test_the_command_an_interrupted_store_prints_finishes_it_under_an_interrupted_replacement(
     tmp_path: Path,
 ) -> None:
-    """KNOWN_BROKEN 'printed-resume-under-a-replacement'. Model steps: convert M into S, killed
+    """Was KNOWN_BROKEN 'printed-resume-under-a-replacement'. Model steps: convert M into S, killed
     after a batch; convert A into S with --overwrite, killed after a batch; open S, and run the
     command its error names. It named M's conversion, and that command is refused: a resume
     continues the replacement built aside (A's)."""
@@ -152,7 +153,7 @@ def test_the_command_an_interrupted_store_prints_finishes_it_under_an_interrupte
 def test_the_commands_info_prints_for_an_append_under_an_interrupted_replacement_run(
     tmp_path: Path,
 ) -> None:
-    """KNOWN_BROKEN 'printed-resume-under-a-replacement', its append: convert A into S; append
+    """Was KNOWN_BROKEN 'printed-resume-under-a-replacement', its append: convert A into S; append
     Aplus, killed after a batch; convert M into S with --overwrite, killed after a batch;
     `fastdata info S`, and run the first command it names. It names the append's command
     first, and that is refused (the replacement is in the way)."""
@@ -172,69 +173,70 @@ def test_the_commands_info_prints_for_an_append_under_an_interrupted_replacement
 def test_a_store_folder_that_holds_a_folder_named_data_mdb_is_refused_without_a_trace(
     tmp_path: Path,
 ) -> None:
-    """KNOWN_BROKEN 'lmdb-store-file-names'. Model steps: convert A into the LMDB store
-    S/data.mdb; convert A into S with --overwrite (as the refusal of a plain convert says). The
-    new store was built aside, could not be moved over the folder S/data.mdb ('Is a
-    directory'), and stayed: every later writer of S tries to move it, and fails."""
+    """Was KNOWN_BROKEN 'lmdb-store-file-names'. Model steps: convert A into the LMDB store
+    S/data.mdb; convert A into S with --overwrite. The new store was built aside, could not be
+    moved over the folder S/data.mdb ('Is a directory'), and stayed: every later writer of S
+    failed. A store may no longer be named data.mdb (reserved): refused before anything is
+    written, and S converts."""
     a = folder(tmp_path / "A", {"a": 3})
     store = tmp_path / "s"
-    convert(a, store / "data.mdb")
-    with pytest.raises(FastdataError):
-        convert(a, store, overwrite=True)
-    assert not (store / ".replacement").exists()
-    assert len(open_store(store / "data.mdb")) == 3
-
+    with pytest.raises(ReservedNameError, match="data.mdb"):
+        convert(a, store / "data.mdb")
+    assert not store.exists()
+    convert(a, store)
+    assert len(open_store(store)) == 3 and not (store / ".replacement").exists()
 
 def test_an_append_to_a_store_whose_folder_holds_a_folder_named_readers_epoch_is_refused(
     tmp_path: Path,
 ) -> None:
-    """KNOWN_BROKEN 'lmdb-store-file-names'. Model steps: convert A into the LMDB store
-    S/readers.epoch; convert A into S; convert Aplus into S with --append. The append opened
-    the append epoch file S/readers.epoch, a folder: a bare IsADirectoryError, no message."""
+    """Was KNOWN_BROKEN 'lmdb-store-file-names'. Model steps: convert A into the LMDB store
+    S/readers.epoch; convert A into S; append Aplus to S: a bare IsADirectoryError. A store may
+    no longer be named readers.epoch (reserved): refused before anything is written; S is
+    converted and appended to."""
     a = folder(tmp_path / "A", {"a": 3})
     store = tmp_path / "s"
-    convert(a, store / "readers.epoch")
+    with pytest.raises(ReservedNameError, match="readers.epoch"):
+        convert(a, store / "readers.epoch")
+    assert not store.exists()
     convert(a, store)
-    with pytest.raises(FastdataError):
-        convert(folder(tmp_path / "Aplus", {"a": 3, "b": 2}), store, append=True)
-    assert len(open_store(store)) == 3 and len(open_store(store / "readers.epoch")) == 3
-
+    convert(folder(tmp_path / "Aplus", {"a": 3, "b": 2}), store, append=True)
+    assert len(open_store(store)) == 5
 
 @pytest.mark.mongo
 def test_a_store_named_like_a_gridfs_bucket_of_another_survives_its_writer(
     tmp_path: Path, mongo_uri: str
 ) -> None:
-    """KNOWN_BROKEN 'mongo-bucket-names'. Model steps: convert A into collection
-    c.gridfs.files; convert A into collection c. The second writer took c.gridfs.files for an
-    orphan GridFS bucket of c and dropped it: its metadata was left over no records."""
+    """Was KNOWN_BROKEN 'mongo-bucket-names'. Model steps: convert A into collection
+    c.gridfs.files; convert A into collection c, which dropped c.gridfs.files as an orphan
+    bucket of c. That name is now reserved: refused before anything is written."""
     a = folder(tmp_path / "A", {"a": 3})
-    convert(a, mongo_uri, collection="c.gridfs.files")
-    before = held(mongo_uri, "c.gridfs.files")
+    with pytest.raises(ReservedNameError, match="GridFS bucket"):
+        convert(a, mongo_uri, collection="c.gridfs.files")
+    assert database(mongo_uri).list_collection_names() == []
     convert(a, mongo_uri, collection="c")
-    assert held(mongo_uri, "c.gridfs.files") == before
-
+    assert len(open_store(mongo_uri, collection="c")) == 3
 
 @pytest.mark.mongo
 def test_a_store_named_like_another_stores_writer_claim_survives_its_writer(
     tmp_path: Path, mongo_uri: str
 ) -> None:
-    """KNOWN_BROKEN 'mongo-reserved-names' (c:writer, beside x:progress, c.__replacement__ and
-    __fastdata__). Model steps: convert A into collection c:writer; convert A into collection
-    c. The second writer's claim document (c:writer in __fastdata__) took the first store's
-    metadata document for an expired claim and replaced it."""
+    """Was KNOWN_BROKEN 'mongo-reserved-names' (c:writer, beside x:progress, c.__replacement__
+    and __fastdata__). Model steps: convert A into collection c:writer; convert A into c, whose
+    writer claim (c:writer in __fastdata__) replaced the first store's metadata. The name is
+    now reserved: refused before anything is written."""
     a = folder(tmp_path / "A", {"a": 3})
-    convert(a, mongo_uri, collection="c:writer")
-    before = held(mongo_uri, "c:writer")
+    with pytest.raises(ReservedNameError, match="writer claim"):
+        convert(a, mongo_uri, collection="c:writer")
+    assert database(mongo_uri).list_collection_names() == []
     convert(a, mongo_uri, collection="c")
-    assert held(mongo_uri, "c:writer") == before
-
+    assert len(open_store(mongo_uri, collection="c")) == 3
 
 @pytest.mark.mongo
 @pytest.mark.parametrize("name", ["system.x", "$x"])
 def test_a_collection_name_the_server_refuses_leaves_a_new_database_alone(
     tmp_path: Path, mongo_uri: str, name: str
 ) -> None:
-    """KNOWN_BROKEN 'mongo-invalid-names'. Model steps: convert A into the collection system.x
+    """Was KNOWN_BROKEN 'mongo-invalid-names'. Model steps: convert A into the collection system.x
     (or $x) of a new database. The name was found out only once the writer had begun: system.x
     left an interrupted store behind (its progress saved, the first insert refused), $x the
     __fastdata__ collection (the writer claim taken, then the look refused)."""

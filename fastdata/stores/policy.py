@@ -37,15 +37,27 @@ OVERWRITE, RESUME, APPEND = option("overwrite"), option("resume"), option("appen
 log = logging.getLogger(__name__)
 
 
-def incomplete_error(location: str, progress: Progress, target: str) -> IncompleteStoreError:
+def incomplete_error(
+    location: str, progress: Progress, target: str, aside: Progress | None = None
+) -> IncompleteStoreError:
     """What a reader says of a store whose run stopped before it was complete: how far it got,
-    and the command that finishes it (``target``: the store as command-line words)."""
+    and the command that finishes it (``target``: the store as command-line words). ``aside``:
+    the progress of a replacement (``--overwrite``) begun since and interrupted too, which is
+    what a resume continues (the run in place can no longer be finished: the replacement takes
+    its place), so its command is the one named."""
     what, unit = ("copy", "records") if progress.is_copy else ("conversion", "images")
     if progress.base_id:
         what = "append"
+    stopped = f"its {what} stopped after {progress.next_sample} of {progress.total} {unit}"
+    if aside is not None:
+        return IncompleteStoreError(
+            f"{location}: incomplete store: {stopped}, and a replacement (--overwrite) begun "
+            f"since stopped after {aside.next_sample} of {aside.total}; finish the replacement "
+            f"with `{aside.resume_command(target)}`"
+        )
     return IncompleteStoreError(
-        f"{location}: incomplete store: its {what} stopped after {progress.next_sample} of "
-        f"{progress.total} {unit}; finish it with `{progress.resume_command(target)}`"
+        f"{location}: incomplete store: {stopped}; finish it with "
+        f"`{progress.resume_command(target)}`"
     )
 
 

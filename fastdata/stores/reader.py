@@ -13,12 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordError, StoreReplacedError
 from ..packed import PackedStrings
-from ..records import Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
+from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, name_bytes
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Foreign", "MemoryReader", "ScanBlock", "ScanItem", "StoreReader", "scan_item"]
+__all__ = [
+    "Foreign",
+    "MemoryReader",
+    "ScanBlock",
+    "ScanItem",
+    "StoreReader",
+    "append_note",
+    "scan_item",
+]
 
 ScanItem = tuple[int, "RecordHeader | None", "bytes | memoryview", "str | None"]
 """A record as a full check reads it: its index, header, bytes, and why it cannot be read."""
@@ -75,6 +83,16 @@ class ScanBlock:
     def items(self) -> Iterator[ScanItem]:
         for j, (head, data) in enumerate(zip(self.heads, self.data, strict=True)):
             yield scan_item(self.location, self.start + j, head, data)
+
+
+def append_note(pending: Progress, target: str, *, replacing: bool) -> str:
+    """What ``info`` says of an interrupted append (``target``: the store as command-line
+    words): the command that finishes it, unless a replacement of the store is under way, which
+    takes the store's place (the append's records with it) and which a writer finishes first."""
+    said = f"an append was interrupted after {pending.next_sample} of {pending.total} samples"
+    if replacing:
+        return f"{said}; the replacement above takes the store's place, this append with it"
+    return f"{said}; finish it with `{pending.resume_command(target)}`"
 
 
 class StoreReader(abc.ABC):

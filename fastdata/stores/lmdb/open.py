@@ -6,6 +6,7 @@ import os
 import shlex
 
 from ...errors import (
+    FastdataError,
     IncompleteStoreError,
     PickleNotAllowedError,
     StoreError,
@@ -52,7 +53,8 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     lease.release()
     if raw_progress is not None:
         progress = Progress.from_json(raw_progress, path)
-        raise incomplete_error(path, progress, shlex.quote(os.path.abspath(path)))
+        target = shlex.quote(os.path.abspath(path))
+        raise incomplete_error(path, progress, target, _replacement(path))
     if has_keys:
         raise PickleNotAllowedError(
             f"{path}: this LMDB store was written by another tool and its values are Python "
@@ -66,3 +68,19 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         option("allow_pickle"),
         ")",
     )
+
+
+def _replacement(path: str) -> Progress | None:
+    """The progress of an interrupted replacement (``--overwrite``) of the store at ``path``,
+    built aside, if there is one that reads."""
+    from ..names import aside_folder, data_file
+    from .writer import _peek
+
+    aside = aside_folder(path)
+    if not os.path.exists(data_file(aside)):
+        return None
+    try:
+        _, building, _ = _peek(aside)
+    except FastdataError:  # (damaged, or half made: the writer says so when it meets it)
+        return None
+    return building

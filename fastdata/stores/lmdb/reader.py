@@ -27,7 +27,7 @@ from ...records import (
     first_mismatch,
     skipped_file,
 )
-from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, scan_item
+from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, append_note, scan_item
 from . import file as lmdb_file
 from .env import Lease, _data_file, open_reader
 from .layout import (
@@ -98,11 +98,6 @@ class _Leased(StoreReader):
         target = shlex.quote(os.path.abspath(self.path))
         notes = []
         _, pending, _ = _peek(self.path)
-        if pending is not None:
-            notes.append(
-                f"an append was interrupted after {pending.next_sample} of {pending.total} "
-                f"samples; finish it with `{pending.resume_command(target)}`"
-            )
         aside = aside_folder(self.path)
         if os.path.exists(data_file(aside)):
             try:
@@ -119,6 +114,8 @@ class _Leased(StoreReader):
                 notes.append(
                     "a finished replacement waits to be moved into place; the next writer moves it"
                 )
+        if pending is not None:
+            notes.append(append_note(pending, target, replacing=bool(notes)))
         return notes
 
     @property

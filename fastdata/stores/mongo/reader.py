@@ -28,7 +28,7 @@ from ...records import (
 )
 from ..names import META_COLLECTION, aside_collection, bucket, progress_id
 from ..policy import incomplete_error
-from ..reader import StoreReader
+from ..reader import StoreReader, append_note
 from .connection import _gridfs, _MongoTarget, command_words
 from .layout import (
     _doc_id,
@@ -106,19 +106,9 @@ class MongoStore(_MongoTarget, StoreReader):
 
         docs = self._run("looking for unfinished writes", look)
         target = command_words(self.uri, coll)
-        notes = []
-        for key, what in (
-            (progress_id(coll), "an append"),
-            (progress_id(aside), "a replacement (--overwrite)"),
-        ):
-            doc = docs.get(key)
-            if doc is None:
-                continue
-            if key == progress_id(coll) and not (
-                doc.get("base_id", "") == self._id and doc.get("first_index", 0) == meta.count
-            ):
-                continue
-            saved = Progress(
+
+        def saved(doc: dict[str, Any]) -> Progress:
+            return Progress(
                 source=str(doc.get("source")),
                 fingerprint=str(doc.get("fingerprint", "")),
                 total=int(doc.get("total") or 0),
@@ -129,10 +119,21 @@ class MongoStore(_MongoTarget, StoreReader):
                 fields=str(doc.get("fields") or ""),
                 sidecars=str(doc.get("sidecars") or ""),
             )
+
+        notes = []
+        building = docs.get(progress_id(aside))
+        if building is not None:
+            replacement = saved(building)
             notes.append(
-                f"{what} was interrupted after {saved.next_sample} of {saved.total} samples; "
-                f"finish it with `{saved.resume_command(target)}`"
+                f"a replacement (--overwrite) was interrupted after {replacement.next_sample} "
+                f"of {replacement.total} samples; finish it with "
+                f"`{replacement.resume_command(target)}`"
             )
+        pending = docs.get(progress_id(coll))
+        if pending is not None and (
+            pending.get("base_id", "") == self._id and pending.get("first_index", 0) == meta.count
+        ):
+            notes.append(append_note(saved(pending), target, replacing=bool(notes)))
         return notes
 
     def skipped_files(self) -> list[SkippedFile]:
@@ -153,16 +154,23 @@ class MongoStore(_MongoTarget, StoreReader):
 
         return self._run("reading the skipped list", load)
 
+    def _progress_of(self, doc: dict[str, Any]) -> Progress:
+        state = _names_from_bson({k: v for k, v in doc.items() if k != "_id"})
+        return Progress.from_json(json.dumps(state, default=str), self.location)
+
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
         db = self._conn.db()
         doc = db[META_COLLECTION].find_one({"_id": self.collection})
         if doc is None:
             saved = db[META_COLLECTION].find_one({"_id": progress_id(self.collection)})
             if saved is not None:
-                state = _names_from_bson({k: v for k, v in saved.items() if k != "_id"})
-                progress = Progress.from_json(json.dumps(state, default=str), self.location)
+                progress = self._progress_of(saved)
+                building = db[META_COLLECTION].find_one(
+                    {"_id": progress_id(aside_collection(self.collection))}
+                )
+                aside = self._progress_of(building) if building is not None else None
                 target = command_words(self.uri, self.collection)
-                raise incomplete_error(self.location, progress, target)
+                raise incomplete_error(self.location, progress, target, aside)
             if db[self.collection].find_one({}, {"_id": 1}) is not None:
                 raise StoreError(
                     f"{self.location}: the collection holds documents but no fastdata metadata; "
