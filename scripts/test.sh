@@ -9,6 +9,6 @@ ensure_venv ".[test,turbo]"
 .venv/bin/ruff check fastdata
 .venv/bin/ruff format --check fastdata
 .venv/bin/mypy fastdata
-# the tests marked slow (kill cycles, the store's model, pixel bombs) run with `-m slow` (or
+# the tests marked slow (kill cycles, pixel bombs) run with `-m slow` (or
 # `-m "slow or not slow"` for all): a later -m given here replaces this one
 exec .venv/bin/python -m pytest -m "not slow" "$@"

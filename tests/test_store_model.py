@@ -20,7 +20,7 @@ StoreReplacedError; never a mix), the source folders are as they were, and a ref
 
 Profiles (``FASTDATA_MODEL_PROFILE``):
 
-- ``ci`` (default): a fixed set of short runs (derandomized), about a minute on two slow cores.
+- ``ci`` (default): a fixed set of 8 runs of 16 steps (derandomized), under a minute on two cores.
 - ``long``: 200 random runs of 40 steps (half an hour and more)::
 
       FASTDATA_MODEL_PROFILE=long python -m pytest tests/test_store_model.py -p no:cacheprovider
@@ -172,16 +172,34 @@ class StoreLife(RuleBasedStateMachine):
         return self.uri, [f"{flag}={place.name}"]
 
     def seen(self, place: Place) -> Store:
-        """The store a reader of ``place`` finds: its own, or for ``S/data.mdb`` where nothing
-        was written, the store S (an LMDB store opens by its data file's path too)."""
+        """The store a reader of ``place`` finds: its own; for ``S/data.mdb`` where nothing
+        was written, the store S (an LMDB store opens by its data file's path too); for
+        ``S/.replacement`` (Mongo: ``S.__replacement__``), where every write is refused, S's replacement built aside, if an
+        interrupted write left one (incomplete, or complete when it was killed before it was
+        moved into place)."""
         store = self.model.get(place, EMPTY)
-        if place.backend == "lmdb" and place.name.endswith("/data.mdb") and store.empty:
-            return self.model.get(Place("lmdb", place.name.rpartition("/")[0]), EMPTY)
+        if not store.empty:
+            return store
+        sep = "/" if place.backend == "lmdb" else "."
+        folder, _, leaf = place.name.rpartition(sep)
+        if not folder:
+            return store
+        if place.backend == "lmdb" and leaf == "data.mdb":
+            return self.model.get(Place("lmdb", folder), EMPTY)
+        if leaf == (".replacement" if place.backend == "lmdb" else "__replacement__"):
+            pending = self.model.get(Place(place.backend, folder), EMPTY).pending
+            if pending is not None and pending.aside:
+                return Store(pending.result if pending.moved else None, pending)
         return store
 
     def complete(self) -> list[Place]:
-        """The places a reader finds a complete store at."""
-        return [p for p in PLACES if self.seen(p).complete is not None]
+        """The places a reader finds a complete store at (not a replacement aside, which its
+        store's next writer moves)."""
+        return [
+            p
+            for p in PLACES
+            if self.seen(p).complete is not None and not p.name.endswith("replacement")
+        ]
 
     def open(self, place: Place) -> Any:
         where, kw = self.target(place)
@@ -607,7 +625,6 @@ class StoreLife(RuleBasedStateMachine):
 
 
 @pytest.mark.mongo
-@pytest.mark.slow  # (the bounded profile takes minutes on two cores: see "Profiles" above)
 def test_the_stores_life_follows_the_model(mongo_base_uri: str, tmp_path: Path) -> None:
     StoreLife.workdir = tmp_path
     StoreLife.sources = build_sources(tmp_path / "sources")

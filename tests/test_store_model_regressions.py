@@ -246,3 +246,38 @@ def test_a_collection_name_the_server_refuses_leaves_a_new_database_alone(
     with pytest.raises(FastdataError) as info:
         open_store(mongo_uri, collection=name)
     assert not isinstance(info.value, IncompleteStoreError), info.value
+
+
+@pytest.mark.mongo
+@pytest.mark.parametrize("backend", ["lmdb", "mongo"])
+def test_a_replacement_opened_where_it_is_built_names_its_stores_resume(
+    tmp_path: Path, mongo_uri: str, backend: str
+) -> None:
+    """Model steps: convert A into S; convert M into S with --overwrite, killed after a batch;
+    open S's replacement where it is built (S/.replacement, or the collection
+    S.__replacement__). It printed a resume into that reserved name, which is refused; it
+    names S's resume now, and that finishes the replacement."""
+    a = folder(tmp_path / "A", {"a": 3})
+    m = folder(tmp_path / "M", {"m": 6}, seed=40)
+    if backend == "lmdb":
+        dst, kw, aside = str(tmp_path / "s.lmdb"), {}, {"target": tmp_path / "s.lmdb/.replacement"}
+        extra: tuple[str, ...] = ()
+    else:
+        dst, kw, aside = mongo_uri, {"collection": "s"}, {"target": mongo_uri}
+        aside["collection"] = "s.__replacement__"
+        extra = ("-c", "s")
+    convert(a, dst, **kw)
+    killed = run_script(KILLED_CONVERT, m, dst, 1, "--overwrite", *extra)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with pytest.raises(IncompleteStoreError, match="replacement of") as info:
+        open_store(**aside)  # type: ignore[arg-type]
+    command = re.search(r"`fastdata ([^`]*)`", str(info.value))
+    assert command is not None, info.value
+    assert ".replacement" not in command.group(1) and "__replacement__" not in command.group(1)
+    result = cli(*shlex.split(command.group(1)))
+    assert result.returncode == 0, result.stderr
+    reader = open_store(dst, **kw)  # type: ignore[arg-type]
+    try:
+        assert list(reader.meta.classes) == ["m"] and len(reader) == 6
+    finally:
+        reader.close()

@@ -139,6 +139,12 @@ def aside_folder(folder: str) -> str:
     return os.path.join(folder, ASIDE_DIR)
 
 
+def aside_owner(path: str) -> str | None:
+    """The store folder whose replacement is built at ``path``, if ``path`` is such a place."""
+    parent, leaf = os.path.split(os.path.normpath(path))
+    return parent if leaf == ASIDE_DIR and parent else None
+
+
 def _own_name(part: str) -> bool:
     folded = part.casefold()
     return folded in OWN_FILES or folded.startswith(EPOCH_FILE + ".")
@@ -197,6 +203,12 @@ _LONGEST_SUFFIX = len(".gridfs.") + 32 + len(".chunks")
 def aside_collection(collection: str) -> str:
     """Where a replacement of ``collection`` is built."""
     return collection + ASIDE_SUFFIX
+
+
+def aside_owner_collection(collection: str) -> str | None:
+    """The collection whose replacement is built in ``collection``, if it is such a place."""
+    owner = collection.removesuffix(ASIDE_SUFFIX)
+    return owner if owner != collection and owner else None
 
 
 def progress_id(name: str) -> str:

@@ -14,6 +14,7 @@ from ...errors import (
 )
 from ...records import Progress
 from ..foreign import PickleLMDBStore
+from ..names import aside_owner
 from ..policy import incomplete_error
 from ..reader import StoreReader
 from .env import _reading, open_reader
@@ -53,6 +54,10 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     lease.release()
     if raw_progress is not None:
         progress = Progress.from_json(raw_progress, path)
+        owner = aside_owner(path)
+        if owner is not None:  # (a replacement being built: its store's resume finishes it)
+            where = f"{path} (the replacement of {owner} being built)"
+            raise incomplete_error(where, progress, shlex.quote(os.path.abspath(owner)))
         target = shlex.quote(os.path.abspath(path))
         raise incomplete_error(path, progress, target, _replacement(path))
     if has_keys:

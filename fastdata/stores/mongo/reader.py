@@ -26,7 +26,7 @@ from ...records import (
     name_bytes,
     skipped_file,
 )
-from ..names import META_COLLECTION, aside_collection, bucket, progress_id
+from ..names import META_COLLECTION, aside_collection, aside_owner_collection, bucket, progress_id
 from ..policy import incomplete_error
 from ..reader import StoreReader, append_note
 from .connection import _gridfs, _MongoTarget, command_words
@@ -165,6 +165,13 @@ class MongoStore(_MongoTarget, StoreReader):
             saved = db[META_COLLECTION].find_one({"_id": progress_id(self.collection)})
             if saved is not None:
                 progress = self._progress_of(saved)
+                owner = aside_owner_collection(self.collection)
+                if owner is not None:  # (a replacement being built: its store's resume)
+                    raise incomplete_error(
+                        f"{self.location} (the replacement of collection {owner} being built)",
+                        progress,
+                        command_words(self.uri, owner),
+                    )
                 building = db[META_COLLECTION].find_one(
                     {"_id": progress_id(aside_collection(self.collection))}
                 )
