@@ -20,6 +20,7 @@ __all__ = [
     "CorruptImageError",
     "FastdataError",
     "IncompleteStoreError",
+    "Interrupted",
     "MissingDependencyError",
     "PickleNotAllowedError",
     "RecordError",
@@ -175,3 +176,15 @@ class UnsafePathError(StoreError):
 
 class MissingDependencyError(FastdataError):
     """An optional dependency is not installed; the message names the ``pip install`` to run."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while a store was being written, with the store it was writing (``target``: a
+    folder or a URI, and ``collection``), so that what is said next comes from what that store
+    holds now (nothing, an interrupted run and the command that finishes it, or the store as it
+    was), not from the words the command was given."""
+
+    def __init__(self, target: str, collection: str | None = None) -> None:
+        super().__init__(target, collection)
+        self.target = target
+        self.collection = collection

@@ -17,7 +17,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     return env
@@ -36,7 +36,7 @@ def cli(*args: str, fsize: int | None = None, timeout: float = 120) -> subproces
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=child_env(),
         preexec_fn=limit,
     )
 
@@ -48,7 +48,7 @@ def script(code: str, *args: Any) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=child_env(),
     )
 
 
@@ -206,7 +206,7 @@ def run_killable(args: list[str], point: str, logs: Path, timeout: float = 120) 
     r, w = os.pipe()
     out, err = logs.with_suffix(".out"), logs.with_suffix(".err")
     with open(out, "w") as o, open(err, "w") as e:
-        env = {**_env(), "FASTDATA_KILL_POINT": point, "FASTDATA_KILL_FD": str(w)}
+        env = {**child_env(), "FASTDATA_KILL_POINT": point, "FASTDATA_KILL_FD": str(w)}
         proc = subprocess.Popen(
             [sys.executable, "-c", KILLABLE_CLI, *args],
             stdout=o,

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import pickle
 import shlex
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert, open_store
-from fastdata.errors import CorruptImageError, StoreExistsError, UsageError
+from fastdata.errors import CorruptImageError, StoreExistsError, StoreNotFoundError, UsageError
 
 from .conftest import jpeg_bytes, write
-from .procs import cli, run_script
+from .procs import child_env, cli, run_script
 
 
 def images(root: Path, n: int = 4) -> Path:
@@ -77,18 +80,28 @@ INTERRUPTED = """
     from fastdata.stores.mongo.writer import MongoWriter
     import fastdata.ops.convert
     fastdata.ops.convert.convert.__kwdefaults__["commit_records"] = 2  # several commits
+    AT = int(os.environ.get("CTRL_C_AT", "2"))  # after that many batches (0: before the first)
     for kind in (LMDBWriter, MongoWriter):
         def patched(real):
             calls = [0]
             def write(self, records, progress):
+                if AT == 0:
+                    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before the first batch
                 real(self, records, progress)
                 if hasattr(self, "_wait"):
                     self._wait()  # (the Mongo writer sends in the background)
                 calls[0] += 1
-                if calls[0] == 2:
+                if calls[0] == AT:
                     os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C
             return write
         kind.write = patched(kind.write)
+        if AT == -1:  # Ctrl-C as the writer starts, before it saved anything
+            def starting(real):
+                def start(self, *args, **kwargs):
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return real(self, *args, **kwargs)
+                return start
+            kind.start = starting(kind.start)
     from fastdata.cli import main
     sys.argv = ["fastdata", *sys.argv[1:]]
     main()
@@ -118,6 +131,74 @@ def test_ctrl_c_in_a_mongodb_conversion_prints_a_command_that_finishes_it(
 ) -> None:
     uri = f"{mongo_uri}?appName=x&connectTimeoutMS=20000"
     check_resumed([uri, "--collection", "big coll"], tmp_path, 10)
+
+
+@pytest.mark.parametrize("verb", ["convert", "copy"])
+def test_ctrl_c_with_relative_paths_and_a_dash_prints_a_command_that_runs_anywhere(
+    tmp_path: Path, verb: str
+) -> None:
+    """A store named ``-x`` given after ``--``, both paths relative: the printed command names
+    them absolute (so it runs from any folder, and ``-x`` is not read as an option)."""
+    work = tmp_path / "work"
+    images(work / "src", 10)
+    if verb == "copy":
+        convert(work / "src", work / "s.lmdb", commit_records=100)
+    source = "src" if verb == "convert" else "s.lmdb"
+    code = textwrap.dedent(INTERRUPTED)
+    if verb == "copy":
+        code = code.replace(
+            '["commit_records"] = 2',
+            '["commit_records"] = 2\n'
+            "import fastdata.ops.copy\n"
+            'fastdata.ops.copy.copy_store.__kwdefaults__["batch_size"] = 2',
+        )
+    result = subprocess.run(
+        [sys.executable, "-c", code, verb, "-q", "--", source, "-x"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr
+    printed = result.stderr.split("`")[1]
+    done = cli(*shlex.split(printed)[1:])  # from the tests' own folder, not work/
+    assert done.returncode == 0, printed + "\n" + done.stdout + done.stderr
+    assert len(open_store(work / "-x")) == 10
+
+
+@pytest.mark.parametrize("at", [-1, 0])
+@pytest.mark.parametrize("backend", ["lmdb", pytest.param("mongo", marks=pytest.mark.mongo)])
+def test_ctrl_c_before_the_first_batch_says_what_is_left_and_its_advice_works(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str, at: int
+) -> None:
+    """Ctrl-C as the writer starts (-1) or before its first batch (0): what the message says is
+    so (nothing kept, or an interrupted store and the command that finishes it), and following
+    it gives the store."""
+    src = images(tmp_path / "src", 10)
+    if backend == "lmdb":
+        target = [str(tmp_path / "new.lmdb")]
+    else:
+        target = [request.getfixturevalue("mongo_uri"), "--collection", "new"]
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(INTERRUPTED), "convert", str(src), *target, "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**child_env(), "CTRL_C_AT": str(at)},
+    )
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr
+    collection = target[2] if len(target) > 1 else None
+    if "`" in result.stderr:
+        assert "what was committed is kept" in result.stderr, result.stderr
+        done = cli(*shlex.split(result.stderr.split("`")[1])[1:])
+    else:
+        assert "nothing was kept" in result.stderr or "nothing was written" in result.stderr
+        with pytest.raises(StoreNotFoundError):
+            open_store(target[0], collection=collection)
+        done = cli("convert", str(src), *target, "-q")  # the same command again
+    assert done.returncode == 0, result.stderr + done.stdout + done.stderr
+    assert len(open_store(target[0], collection=collection)) == 10
 
 
 def test_a_row_skipped_by_two_manifests_is_listed_once(tmp_path: Path) -> None:

@@ -212,3 +212,56 @@ def test_records_that_another_program_writes_during_an_append_are_not_met_with_o
     again = cli("convert", str(tmp_path / "src"), str(store), "--append", "--resume", "-q")
     assert again.returncode == 1 and "'0000000022'" in again.stderr, again.stderr
     assert "--overwrite" not in again.stderr and len(open_store(store)) == 20
+
+
+def test_a_link_to_what_is_no_store_data_file_is_refused_with_advice_that_works(
+    tmp_path: Path,
+) -> None:
+    """``data.mdb`` a link to a text file, to nothing, or to itself: the refusal advises removing
+    the link (copying what it leads to into the store, or writing to its folder, would turn a
+    user's file into a store, or fail), and that advice, run as printed, lets the same command
+    write the store. The file the link led to is as it was."""
+    src = tmp_path / "src"
+    for i in range(3):
+        write(src / "c" / f"{i}.jpg", jpeg_bytes(16, 16, seed=i))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    for n, target in enumerate([notes, tmp_path / "gone.bin", Path("data.mdb")]):
+        store = tmp_path / f"s{n}.lmdb"
+        store.mkdir()
+        (store / "data.mdb").symlink_to(target)
+        refused = cli("convert", str(src), str(store), "-q", timeout=60)
+        message = refused.stderr.strip()
+        assert refused.returncode == 1 and "Traceback" not in message, message
+        assert "remove the link" in message and "cp " not in message, message
+        _run_as_printed(message)
+        done = cli("convert", str(src), str(store), "-q", timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert len(open_store(store)) == 3
+    assert notes.read_text() == "mine\n"
+
+
+def test_an_export_never_writes_into_a_store_folder_even_with_overwrite(tmp_path: Path) -> None:
+    """A store whose records are named like another store's files (``outer/data.mdb``),
+    exported with --overwrite into the folder that holds that store: refused, naming the store
+    folder; the store there is as it was."""
+    src = tmp_path / "src"
+    for i in range(4):
+        write(src / "c" / f"{i}.jpg", jpeg_bytes(16, 16, seed=i))
+    outer = tmp_path / "nest" / "outer"
+    convert(src, outer)
+    before = (outer / "data.mdb").read_bytes()
+    rows = tmp_path / "man"
+    write(rows / "outer" / "data.mdb", jpeg_bytes(16, 16, seed=9))
+    write(rows / "outer" / "writer.lock", jpeg_bytes(16, 16, seed=8))
+    (rows / "m.jsonl").write_text(
+        '{"path": "outer/data.mdb", "label": "x"}\n{"path": "outer/writer.lock", "label": "x"}\n'
+    )
+    convert(rows / "m.jsonl", tmp_path / "man.lmdb")
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        refused = cli("export", str(tmp_path / "man.lmdb"), str(tmp_path / "nest"), *flags)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert "the folder of an LMDB store" in refused.stderr, refused.stderr
+        assert "--overwrite" not in refused.stderr.split("Error:")[-1], refused.stderr
+        assert (outer / "data.mdb").read_bytes() == before
+        assert len(open_store(outer)) == 4

@@ -222,6 +222,7 @@ def test_bench_does_not_time_the_batches_queued_at_start_up() -> None:
     assert 600 < rate < 850  # 8 images per 10 ms, not inflated by the queued ones
 
 
+@pytest.mark.slow  # (measures for seconds, twice; its choice can flip on a loaded machine)
 def test_bench_reports_the_spread_and_chooses_the_same_count(small_store: Path) -> None:
     import json
 
@@ -347,6 +348,7 @@ def test_bench_blames_the_figure_out_of_line() -> None:
     assert _out_of_line(report((700, 720, 730), 1400)) == []  # in line
 
 
+@pytest.mark.slow  # (a bench run after the refused one: seconds of measuring)
 def test_bench_checks_its_plot_dependency_before_measuring(
     small_store: Path, tmp_path: Path
 ) -> None:

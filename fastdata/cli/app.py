@@ -85,17 +85,46 @@ def _writing(
     try:
         with _progress(label, quiet) as progress:
             yield progress
-    except KeyboardInterrupt:
-        click.echo(
-            f"\ninterrupted; what was committed is kept: finish it with `{_resumed()}`",
-            err=True,
-        )
+    except KeyboardInterrupt as exc:
+        try:
+            said = _left(exc)
+        except (KeyboardInterrupt, Exception):  # (a second Ctrl-C, a server away)
+            said = f"what was committed is kept: finish it with `{_resumed()}`"
+        click.echo(f"\ninterrupted; {said}", err=True)
         sys.exit(130)
 
 
+def _left(exc: KeyboardInterrupt) -> str:
+    """What an interrupted write left, as the store it was writing says: nothing (it was
+    stopped before it wrote), an interrupted run and the command that finishes it, or a store
+    that reads as before with what is unfinished in it."""
+    from ..errors import IncompleteStoreError, Interrupted, StoreNotFoundError
+    from ..stores import open_store
+
+    if not isinstance(exc, Interrupted):  # (stopped before it opened the store to write)
+        return "nothing was written: run the same command again"
+    try:
+        reader = open_store(exc.target, collection=exc.collection)
+    except StoreNotFoundError:
+        return (
+            "it was stopped before it wrote a record: nothing was kept; run the same command again"
+        )
+    except IncompleteStoreError as found:
+        return f"what was committed is kept: {found.render(cli=True)}"
+    try:
+        unfinished = reader.interrupted()
+        held = f"{reader.location} holds a complete store of {len(reader)} records"
+    finally:
+        reader.close()
+    if unfinished:
+        return f"{held}, read as before; " + "; ".join(unfinished)
+    return f"{held}; nothing of this run is left unfinished"
+
+
 def _resumed() -> str:
-    """The command being run, as it was given (its words quoted for the shell, a password in a
-    URI masked), with --resume in place of --overwrite."""
+    """The command being run, with --resume in place of --overwrite: its paths made absolute
+    (and so never read as an option), a password in a URI masked, every option as
+    ``--name=value``, its words quoted for the shell."""
     from ..stores.mongo.connection import mask_uri
 
     ctx = click.get_current_context()
@@ -103,13 +132,17 @@ def _resumed() -> str:
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if isinstance(param, click.Argument):
-            words.append(mask_uri(str(value)))
+            text = str(value)
+            words.append(mask_uri(text) if "://" in text else os.path.abspath(text))
         elif not isinstance(param, click.Option) or param.name in ("overwrite", "resume"):
             continue
         elif param.is_flag:
             words += [max(param.opts, key=len)] if value else []
         elif value is not None and value != param.default:
-            words += [max(param.opts, key=len), str(value)]
+            text = str(value)
+            if isinstance(param.type, click.Path):
+                text = os.path.abspath(text)
+            words.append(f"{max(param.opts, key=len)}={text}")
     return shlex.join([*words, "--resume"])
 
 

@@ -80,6 +80,8 @@ class _Destination:
         self.root = os.path.realpath(outdir)
         self._folders: set[tuple[str, ...]] = set()
         """Folders (as name parts) made and found to resolve inside the root."""
+        self._plain: set[str] = set()
+        """Resolved folders found to be no store's folder."""
 
     def path_for(self, name: str, *, create: bool = True) -> Path:
         """The checked path of the record ``name``; with ``create``, its folder exists."""
@@ -106,6 +108,7 @@ class _Destination:
                 self.inside(existing, name)
                 target.parent.mkdir(parents=True, exist_ok=True)
             self.inside(target.parent, name)
+            self.not_in_a_store(target.parent, name)
             if create:
                 if self.resume and existing == target.parent:  # (a new folder holds none)
                     _remove_stale_temporaries(target.parent)
@@ -115,6 +118,24 @@ class _Destination:
         if not create and os.path.islink(target):
             self.inside(target, name)
         return target
+
+    def not_in_a_store(self, folder: Path, name: str) -> None:
+        """Refuse a folder that is an LMDB store's (it holds ``data.mdb``) or lies inside one,
+        however the export is asked to write (``overwrite`` too): a file written there could
+        take the place of the store's own."""
+        path = os.path.realpath(folder)
+        while True:
+            if path not in self._plain:
+                if os.path.lexists(os.path.join(path, names.DATA_FILE)):
+                    raise UnsafePathError(
+                        f"record name {name!r} would be written into {path}, the folder of an "
+                        "LMDB store; export into a folder outside every store"
+                    )
+                self._plain.add(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                return
+            path = parent
 
     def inside(self, path: Path, name: str) -> None:
         """Refuse ``path`` (for the record ``name``) unless it resolves inside the folder."""

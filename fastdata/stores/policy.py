@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..errors import (
     SAME_COMMAND,
     IncompleteStoreError,
+    Interrupted,
     Phrase,
     StoreError,
     StoreExistsError,
@@ -537,6 +538,13 @@ class StoreWriter(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            raise Interrupted(*self.store_target) from exc
+
+    @property
+    def store_target(self) -> tuple[str, str | None]:
+        """The store as ``open_store`` takes it: a folder, or a URI and its collection."""
+        return os.path.abspath(self.location), None
 
 
 class Batch:

@@ -25,7 +25,7 @@ import shlex
 
 from ...errors import SAME_COMMAND, StoreError, option
 from ..files import not_its_own
-from ..names import aside_folder, data_file
+from ..names import DATA_FILE, aside_folder, data_file
 from .env import _reading, open_reader
 from .layout import past_the_last
 
@@ -57,24 +57,58 @@ def shared_error(path: str, what: str) -> StoreError:
     here = shlex.quote(os.path.abspath(path))
     if what.startswith("a symbolic link to "):
         real = os.path.realpath(path)
+        if not _a_store_data_file(path, real):  # (a loop, nothing, or a file of another kind)
+            return StoreError(
+                f"{path}: {what}, which is no store's data file; nothing was written: remove "
+                f"the link (`rm {here}`), then run the same command again"
+            )
         fix = (
             f"write to {os.path.dirname(real)} instead, or give this store a copy of its own "
             f"while nothing writes to either (`cp --remove-destination {shlex.quote(real)} "
             f"{here}`)"
         )
     elif what.endswith("(hard links)"):
-        copy = shlex.quote(os.path.abspath(path) + ".copy")
+        copy = shlex.quote(_unused(os.path.abspath(path) + ".copy"))
         fix = (
             "give this store a copy of its own while nothing writes to any of them "
             f"(`cp -p {here} {copy} && mv {copy} {here}`)"
         )
     else:
-        fix = "move it out of the store folder"
+        return StoreError(
+            f"{path}: {what}, where the store's data file belongs; nothing was written: move it "
+            "out of the store folder"
+        )
     return StoreError(
         f"{path}: {what}, not a data file of this store's own: a writer of another store may "
         "write the same file at the same time, under another lock, and damage both; nothing "
         f"was written: {fix}"
     )
+
+
+def _a_store_data_file(link: str, real: str) -> bool:
+    """Whether the link ``link`` leads to ``real``, a regular file named as a store's data file
+    in another folder (another store's): then writing to that store, or copying the file, is
+    advice that works."""
+    import stat
+
+    try:
+        regular = stat.S_ISREG(os.stat(real).st_mode)
+    except OSError:
+        return False
+    return (
+        regular
+        and os.path.basename(real) == DATA_FILE
+        and os.path.dirname(real) != os.path.dirname(os.path.abspath(link))
+    )
+
+
+def _unused(path: str) -> str:
+    """``path``, or ``path`` with a number after it: a name nothing has yet."""
+    n, found = 0, path
+    while os.path.lexists(found):
+        n += 1
+        found = f"{path}{n}"
+    return found
 
 
 def check_room(folder: str, first: int) -> None:

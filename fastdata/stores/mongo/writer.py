@@ -110,6 +110,10 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
     def command_target(self) -> str:
         return command_words(self.uri, self.collection)
 
+    @property
+    def store_target(self) -> tuple[str, str | None]:
+        return self.uri, self.collection
+
     def _nothing_here(self) -> bool:
         found = self._inspect()  # reads only
         return found.empty and found.appending is None
