@@ -313,3 +313,27 @@ def test_a_collection_name_mongodb_refuses_for_its_dots_is_refused_as_a_usage_er
 
     with pytest.raises(fastdata.ReservedNameError, match=r"'\.'"):
         check_collection(name, "mongodb://h/db")
+
+
+@pytest.mark.mongo
+def test_a_uri_whose_database_name_holds_a_dot_is_refused_not_cut_at_the_dot(
+    mongo_uri: str, tmp_path: Path
+) -> None:
+    """``mongodb://host/a.b`` is read by MongoDB as the database ``a`` and the collection ``b``:
+    the stores of "a.b" and "a.other" were one database, and ``--overwrite`` into one replaced
+    the other's store. Refused now, naming --collection, before anything is written; as are
+    MongoDB's own databases."""
+    a = folder(tmp_path / "A", 3)
+    convert(a, mongo_uri, collection="t")
+    before = snapshot(a)
+    for uri in (f"{mongo_uri}.other", f"{mongo_uri}.b?appName=x"):
+        for extra in ((), ("--overwrite",)):
+            result = cli("convert", str(folder(tmp_path / "B", 2)), uri, "-c", "t", *extra)
+            assert result.returncode == 2, result.stderr
+            assert "--collection" in result.stderr and "Traceback" not in result.stderr
+    assert exported(mongo_uri, tmp_path, "t") == before
+    base = mongo_uri.rsplit("/", 1)[0]
+    for system in ("admin", "local", "config"):
+        result = cli("convert", str(a), f"{base}/{system}", "-c", "t")
+        assert result.returncode == 2 and "MongoDB's own databases" in result.stderr, result.stderr
+        assert "t" not in database(f"{base}/{system}").list_collection_names()

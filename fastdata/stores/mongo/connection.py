@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...errors import StoreError, UsageError
+from ...errors import Phrase, StoreError, UsageError
 from .layout import CLAIM_TTL_S, PASSWORD_ENV, USER_ENV
 
 log = logging.getLogger(__name__)
@@ -92,14 +92,32 @@ def _database_name(uri: str, database: str | None) -> str:
     from pymongo.uri_parser import parse_uri
 
     try:
-        name = parse_uri(uri).get("database")
+        parsed = parse_uri(uri)
     except (ValueError, PyMongoError) as exc:  # InvalidURI, ConfigurationError: malformed
         raise UsageError(f"{mask_uri(uri)}: not a usable MongoDB URI ({_short(exc)})") from None
+    name = parsed.get("database")
     if not name:
         raise UsageError(
             f"{mask_uri(uri)}: no database named; put it in the URI: mongodb://host:port/DB"
         )
+    if parsed.get("collection"):  # (MongoDB reads /a.b as the database a, the collection b)
+        raise UsageError(
+            f"{mask_uri(uri)}: the URI names the database {name!r} and after the dot a "
+            f"collection {parsed['collection']!r} (a database name holds no dot); give the "
+            "collection with ",
+            Phrase("--collection NAME", "collection=NAME"),
+            " and the database alone in the URI",
+        )
+    if str(name) in SYSTEM_DATABASES:
+        raise UsageError(
+            f"{mask_uri(uri)}: {name!r} is one of MongoDB's own databases (admin, local, "
+            "config), which hold the server's users, replication and sharding; name another "
+            "database in the URI"
+        )
     return str(name)
+
+
+SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 
 
 def _close_client(client: Any, pid: int) -> None:
