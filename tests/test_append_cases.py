@@ -168,3 +168,24 @@ def test_appends_one_after_another_do_not_wait(tmp_path: Path) -> None:
         write(src / "eel" / f"{n}.jpg", jpeg_bytes(seed=900 + n))
         assert convert(src, dst, append=True).count == 7 + n
     assert time.monotonic() - began < 10  # (appends used to wait 10 s for each other)
+
+
+@pytest.mark.mongo
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_command_an_append_prints_for_files_skipped_before_runs_as_printed(
+    backend: str, tmp_path: Path, mongo_uri: str
+) -> None:
+    """It printed `fastdata info --skipped`, without the store: refused for a missing argument."""
+    import shlex
+
+    src = _src(tmp_path / "src")
+    write(src / "cat" / "broken.jpg", b"\xff\xd8 not really")
+    dst, kw = _target(backend, tmp_path, mongo_uri)
+    convert(src, dst, **kw)
+    flags = ["--collection", kw["collection"]] if kw else []
+    result = cli("convert", str(src), dst, *flags, "--append")
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.split("`")[1]
+    listed = cli(*shlex.split(printed)[1:])
+    assert listed.returncode == 0, listed.stderr
+    assert "cat/broken.jpg" in listed.stdout

@@ -268,7 +268,7 @@ def _render_convert(report: ConvertReport) -> None:
         if report.skipped_unchanged:
             click.echo(
                 f"{report.skipped_unchanged} file(s) skipped before and unchanged since: not "
-                "read again (`fastdata info --skipped` lists them)"
+                f"read again (`fastdata info {report.destination_words} --skipped` lists them)"
             )
         if report.gone_count:
             more = report.gone_count - len(report.gone)

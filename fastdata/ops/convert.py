@@ -640,6 +640,7 @@ class _Run:
         """The report of a run that ended with the store ``meta`` describes."""
         return ConvertReport(
             destination=self.writer.location,
+            destination_words=self.writer.command_target,
             count=meta.count,
             repaired=meta.repairs,
             skipped=list(skipped),

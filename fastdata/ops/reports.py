@@ -62,6 +62,9 @@ class ConvertReport:
     seconds: float
     resumed_from: int = 0
     converted: int = 0
+    destination_words: str = ""
+    """The store as command-line words (``DST`` or ``URI --collection C``, quoted), for the
+    commands the report prints."""
     classes: list[str] = field(default_factory=list)
     labelled: bool = True
     fields: list[str] = field(default_factory=list)
