@@ -189,3 +189,21 @@ def test_the_command_an_append_prints_for_files_skipped_before_runs_as_printed(
     listed = cli(*shlex.split(printed)[1:])
     assert listed.returncode == 0, listed.stderr
     assert "cat/broken.jpg" in listed.stdout
+
+
+def test_a_resume_or_a_second_conversion_of_a_folder_that_grew_names_append(
+    tmp_path: Path,
+) -> None:
+    """A folder that gained an image since its store was made: `convert --resume` said "holds a
+    complete store converted from <the same folder>; --resume continues only an interrupted
+    conversion of the same folder", and a plain convert only "pass --overwrite". Both name
+    --append now, which adds the image."""
+    src = _src(tmp_path / "src")
+    dst = tmp_path / "s.lmdb"
+    convert(src, dst)
+    write(src / "cat" / "new.jpg", jpeg_bytes(seed=99))
+    for flags in (["--resume"], []):
+        refused = cli("convert", str(src), str(dst), *flags)
+        assert refused.returncode == 2 and "--append" in refused.stderr, refused.stderr
+    assert cli("convert", str(src), str(dst), "--append").returncode == 0
+    assert len(open_store(dst)) == 7

@@ -195,6 +195,21 @@ class StoreWriter(abc.ABC):
                 if self._same_store(found.meta, progress):
                     self.completed = found.meta
                     return None
+                same_folder = not progress.is_copy and os.path.realpath(
+                    found.meta.source or ""
+                ) == os.path.realpath(progress.source)
+                if same_folder:  # (its files changed since, or the store grew by an append)
+                    raise StoreExistsError(
+                        f"{self.location}: holds a complete store converted from "
+                        f"{found.meta.source}, whose files are not those it was converted from "
+                        "now; ",
+                        RESUME,
+                        " continues only an interrupted conversion: pass ",
+                        APPEND,
+                        " to add the images it lacks, or ",
+                        OVERWRITE,
+                        " to convert the folder again",
+                    )
                 raise StoreExistsError(
                     f"{self.location}: holds a complete store converted from "
                     f"{found.meta.source or 'another folder'}; ",
@@ -217,7 +232,7 @@ class StoreWriter(abc.ABC):
                 RESUME,
             )
         elif not found.empty and not overwrite:
-            raise StoreExistsError(*self._exists_message(found))
+            raise StoreExistsError(*self._exists_message(found, progress.is_copy))
         self._aside = not found.empty
         if found.aside is not None:
             self._discard_aside()
@@ -356,7 +371,7 @@ class StoreWriter(abc.ABC):
             found = self._inspect()
         return found
 
-    def _exists_message(self, found: Existing) -> tuple[str | Phrase, ...]:
+    def _exists_message(self, found: Existing, copy: bool) -> tuple[str | Phrase, ...]:
         if found.meta is not None and found.aside is not None:
             return (
                 f"{self.location}: a store exists, and a replacement of it was interrupted; pass ",
@@ -364,6 +379,14 @@ class StoreWriter(abc.ABC):
                 " to finish the replacement or ",
                 OVERWRITE,
                 " to start it over",
+            )
+        if found.meta is not None and not copy:
+            return (
+                f"{self.location}: a store exists already; pass ",
+                APPEND,
+                " to add the images it lacks, or ",
+                OVERWRITE,
+                " to replace it",
             )
         if found.meta is not None:
             return (f"{self.location}: a store exists already; pass ", OVERWRITE, " to replace it")
