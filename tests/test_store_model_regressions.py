@@ -21,7 +21,7 @@ from fastdata.errors import (
     StoreReplacedError,
 )
 
-from .conftest import jpeg_bytes, write
+from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database
 from .procs import KILLED_CONVERT, cli, run_killable, run_script
 
@@ -281,3 +281,44 @@ def test_a_replacement_opened_where_it_is_built_names_its_stores_resume(
         assert list(reader.meta.classes) == ["m"] and len(reader) == 6
     finally:
         reader.close()
+
+
+@pytest.mark.mongo
+@pytest.mark.parametrize("backend", ["lmdb", "mongo"])
+def test_an_overwrite_from_a_source_of_no_usable_image_keeps_an_interrupted_replacement(
+    tmp_path: Path, mongo_uri: str, backend: str
+) -> None:
+    """Model steps (long profile): convert M into S; convert A into S with --overwrite, killed
+    at its first batch; convert BAD (no usable image) into S with --overwrite: refused, as it
+    must be, but its writer had begun a replacement of its own and dropped the interrupted one
+    (its progress gone: a refused command changed the store). Now the source is found unusable
+    before the writer starts; the interrupted replacement is there, and its resume finishes it."""
+    from fastdata.errors import SourceError
+
+    m = folder(tmp_path / "M", {"m": 4})
+    a = folder(tmp_path / "A", {"a": 5}, seed=30)
+    bad = folder(tmp_path / "BAD", {"x": 0}, bad=2)
+    if backend == "lmdb":
+        dst, kw, extra = str(tmp_path / "s.lmdb"), {}, ()
+    else:
+        dst, kw, extra = mongo_uri, {"collection": "s"}, ("-c", "s")
+    convert(m, dst, **kw)
+    killed = run_script(KILLED_CONVERT, a, dst, 0, "--overwrite", *extra)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    def state() -> object:
+        if backend == "lmdb":
+            files = snapshot(tmp_path / "s.lmdb")
+            return {k: v for k, v in files.items() if not k.endswith(("lock.mdb", "writer.lock"))}
+        db = database(mongo_uri)
+        return {
+            name: sorted(repr(sorted(d.items())) for d in db[name].find({}) if "token" not in d)
+            for name in db.list_collection_names()
+        }
+
+    before = state()
+    with pytest.raises(SourceError, match="none of its 2 images could be used"):
+        convert(bad, dst, overwrite=True, **kw)
+    assert state() == before
+    convert(a, dst, resume=True, **kw)
+    assert held(dst, kw.get("collection"))[0] == ["a"]

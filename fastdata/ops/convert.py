@@ -470,6 +470,8 @@ class _Run:
             fields=self.scan.schema.describe(","),
             sidecars=",".join(self.scan.sidecars),
         )
+        if not resume:
+            self._one_usable()
         state = self.writer.start(fresh, overwrite=overwrite, resume=resume)
         if state is None:
             assert self.writer.completed is not None, "start() returns None only when complete"
@@ -478,6 +480,22 @@ class _Run:
             return self._report(self.writer.completed, len(self.scan.samples), [])
         self._began(state, fresh)
         return None
+
+    def _one_usable(self) -> None:
+        """Refuse a source none of whose images can be used before the writer starts: the run
+        would end refused, and a writer that started would have set aside what it replaces
+        (an interrupted replacement of the store there, say), though a refused command changes
+        nothing. Reads until the first usable image: one file, as a rule."""
+        scan, options = self.scan, self.options
+        load = _loader(scan, bool(options.verify_decode), options.max_file_bytes or MAX_FILE_BYTES)
+        skipped = []
+        for sample in scan.samples:
+            [(_, result)] = load([sample])
+            if not isinstance(result, SkippedFile):
+                return
+            skipped.append(result)
+        if skipped or scan.unusable:
+            raise _none_usable(scan, [*scan.unusable, *skipped])
 
     def start_append(
         self, *, resume: bool, rescan: Callable[[StoreMeta], FolderScan | None] | None = None
@@ -565,11 +583,7 @@ class _Run:
             # nothing worth resuming: the store goes (a store it would replace stays), so that
             # the same command runs again once the source is fixed
             self.writer.abandon()
-            reasons = "; ".join(f"{s.name}: {s.reason}" for s in state.skipped[:3])
-            raise SourceError(
-                f"{scan.source if scan.layout == 'manifest' else scan.root}: none of its "
-                f"{total} images could be used ({reasons}); fix or remove them and convert again"
-            )
+            raise _none_usable(scan, state.skipped)
 
     def finish(self) -> None:
         """Complete the store: labels, names, skipped list and metadata (invariants checked)."""
@@ -656,6 +670,15 @@ class _Run:
             labelled=meta.labelled,
             fields=[f.spec for f in meta.schema.fields],
         )
+
+
+def _none_usable(scan: FolderScan, skipped: Sequence[SkippedFile]) -> SourceError:
+    reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped[:3])
+    return SourceError(
+        f"{scan.source if scan.layout == 'manifest' else scan.root}: none of its "
+        f"{len(scan.samples)} images could be used ({reasons}); fix or remove them and convert "
+        "again"
+    )
 
 
 def _stored(scan: FolderScan, count: int, skipped: list[SkippedFile]) -> tuple[np.ndarray, bytes]:
