@@ -1010,3 +1010,25 @@ def test_a_float_field_a_document_holds_as_an_int_reads_as_a_float(
     assert fast_collate([(np.zeros((2, 2, 3), np.uint8), 0, ds[0][2])])[2]["score"].dtype == (
         torch.float64
     )
+
+
+def test_the_convert_back_an_export_prints_never_names_a_store_that_exists(tmp_path: Path) -> None:
+    """Exported to ``out`` beside a store ``out.lmdb`` of other images: the printed command
+    converted into out.lmdb (refused; and the --overwrite that refusal advises would have
+    replaced that store). It names a free store path now, and runs as printed."""
+    root = tmp_path / "src"
+    for i in range(3):
+        write(root / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+    other = tmp_path / "other"
+    write(other / "b" / "0.jpg", jpeg_bytes(seed=9))
+    assert cli("convert", str(root), str(tmp_path / "s.lmdb"), "-q").returncode == 0
+    assert cli("convert", str(other), str(tmp_path / "out.lmdb"), "-q").returncode == 0
+    before = (tmp_path / "out.lmdb" / "data.mdb").read_bytes()
+    out = cli("export", str(tmp_path / "s.lmdb"), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    command = printed_command(out.stdout, "convert back with:")
+    assert str(tmp_path / "out.lmdb") not in command
+    again = cli(*command, "-q")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "out.lmdb" / "data.mdb").read_bytes() == before
+    assert len(LMDBImageDataset(command[-1])) == 3

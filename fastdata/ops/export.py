@@ -350,12 +350,23 @@ def _convert_back(out: Path, manifest: str, meta: StoreMeta) -> str:
 
     folder = os.path.abspath(out)
     source = os.path.abspath(manifest) if manifest else folder
-    words = ["fastdata", "convert", source, f"{folder.rstrip(os.sep)}.lmdb"]
+    words = ["fastdata", "convert", source, _unused(f"{folder.rstrip(os.sep)}.lmdb")]
     if not manifest and meta.sidecars:
         words += ["--sidecars", ",".join(meta.sidecars)]
         if meta.schema:
             words += ["--fields", meta.schema.describe(",")]
     return " ".join(shlex.quote(w) for w in words)
+
+
+def _unused(path: str) -> str:
+    """``path``, or the first of ``<stem>-2<ext>``, ``-3`` ... that nothing has taken: a
+    command that converts into a store there never meets one (another store, the source)."""
+    stem, ext = os.path.splitext(path)
+    n, found = 1, path
+    while os.path.lexists(found):
+        n += 1
+        found = f"{stem}-{n}{ext}"
+    return found
 
 
 def _sidecar_files(
