@@ -305,6 +305,11 @@ def _render_convert(report: ConvertReport) -> None:
             f"resumed after {report.resumed_from} images already converted"
             + (f", with the options it began with: {flags}" if flags else "")
         )
+    elif not report.appended and not report.converted and report.finished:
+        click.echo(
+            f"resumed after {report.resumed_from} images already converted: the store is "
+            "complete now"
+        )
     elif not report.appended and not report.converted:
         click.echo("the conversion is complete already; nothing to do")
     click.echo(

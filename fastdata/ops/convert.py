@@ -641,6 +641,7 @@ class _Run:
         workers = self.options.workers
         report.reader_threads = self.chosen if workers is None else [workers]
         report.resumed_options = self.state.options() if self.resumed else []
+        report.finished = True
         report.discarded = self.writer.discarded
         report.repaired_now = self.state.repairs
         report.repaired_names = list(self.repaired_names)

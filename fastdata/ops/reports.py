@@ -62,6 +62,8 @@ class ConvertReport:
     seconds: float
     resumed_from: int = 0
     converted: int = 0
+    finished: bool = False
+    """This run completed the store (not a run that found it complete already)."""
     destination_words: str = ""
     """The store as command-line words (``DST`` or ``URI --collection C``, quoted), for the
     commands the report prints."""
