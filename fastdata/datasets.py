@@ -144,10 +144,10 @@ class ImageStoreDataset(Dataset):
             :class:`~fastdata.stores.view.StoreView`.
         check: with ``output="bytes"`` and no pipeline, check each record's bytes against
             the size and CRC-32 its header keeps before giving them (the default); False gives
-            them unchecked, for a store you have verified (README, "Checked reads", gives the
-            cost). Records that are decoded are always checked (well under 1% of a decode). A
-            record that fails raises a :class:`~fastdata.errors.RecordError` naming the store,
-            the record and the ``fastdata verify`` command.
+            them unchecked, for a store you have verified (docs/stores.md, "Reads are checked",
+            gives the cost). Records that are decoded are always checked (well under 1% of a
+            decode). A record that fails raises a :class:`~fastdata.errors.RecordError` naming
+            the store, the record and the ``fastdata verify`` command.
 
     In a store without classes (a manifest without labels), every target is -1.
     """

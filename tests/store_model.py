@@ -3,7 +3,7 @@ source folders it converts, the places it writes (names drawn from a hostile alp
 each operation should leave in a place, and the processes it runs beside the test (a write killed
 at a point it reaches, a reader that holds a store open).
 
-What a store holds is modelled as plainly as the README states it: its classes, its records in
+What a store holds is modelled as plainly as docs/stores.md states it: its classes, its records in
 index order (class, relative name, stored bytes, the source file's bytes), the names of the files
 it skipped, and a serial that changes exactly when the store's id does. Nothing here imports
 fastdata: the model is what the code is compared with, not a second copy of it.

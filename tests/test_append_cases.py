@@ -1,4 +1,4 @@
-"""``--append``, case by case (the README's table), on LMDB and MongoDB."""
+"""``--append``, case by case (docs/growing.md's table), on LMDB and MongoDB."""
 
 from __future__ import annotations
 

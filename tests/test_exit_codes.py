@@ -1,4 +1,4 @@
-"""The README's exit-code table, a case per kind of cause: 0 done, 1 a failure, 2 a usage
+"""docs/cli.md's exit-code table, a case per kind of cause: 0 done, 1 a failure, 2 a usage
 mistake, 130 Ctrl-C, each with one ``Error:`` line (1 and 2) and no traceback."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ reader of its output goes away (``fastdata verify STORE | head``)."""
 class _Group(click.Group):
     """Turns library errors into one line on stderr and their exit code, without a traceback.
 
-    Exit codes (the README's table): 0 success; 1 a failure (a damaged record, a server away, a
+    Exit codes (docs/cli.md's table): 0 success; 1 a failure (a damaged record, a server away, a
     full disk, another writer); 2 a usage mistake (a bad option, a store that exists or does not,
     nothing to resume); 130 interrupted (Ctrl-C), whatever the command. A closed pipe
     (``fastdata info | head``) ends quietly, with the code of the failure being printed if any.

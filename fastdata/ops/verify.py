@@ -47,8 +47,8 @@ class VerifyReport:
     damaged_pages: list[str] = field(default_factory=list)
     """Every damaged page, in page order."""
     broken: list[str] = field(default_factory=list)
-    """The invariants of a finished store that it breaks, each named (README, "What a finished
-    store guarantees")."""
+    """The invariants of a finished store that it breaks, each named (docs/stores.md, "What a
+    finished store guarantees")."""
     checksums: bool = True
     """Whether the store has checksums to check (stores of other tools have none)."""
     foreign: list[str] = field(default_factory=list)

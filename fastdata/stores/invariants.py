@@ -1,6 +1,6 @@
 """The invariants of a finished store, stated once: every writer checks them before it marks a
-store complete (``StoreWriter.finish``) and ``verify`` checks them on a store (README, "What a
-finished store guarantees"; ``docs/guarantees.md``)."""
+store complete (``StoreWriter.finish``) and ``verify`` checks them on a store (docs/stores.md,
+"What a finished store guarantees"; ``docs/guarantees.md``)."""
 
 from __future__ import annotations
 

@@ -99,8 +99,8 @@ class Completion:
     """Every record's name (:func:`~fastdata.records.name_bytes`), in order, joined by NULs."""
 
     def failures(self) -> list[str]:
-        """The invariants of a finished store (README, "What a finished store guarantees") that
-        this completion breaks, each named; none when it may be written."""
+        """The invariants of a finished store (docs/stores.md, "What a finished store guarantees")
+        that this completion breaks, each named; none when it may be written."""
         return invariant_failures(self.meta, self.labels, self.names, self.skipped)
 
 

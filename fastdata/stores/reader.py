@@ -209,8 +209,8 @@ class StoreReader(abc.ABC):
     # The header is read in the same transaction or query as the bytes; its size and checksum
     # are read from the headers of a batch at once (records.first_mismatch), and the CRC-32 is
     # ISA-L's. Decoding datasets always check (the cost is well under 1% of a decode); raw reads
-    # may pass check=False (README, "Checked reads", gives the cost). Stores of other tools
-    # carry no checksums (has_checksums): there is nothing to check, and check is ignored.
+    # may pass check=False (docs/stores.md, "Reads are checked", gives the cost). Stores of other
+    # tools carry no checksums (has_checksums): there is nothing to check, and check is ignored.
 
     @abc.abstractmethod
     def read_samples(
