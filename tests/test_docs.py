@@ -1,8 +1,12 @@
-"""The README's and docs/migrating.md's code runs as written, on a folder of photos of mixed sizes.
+"""The README's and every docs page's code runs as written, on a folder of photos of mixed sizes.
 
-Every ``python`` block runs, in order, in one new process whose home and working folder are a
-fresh tmp_path holding ``~/data/train``; the README's ``fastdata ...`` command lines run too. The
-MongoDB address in the docs (``mongodb://db1:27017/images``) is replaced by the test server's.
+Each page's ``python`` blocks run, in order, in one new process whose home and working folder are
+a fresh tmp_path holding ``~/data/train``; then its ``fastdata ...`` command lines run, each
+block's in a folder of its own. A page under ``docs/`` reads what the README's blocks make (the
+store ``train.lmdb``), so the README's blocks run first, in a process of their own. The MongoDB
+address in the docs (``mongodb://db1:27017/images``) is replaced by the test server's, where the
+README's folder is converted into the collection ``train`` first. A block that is not meant to run
+(an output, a recipe being replaced) takes another fence (``text``, ``py``).
 """
 
 from __future__ import annotations
@@ -73,45 +77,25 @@ def docs_env(
     return home, env
 
 
-def test_every_readme_block_runs(docs_env: tuple[Path, dict[str, str]], mongo_uri: str) -> None:
-    home, env = docs_env
-    server = mongo_uri.rsplit("/", 1)[0]
-    db = database(f"{server}/images")
-    db.client.drop_database(db.name)  # (each kind of data runs the blocks anew)
-    convert(home / "data" / "train", f"{server}/images", collection="train")
-    code = "\n".join(blocks(REPO / "README.md", "python"))
-    run(code.replace(DOC_URI, f"{server}/images"), home, env)
-    commands = [
+def python_code(page: str) -> str:
+    return "\n".join(textwrap.dedent(block) for block in blocks(REPO / page, "python"))
+
+
+def command_lines(page: str) -> list[tuple[int, str]]:
+    return [
         (n, line.split("#")[0].strip())
-        for n, block in enumerate(blocks(REPO / "README.md", "bash"))
+        for n, block in enumerate(blocks(REPO / page, "bash"))
         for line in block.splitlines()
-        # the quick start's own store is made by scripts/quickstart.sh, not here
+        # the quick start's own store is made by scripts/quickstart.sh, and docs/mongodb.md's
+        # "Try it" commands start a server of their own (tested below); a line with [...] is a
+        # synopsis
         if line.startswith("fastdata ") and "[" not in line and "sample-data" not in line
     ]
-    assert len(commands) >= 8
-    for n, command in commands:
-        cli_dir = home / f"block-{n}"  # each block's command lines in a folder of their own
-        cli_dir.mkdir(exist_ok=True)
-        args = shlex.split(command.replace(DOC_URI, f"{server}/images"))[1:]
-        args = [os.path.expanduser(a.replace("~", str(home))) for a in args]
-        if args[0] == "convert" and "mongodb://" in " ".join(args):
-            args.append("--overwrite")  # the Python block above made it already
-        result = subprocess.run(
-            [sys.executable, "-m", "fastdata", *args],
-            cwd=cli_dir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
 
 
-def test_every_migration_snippet_runs(
-    docs_env: tuple[Path, dict[str, str]], mongo_uri: str
-) -> None:
-    home, env = docs_env
-    convert(home / "data" / "train", home / "train.lmdb")
+def legacy_sources(home: Path, mongo_uri: str) -> None:
+    """What docs/migrating.md's snippets start from: a pickle LMDB store, a collection of
+    ``img_name`` / ``bson_img`` documents and its JSON index."""
     legacy = lmdb.open(str(home / "legacy.lmdb"), subdir=False, map_size=1 << 24)
     keys = []
     with legacy.begin(write=True) as txn:
@@ -127,20 +111,64 @@ def test_every_migration_snippet_runs(
         [{"img_name": p, "bson_img": Binary(jpeg_bytes(seed=i))} for i, p in enumerate(paths)]
     )
     (home / "index.json").write_text(json.dumps({"path_list": paths, "label_list": [0, 0, 1]}))
-    snippets = blocks(REPO / "docs" / "migrating.md", "python")
-    assert len(snippets) == 5
-    run("\n".join(textwrap.dedent(s) for s in snippets), home, env)
+
+
+SOURCES = {"docs/migrating.md": legacy_sources}
+
+PAGES = [
+    page
+    for page in ["README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md")))]
+    if python_code(page) or command_lines(page)
+]
+
+
+def test_the_pages_with_code_are_all_run() -> None:
+    """(So that a page's code cannot leave the test by a change of fence or of folder.)"""
+    expected = {"README.md", "cli", "fields", "format", "growing", "loader", "migrating", "mongodb"}
+    assert {Path(page).stem if page != "README.md" else page for page in PAGES} >= expected
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs(page: str, docs_env: tuple[Path, dict[str, str]], mongo_uri: str) -> None:
+    home, env = docs_env
+    server = mongo_uri.rsplit("/", 1)[0]
+    db = database(f"{server}/images")
+    db.client.drop_database(db.name)  # (each kind of data runs the blocks anew)
+    convert(home / "data" / "train", f"{server}/images", collection="train")
+    if page != "README.md":
+        run(python_code("README.md"), home, env)  # what the page reads: train.lmdb
+    if page in SOURCES:
+        SOURCES[page](home, mongo_uri)
+    code = python_code(page)
+    if code:
+        run(code.replace(DOC_URI, f"{server}/images"), home, env)
+    for n, command in command_lines(page):
+        cli_dir = home / f"{Path(page).stem}-block-{n}"  # each block's lines in a folder of its own
+        cli_dir.mkdir(exist_ok=True)
+        args = shlex.split(command.replace(DOC_URI, f"{server}/images"))[1:]
+        args = [os.path.expanduser(a.replace("~", str(home))) for a in args]
+        if args[0] == "convert" and "mongodb://" in " ".join(args):
+            args.append("--overwrite")  # made above already
+        result = subprocess.run(
+            [sys.executable, "-m", "fastdata", *args],
+            cwd=cli_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, f"{page}: {command}\n{result.stdout}\n{result.stderr}"
 
 
 def test_the_mongodb_try_it_paragraph_runs_as_printed(tmp_path: Path) -> None:
-    """The README's "Try it with MongoDB" commands, in order, against the server they start
+    """docs/mongodb.md's "Try it with MongoDB" commands, in order, against the server they start
     (on a free port: the printed 27017 may be taken here), on the quick start's sample."""
     from fastdata.images.synthetic import make_image_folder
 
     from .mongo_server import free_port
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Try it with MongoDB", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "mongodb.md").read_text(encoding="utf-8")
+    section = text.split("## Try it with MongoDB", 1)[1].split("\n## ", 1)[0]
     (block,) = blocks_of(section, "bash")
     lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
     assert lines[0] == "pip install secantusdb"  # (installed here by the test extras)
