@@ -51,7 +51,7 @@ class _Group(click.Group):
 @contextmanager
 def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A progress callback drawing a bar on stderr (None when quiet or stderr is not a tty)."""
-    if quiet:
+    if quiet or not sys.stderr.isatty():  # (a bar's label alone, where no bar is drawn)
         yield None
         return
     bars: list[Any] = []
@@ -265,7 +265,7 @@ class ByteSize(click.ParamType):
 @click.version_option(__version__, prog_name="fastdata")
 @click.option("--verbose", "-v", is_flag=True, help="Log what the library does.")
 def cli(verbose: bool) -> None:
-    """Pack image folders into LMDB and read them back fast in PyTorch.
+    """Pack image folders into LMDB or MongoDB and read them back fast in PyTorch.
 
     \b
     Example:
