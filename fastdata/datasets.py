@@ -317,7 +317,8 @@ class ImageStoreDataset(Dataset):
             except KeyError as exc:
                 raise RecordError(
                     f"{self.where(int(i))}: field {exc.args[0]!r} of the store's schema is "
-                    "missing; the store is damaged, run `fastdata verify` on it"
+                    "missing",
+                    store=self.reader.command_target,
                 ) from None
             out.append(values if self.as_dict else (image, target, values))
         return out

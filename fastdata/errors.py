@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CorruptImageError",
@@ -30,6 +31,7 @@ __all__ = [
     "StoreExistsError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreDamagedError",
     "StoreReplacedError",
     "UnsafePathError",
     "UsageError",
@@ -64,6 +66,10 @@ class FastdataError(Exception):
     Args:
         parts: the message: text, and :class:`Phrase` objects for the words (options, mostly)
             that depend on who reads it.
+
+    An error class may carry a hint (:meth:`advice`): what to do, said once for every error of
+    the class, here, and appended to the message where it is rendered (as py-lmdb keeps a hint
+    per error class). :meth:`message` is the message without it.
     """
 
     exit_code = 1
@@ -72,14 +78,26 @@ class FastdataError(Exception):
         super().__init__(*parts)
         self.parts = parts
 
+    def advice(self) -> tuple[str | Phrase, ...]:
+        """The hint of the error's class (none by default)."""
+        return ()
+
+    def message(self, *, cli: bool = False) -> str:
+        """The message without the class's hint (what ``fastdata verify`` lists)."""
+        return _said(self.parts, cli)
+
     def render(self, *, cli: bool = False) -> str:
-        """The message as the command line says it (``cli``) or as a Python caller reads it."""
-        return "".join(
-            p if isinstance(p, str) else (p.cli if cli else p.python) for p in self.parts
-        )
+        """The message as the command line says it (``cli``) or as a Python caller reads it,
+        with the class's hint after it (once: a message re-raised from a worker holds it)."""
+        text, hint = self.message(cli=cli), _said(self.advice(), cli)
+        return f"{text}; {hint}" if hint and hint not in text else text
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _said(parts: tuple[str | Phrase, ...], cli: bool) -> str:
+    return "".join(p if isinstance(p, str) else (p.cli if cli else p.python) for p in parts)
 
 
 class UsageError(FastdataError):
@@ -100,12 +118,16 @@ class ReservedNameError(UsageError):
         rule: the rule the name breaks.
     """
 
-    hint = "give the store another name"
-
     def __init__(self, where: str, rule: str) -> None:
-        super().__init__(f"{where}: {rule}; {self.hint}")
+        super().__init__(f"{where}: {rule}")
         self.where = where
         self.rule = rule
+
+    def advice(self) -> tuple[str | Phrase, ...]:
+        return ("give the store another name",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.where, self.rule)
 
 
 class SourceError(FastdataError):
@@ -166,7 +188,39 @@ class PickleNotAllowedError(StoreError):
     """The store holds pickled values and the caller did not pass ``allow_pickle=True``."""
 
 
-class RecordError(StoreError):
+class StoreDamagedError(StoreError):
+    """The store is damaged: a record, a page of its file, its metadata or labels are not what
+    fastdata wrote. The hint names ``fastdata verify``, which lists every damaged record and
+    the repairs that work for them.
+
+    Args:
+        parts: the message (what is damaged, where).
+        store: the store as command-line words (``PATH`` or ``URI --collection C``, quoted),
+            for the command the hint prints; without it, the hint says "on it".
+    """
+
+    def __init__(self, *parts: str | Phrase, store: str = "") -> None:
+        super().__init__(*parts)
+        self.store = store
+
+    def advice(self) -> tuple[str | Phrase, ...]:
+        command = f"`fastdata verify {self.store}`" if self.store else "`fastdata verify` on it"
+        return (
+            f"the store is damaged: run {command}, which names every damaged record and the "
+            "repair that works",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (``store`` is a keyword: kept across processes)
+        return _rebuilt, (type(self), self.parts, self.store)
+
+
+def _rebuilt(
+    kind: type[StoreDamagedError], parts: tuple[str | Phrase, ...], store: str
+) -> StoreDamagedError:
+    return kind(*parts, store=store)
+
+
+class RecordError(StoreDamagedError):
     """One record is missing, malformed or fails its checksum."""
 
 

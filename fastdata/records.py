@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from .errors import RecordError, StoreError, option
+from .errors import RecordError, StoreDamagedError, StoreError, option
 from .fields import Schema, canonical
 
 try:  # the same CRC-32 as zlib's, 4x as fast (measured); installed with fastdata
@@ -205,10 +205,7 @@ class RecordHeader:
                         encoded_fields=None,
                     )
                     return header
-                raise RecordError(
-                    f"{where}: malformed record header ('fields' or 'fields_crc32'); run "
-                    "`fastdata verify` on the store"
-                )
+                raise RecordError(f"{where}: malformed record header ('fields' or 'fields_crc32')")
         if not isinstance(d, dict):
             raise RecordError(f"{where}: malformed record header (not an object)")
         types = {"name": str, "label": int, "size": int, "crc32": int, "format": str}
@@ -216,8 +213,7 @@ class RecordHeader:
             value = d.get(key)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise RecordError(
-                    f"{where}: malformed record header ({key!r} missing or not a "
-                    f"{kind.__name__}); run `fastdata verify` on the store"
+                    f"{where}: malformed record header ({key!r} missing or not a {kind.__name__})"
                 )
         if d["size"] < 0 or not 0 <= d["crc32"] < 1 << 32:
             raise RecordError(f"{where}: malformed record header (size or crc32 out of range)")
@@ -225,10 +221,7 @@ class RecordHeader:
         if values is not None and not (
             isinstance(values, dict) and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32
         ):
-            raise RecordError(
-                f"{where}: malformed record header ('fields' or 'fields_crc32'); run "
-                "`fastdata verify` on the store"
-            )
+            raise RecordError(f"{where}: malformed record header ('fields' or 'fields_crc32')")
         return cls(
             name=d["name"],
             label=d["label"],
@@ -752,9 +745,8 @@ def skipped_file(item: Any, where: str) -> SkippedFile:
 
 
 def _damaged(where: str, field_name: str) -> StoreError:
-    return StoreError(
-        f"{where}: the store's metadata is damaged ({field_name!r} missing or of the wrong type); "
-        "run `fastdata verify` on it and convert it again"
+    return StoreDamagedError(
+        f"{where}: the store's metadata is damaged ({field_name!r} missing or of the wrong type)"
     )
 
 
@@ -771,29 +763,25 @@ def check_labels(raw: bytes | memoryview | None, meta: StoreMeta, where: str) ->
 
     data = bytes(raw) if raw is not None else b""
     if len(data) != 4 * meta.count:
-        raise StoreError(
+        raise StoreDamagedError(
             f"{where}: the store breaks the invariant 'one label per record' ({len(data) // 4} "
-            f"labels for {meta.count} records); it is damaged: run `fastdata verify` on it to "
-            "see what else is, and convert it again (with ",
-            option("overwrite"),
-            ")",
+            f"labels for {meta.count} records)"
         )
     labels = np.frombuffer(data, dtype="<i4").astype(np.int64)
     if not meta.labelled:
         if len(labels) and (labels != -1).any():
             bad = int(np.flatnonzero(labels != -1)[0])
-            raise StoreError(
+            raise StoreDamagedError(
                 f"{where}: record {bad} has label {int(labels[bad])} in a store without classes "
-                "(every label is -1); the store is damaged, run `fastdata verify` on it"
+                "(every label is -1)"
             )
         labels.setflags(write=False)
         return labels
     if len(labels) and (labels.min() < 0 or labels.max() >= len(meta.classes)):
         bad = int(np.flatnonzero((labels < 0) | (labels >= len(meta.classes)))[0])
-        raise StoreError(
+        raise StoreDamagedError(
             f"{where}: record {bad} has label {int(labels[bad])}, outside the "
-            f"{len(meta.classes)} classes; the store is damaged, run `fastdata verify` on it "
-            "and convert it again"
+            f"{len(meta.classes)} classes"
         )
     labels.setflags(write=False)
     return labels

@@ -77,7 +77,8 @@ def _checked(reader: StoreReader, records: list[Record]) -> list[Record]:
         if why is not None:
             raise RecordError(
                 f"{reader.location}: record {rec.index} ({h.name}) {why}; nothing damaged is "
-                "copied: run `fastdata verify` on the source to see every damaged record"
+                "copied",
+                store=reader.command_target,
             )
     return records
 

@@ -404,8 +404,9 @@ def _checked(
             return None
         raise RecordError(
             f"{reader.location}: record {rec.index} ({h.name}): {why}; nothing was written for "
-            "it: run `fastdata verify` on the store, or pass ",
+            "it: pass ",
             *_SKIP_DAMAGED,
+            store=reader.command_target,
         )
     if skip_damaged:
         log.warning(
@@ -415,8 +416,9 @@ def _checked(
         return None
     raise RecordError(
         f"{reader.location}: record {rec.index} ({h.name}) fails its checksum; nothing was "
-        "written for it: run `fastdata verify` on the store, or pass ",
+        "written for it: pass ",
         *_SKIP_DAMAGED,
+        store=reader.command_target,
     )
 
 

@@ -43,7 +43,7 @@ def scan_item(
         try:  # again, to name the record (not formatted for every record read)
             RecordHeader.from_json(head, f"{location}: record {i:010d}")
         except RecordError as exc:
-            return i, None, b"", str(exc)
+            return i, None, b"", exc.message()
         raise  # (it cannot pass the second time)
     return i, header, data, None
 
@@ -244,9 +244,8 @@ class StoreReader(abc.ABC):
         """The error of record ``index`` (``name``) whose bytes are not the ones stored
         (``why``), found by a checked read."""
         return RecordError(
-            f"{self.location}: record {index} ({name}) fails its checksum ({why}); the store is "
-            f"damaged: run `fastdata verify {self.command_target}`, which lists every damaged "
-            "record"
+            f"{self.location}: record {index} ({name}) fails its checksum ({why})",
+            store=self.command_target,
         )
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:

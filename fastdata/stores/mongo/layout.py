@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import (
-    StoreError,
+    StoreDamagedError,
 )
 from ...records import (
     SkippedFile,
@@ -82,9 +82,9 @@ def _load_skipped(db: Any, store_id: str, count: int, where: str) -> list[Skippe
         if len(items) >= count:
             break
     if len(items) < count:
-        raise StoreError(
+        raise StoreDamagedError(
             f"{where}: damaged metadata (the skipped list holds {len(items)} of its {count} "
-            "entries); run `fastdata verify` on the store and convert it again"
+            "entries)"
         )
     return [
         skipped_file(_names_from_bson(i) if isinstance(i, dict) else i, where)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...errors import (
     RecordError,
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
     option,
@@ -201,9 +202,9 @@ class MongoStore(_MongoTarget, StoreReader):
         else:
             raw = doc.get("labels", b"")
             if not isinstance(raw, bytes):
-                raise StoreError(
-                    f"{self.location}: damaged metadata ('labels' is not binary); run "
-                    "`fastdata verify` on the store and convert it again"
+                raise StoreDamagedError(
+                    f"{self.location}: damaged metadata ('labels' is not binary)",
+                    store=self.command_target,
                 )
         return meta, check_labels(raw, meta, self.location)
 
@@ -215,13 +216,15 @@ class MongoStore(_MongoTarget, StoreReader):
             stream = _gridfs(db, self._bucket).open_download_stream(file_id)
         except NoFile:
             raise RecordError(
-                f"{self.location}: {what}: GridFS file {file_id!r} is missing; the store is "
-                "damaged or was replaced, run `fastdata verify` on it"
+                f"{self.location}: {what}: GridFS file {file_id!r} is missing (or the store was "
+                "replaced)",
+                store=self.command_target,
             ) from None
         if stream.length != size:
             raise RecordError(
                 f"{self.location}: {what}: GridFS file {file_id!r} holds {stream.length} bytes, "
-                f"the record says {size}; the store is damaged, run `fastdata verify` on it"
+                f"the record says {size}",
+                store=self.command_target,
             )
         return bytes(stream.read())
 
@@ -238,8 +241,7 @@ class MongoStore(_MongoTarget, StoreReader):
             if missing:
                 self._check_still_here(db)  # (a smaller store took its place: replaced too)
                 raise RecordError(
-                    f"{self.location}: record {missing[0]} is missing; the store is damaged, "
-                    "run `fastdata verify` on it and convert it again"
+                    f"{self.location}: record {missing[0]} is missing", store=self.command_target
                 )
             return [found[i] for i in indices]
 
@@ -286,8 +288,8 @@ class MongoStore(_MongoTarget, StoreReader):
             else f"a {type(data).__name__}"
         )
         raise RecordError(
-            f"{self.location}: record {index}: its image ('data') is {found}, not binary; the "
-            "store is damaged, run `fastdata verify` on it and convert it again"
+            f"{self.location}: record {index}: its image ('data') is {found}, not binary",
+            store=self.command_target,
         )
 
     def iter_headers(
@@ -308,8 +310,8 @@ class MongoStore(_MongoTarget, StoreReader):
             docs = self._run(f"reading headers {start}-{end - 1}", query)
             if [d["_id"] for d in docs] != list(range(start, end)):
                 raise RecordError(
-                    f"{self.location}: records {start}-{end - 1} are not all there; the store "
-                    "is damaged, run `fastdata verify` on it"
+                    f"{self.location}: records {start}-{end - 1} are not all there",
+                    store=self.command_target,
                 )
             for doc in docs:
                 self._check_store(doc)
@@ -400,8 +402,7 @@ class MongoStore(_MongoTarget, StoreReader):
             name = _names_from_bson({"name": found.get(i)})["name"]
             if not isinstance(name, str):
                 raise RecordError(
-                    f"{self.location}: record {i} has no name; the store is damaged, run "
-                    "`fastdata verify` on it"
+                    f"{self.location}: record {i} has no name", store=self.command_target
                 )
             names.append(name_bytes(name))
         return PackedStrings(names)
@@ -427,8 +428,8 @@ class MongoStore(_MongoTarget, StoreReader):
                 isinstance(size, bool) or isinstance(crc, bool)
             ):  # (BSON gives 64-bit integers as a subclass of int)
                 raise RecordError(
-                    f"{self.location}: record {i}: damaged ('size' or 'crc32'); run "
-                    f"`fastdata verify {self.command_target}`"
+                    f"{self.location}: record {i}: damaged ('size' or 'crc32')",
+                    store=self.command_target,
                 )
             why = bytes_problem(size, crc, data)
             if why is not None:
