@@ -316,8 +316,7 @@ class ImageStoreDataset(Dataset):
                     values[name] = read(stored[name])
             except KeyError as exc:
                 raise RecordError(
-                    f"{self.where(int(i))}: field {exc.args[0]!r} of the store's schema is "
-                    "missing",
+                    f"{self.where(int(i))}: field {exc.args[0]!r} of the store's schema is missing",
                     store=self.reader.command_target,
                 ) from None
             out.append(values if self.as_dict else (image, target, values))

@@ -68,7 +68,7 @@ class _Loaded:
     data: bytes
 
 
-_decode_json = json.JSONDecoder().decode
+decode_json = json.JSONDecoder().decode
 
 
 def _loader(
@@ -101,7 +101,7 @@ def _loader(
             crc32=checksum(checked.data),
             format=checked.format,
             repaired=checked.repaired,
-            fields=None if encoded is None else _decode_json(encoded.decode("utf-8")),
+            fields=None if encoded is None else decode_json(encoded.decode("utf-8")),
             fields_crc32=-1 if encoded is None else checksum(encoded),
             encoded_fields=encoded,
         )
