@@ -32,11 +32,15 @@ def test_errors_advise_arguments_in_python_and_flags_on_the_command_line(tmp_pat
     convert(src, dst)
     with pytest.raises(StoreExistsError) as raised:
         convert(src, dst)
-    assert "pass overwrite=True to replace it" in str(raised.value)
+    assert "pass append=True to add the images it lacks, or overwrite=True to replace it" in str(
+        raised.value
+    )
     assert "--overwrite" not in str(raised.value)
     on_the_command_line = cli("convert", str(src), str(dst), "-q")
     assert on_the_command_line.returncode == 2
-    assert "pass --overwrite to replace it" in on_the_command_line.stderr
+    assert "pass --append to add the images it lacks, or --overwrite to replace it" in (
+        on_the_command_line.stderr
+    )
     assert "overwrite=True" not in on_the_command_line.stderr
     # the error keeps its parts across processes (a worker's error, pickled)
     again = pickle.loads(pickle.dumps(raised.value))

@@ -11,7 +11,7 @@ from fastdata import convert, open_store
 from fastdata.errors import StoreError, UsageError
 from fastdata.stores.foreign import _legacy_classes
 from fastdata.stores.mongo.connection import MongoOptions, is_mongo_uri, mask_uri
-from fastdata.stores.mongo.layout import INSERT_BYTES, META_COLLECTION, _insert_groups
+from fastdata.stores.mongo.layout import INSERT_BYTES, META_COLLECTION, insert_groups
 from fastdata.stores.mongo.reader import MongoStore
 from fastdata.stores.mongo.writer import MongoWriter
 
@@ -70,11 +70,11 @@ def test_convert_and_read_on_mongomock(good_folder: Path) -> None:
 
 def test_insert_groups_respect_count_and_bytes() -> None:
     docs = [{"_id": i, "data": b"x" * 6} for i in range(300)]
-    groups = list(_insert_groups(docs))
+    groups = list(insert_groups(docs))
     assert [len(g) for g in groups] == [128, 128, 44]
     assert [d["_id"] for g in groups for d in g] == list(range(300))
     big = [{"_id": i, "data": b"x" * (INSERT_BYTES // 2 + 1)} for i in range(3)]
-    assert [len(g) for g in _insert_groups(big)] == [1, 1, 1]
+    assert [len(g) for g in insert_groups(big)] == [1, 1, 1]
 
 
 def test_a_failed_insert_in_the_background_stops_the_conversion(

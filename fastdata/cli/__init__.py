@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from . import read, write  # the commands register themselves on the group
-from .app import _silence_stdout, cli
+from .app import cli, silence_stdout
 
 __all__ = ["cli", "main", "read", "write"]
 
@@ -23,7 +23,7 @@ def main() -> None:
         try:
             sys.stdout.flush()
         except BrokenPipeError:
-            _silence_stdout()
+            silence_stdout()
 
 
 if __name__ == "__main__":  # pragma: no cover

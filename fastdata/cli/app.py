@@ -38,7 +38,7 @@ class _Group(click.Group):
             click.echo("\ninterrupted", err=True)
             ctx.exit(130)
         except BrokenPipeError:  # (`fastdata verify STORE | head`): the exit code stays
-            _silence_stdout()
+            silence_stdout()
             ctx.exit(ctx.meta.get(EXIT_CODE, 0))
         except FastdataError as exc:  # (its advice in the command line's words)
             click.echo(f"Error: {exc.render(cli=True)}", err=True)
@@ -49,7 +49,7 @@ class _Group(click.Group):
 
 
 @contextmanager
-def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+def progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A progress callback drawing a bar on stderr (None when quiet or stderr is not a tty)."""
     if quiet or not sys.stderr.isatty():  # (a bar's label alone, where no bar is drawn)
         yield None
@@ -75,7 +75,7 @@ def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | 
 
 
 @contextmanager
-def _writing(
+def writing(
     label: str, quiet: bool, resume: bool, overwrite: bool
 ) -> Iterator[Callable[[int, int], None] | None]:
     """A command that writes a store: its progress bar; on Ctrl-C, the command that finishes it
@@ -83,7 +83,7 @@ def _writing(
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite exclude each other")
     try:
-        with _progress(label, quiet) as progress:
+        with progress_bar(label, quiet) as progress:
             yield progress
     except KeyboardInterrupt as exc:
         try:
@@ -128,7 +128,11 @@ def _resumed() -> str:
     from ..stores.mongo.connection import mask_uri
 
     ctx = click.get_current_context()
-    words = ["fastdata", *(["-v"] if _verbose() else []), ctx.info_name or ctx.command.name or ""]
+    words = [
+        "fastdata",
+        *(["-v"] if verbose_given() else []),
+        ctx.info_name or ctx.command.name or "",
+    ]
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if isinstance(param, click.Argument):
@@ -146,20 +150,20 @@ def _resumed() -> str:
     return shlex.join([*words, "--resume"])
 
 
-def _verbose() -> bool:
+def verbose_given() -> bool:
     """Whether the command was given the group's ``-v``."""
     ctx = click.get_current_context(silent=True)
     return bool(ctx is not None and ctx.find_root().params.get("verbose"))
 
 
-def _listing(title: str, lines: Iterable[str]) -> None:
+def listing(title: str, lines: Iterable[str]) -> None:
     """A title and its items, indented under it."""
     click.echo(title)
     for line in lines:
         click.echo(f"  {line}")
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -167,21 +171,21 @@ def _human(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """The reader of our output went away: send the rest nowhere, so that nothing complains."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
 
 
-def _mongo(options: dict[str, Any]) -> dict[str, Any]:
+def mongo_options(options: dict[str, Any]) -> dict[str, Any]:
     """The MongoDB options given on the command line (none when not given), as the library
     takes them; ``options`` is left as it is."""
     timeout = options.get("timeout")
     return {"timeout_s": timeout} if timeout is not None else {}
 
 
-def _open(store: str, options: dict[str, Any]) -> Any:
+def open_given(store: str, options: dict[str, Any]) -> Any:
     from ..stores import open_store
 
     return open_store(
@@ -189,39 +193,39 @@ def _open(store: str, options: dict[str, Any]) -> Any:
         allow_pickle=options["allow_pickle"],
         collection=options["collection"],
         index_file=options["index_file"],
-        **_mongo(options),
+        **mongo_options(options),
     )
 
 
-_timeout = click.option(
+timeout_option = click.option(
     "--timeout",
     type=click.FloatRange(0, min_open=True),
     help="Seconds to wait for a MongoDB server to answer (default 10).",
 )
 
 
-_allow_pickle = click.option(
+allow_pickle_option = click.option(
     "--allow-pickle",
     is_flag=True,
     help="Read an LMDB store written by the pickle-based recipes (only stores you trust).",
 )
 
 
-def _store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options every command that reads a store takes."""
-    fn = _allow_pickle(fn)
+    fn = allow_pickle_option(fn)
     fn = click.option(
         "--index-file",
         type=click.Path(dir_okay=False, exists=True),
         help="JSON index of a Mongo collection in the img_name/bson_img layout.",
     )(fn)
-    fn = _timeout(fn)
+    fn = timeout_option(fn)
     return click.option(
         "--collection", "-c", help="The collection, when STORE is a mongodb:// URI."
     )(fn)
 
 
-_quiet = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 
 
 class WorkerCount(click.ParamType):

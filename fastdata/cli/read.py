@@ -13,14 +13,14 @@ import click
 from .app import (
     EXIT_CODE,
     WorkerCount,
-    _human,
-    _listing,
-    _mongo,
-    _open,
-    _progress,
-    _quiet,
-    _store_options,
     cli,
+    human_size,
+    listing,
+    mongo_options,
+    open_given,
+    progress_bar,
+    quiet_option,
+    store_options,
 )
 
 
@@ -30,7 +30,7 @@ from .app import (
 @click.option(
     "--skipped", "list_skipped", is_flag=True, help="Also list the files the conversion left out."
 )
-@_store_options
+@store_options
 def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     """Show a store's count, classes, sizes, repairs and format version.
 
@@ -43,7 +43,7 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     """
     from ..ops.info import store_info
 
-    facts = store_info(_open(store, options), list_skipped=list_skipped)
+    facts = store_info(open_given(store, options), list_skipped=list_skipped)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -51,7 +51,7 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     click.echo(f"format:     {facts['format']} v{facts['version']}")
     click.echo(f"images:     {facts['count']}")
     if facts["format"] == "fastdata":
-        total, mean = _human(facts["total_bytes"]), _human(facts["mean_bytes"])
+        total, mean = human_size(facts["total_bytes"]), human_size(facts["mean_bytes"])
         click.echo(f"size:       {total} (mean {mean})")
     else:
         click.echo("size:       not recorded (a store written by another tool)")
@@ -94,7 +94,7 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
         click.echo(f"note:       {note}")
     if list_skipped:
         items = [f"{i['name']}: {i['reason']}" for i in facts["skipped_files"]]
-        _listing("skipped files:", items or ["(none)"])
+        listing("skipped files:", items or ["(none)"])
     elif facts["skipped"]:
         click.echo("(list the skipped files with --skipped)")
 
@@ -110,8 +110,8 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     "CPU, at most 8, for 20,000 records or more; at most one per 64 records; 1 checks in this "
     "process). MongoDB stores are checked in one.",
 )
-@_store_options
-@_quiet
+@store_options
+@quiet_option
 def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options: Any) -> None:
     """Check every page, record and invariant of a store (and with --decode, every image).
 
@@ -134,7 +134,7 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     from .advice import repairs
 
     try:
-        reader = _open(store, options)
+        reader = open_given(store, options)
     except (IncompleteStoreError, PickleNotAllowedError, StoreNotFoundError):
         raise
     except StoreError as exc:
@@ -144,10 +144,10 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         raise StoreError(
             "\n".join([here(exc.render(cli=True)), *(f"  damaged {page}" for page in pages)])
         ) from None
-    with _progress("verifying", quiet) as progress:
+    with progress_bar("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress, workers=workers)
     if report.foreign:  # (not damage: nothing to repair, and nothing advised)
-        _listing(
+        listing(
             f"{report.location}: content fastdata did not write (not damage; left as it is):",
             report.foreign[:20],
         )
@@ -160,9 +160,9 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         return
     click.get_current_context().meta[EXIT_CODE] = 1
     if report.broken:
-        _listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
+        listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
     if report.damaged_pages:
-        _listing(
+        listing(
             f"{report.location}: {len(report.damaged_pages)} damaged page(s):",
             report.damaged_pages[:100],
         )
@@ -211,8 +211,8 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     help="Also decode every image, as verify --decode does: one that does not decode is damaged "
     "(with --skip-damaged, left out).",
 )
-@_store_options
-@_quiet
+@store_options
+@quiet_option
 def export(
     store: str,
     outdir: str,
@@ -236,9 +236,9 @@ def export(
     """
     from ..ops.export import export_store
 
-    reader = _open(store, options)
+    reader = open_given(store, options)
     try:
-        with _progress("exporting", quiet) as progress:
+        with progress_bar("exporting", quiet) as progress:
             report = export_store(
                 reader,
                 outdir,
@@ -263,7 +263,7 @@ def export(
         )
         sys.exit(130)
     sidecars = f" (and {report.sidecars} sidecar files)" if report.sidecars else ""
-    click.echo(f"{outdir}: wrote {report.files} files, {_human(report.total_bytes)}{sidecars}")
+    click.echo(f"{outdir}: wrote {report.files} files, {human_size(report.total_bytes)}{sidecars}")
     if report.manifest:
         click.echo(f"manifest: {report.manifest}")
     click.echo(f"convert back with: {report.convert_back}")
@@ -275,12 +275,12 @@ def export(
     if report.kept:
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:
-        _listing(
+        listing(
             f"left out {len(report.damaged)} damaged record(s) (checksum or fields check failed):",
             report.damaged,
         )
     if report.undecodable:
-        _listing(
+        listing(
             f"left out {len(report.undecodable)} record(s) that do not decode:",
             report.undecodable,
         )
@@ -324,7 +324,7 @@ def _export_again(store: str, outdir: str, flags: list[str], options: dict[str, 
 @click.option("--image-size", type=click.IntRange(8), default=224, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw images/s per worker count.")
-@_store_options
+@store_options
 def bench(
     store: str,
     batch_size: int,
@@ -357,7 +357,7 @@ def bench(
         step_ms=step_ms,
         seconds=seconds,
         image_size=image_size,
-        **_mongo(options),
+        **mongo_options(options),
         **{k: v for k, v in options.items() if k != "timeout" and v is not None and v is not False},
     )
     if plot:

@@ -10,14 +10,14 @@ import click
 from ..fields import check_name
 from .app import (
     ByteSize,
-    _allow_pickle,
-    _human,
-    _listing,
-    _quiet,
-    _timeout,
-    _verbose,
-    _writing,
+    allow_pickle_option,
     cli,
+    human_size,
+    listing,
+    quiet_option,
+    timeout_option,
+    verbose_given,
+    writing,
 )
 
 if TYPE_CHECKING:
@@ -92,8 +92,8 @@ if TYPE_CHECKING:
     help="Skip files larger than this (bytes, or with K, M, G; default 1G; a resume keeps the "
     "size it began with).",
 )
-@_timeout
-@_quiet
+@timeout_option
+@quiet_option
 def convert(
     src: str,
     dst: str,
@@ -143,7 +143,7 @@ def convert(
     from ..ops.convert import convert as run_convert
     from ..sources.manifest import read_class_list
 
-    with _writing("converting", quiet, resume, overwrite) as progress:
+    with writing("converting", quiet, resume, overwrite) as progress:
         report = run_convert(
             src,
             dst,
@@ -182,9 +182,9 @@ def convert(
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted copy into DST.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
-@_allow_pickle
-@_timeout
-@_quiet
+@allow_pickle_option
+@timeout_option
+@quiet_option
 def copy(
     src: str,
     dst: str,
@@ -210,7 +210,7 @@ def copy(
     """
     from ..ops.copy import copy_store
 
-    with _writing("copying", quiet, resume, overwrite) as progress:
+    with writing("copying", quiet, resume, overwrite) as progress:
         report = copy_store(
             src,
             dst,
@@ -222,7 +222,7 @@ def copy(
             progress=progress,
             timeout_s=timeout,
         )
-    click.echo(f"{report.destination}: {report.count} records, {_human(report.total_bytes)}")
+    click.echo(f"{report.destination}: {report.count} records, {human_size(report.total_bytes)}")
     if report.resumed_from:
         click.echo(f"resumed after {report.resumed_from} records already copied")
     click.echo(
@@ -233,7 +233,7 @@ def copy(
 
 def _counted(what: str, count: int, names: list[str]) -> None:
     """``what: count``, naming the first few of them (20 with the group's ``-v``)."""
-    shown = names[: 20 if _verbose() else 3]
+    shown = names[: 20 if verbose_given() else 3]
     line = f"{what}: {count}"
     if shown:
         line += f": {', '.join(shown)}"
@@ -250,7 +250,8 @@ def _render_convert(report: ConvertReport) -> None:
     n = len(report.classes)
     classes = f"{n} class{'es' * (n != 1)}" if report.labelled else "no classes (targets -1)"
     click.echo(
-        f"{report.destination}: {report.count} images in {classes}, {_human(report.total_bytes)}"
+        f"{report.destination}: {report.count} images in {classes}, "
+        f"{human_size(report.total_bytes)}"
     )
     if report.fields:
         click.echo(f"fields: {', '.join(report.fields)}")
@@ -272,13 +273,13 @@ def _render_convert(report: ConvertReport) -> None:
             )
         if report.gone_count:
             more = report.gone_count - len(report.gone)
-            _listing(
+            listing(
                 f"{report.gone_count} image(s) of the store are no longer in the source (the "
                 "store keeps them; convert with --overwrite to drop them):",
                 [*report.gone, *([f"... and {more} more"] if more else [])],
             )
         if report.moved:
-            _listing(
+            listing(
                 "moved, it seems (same file name, another folder): stored again under the new "
                 "path and label, the old record kept:",
                 (f"{old} -> {new}" for old, new in report.moved),
@@ -292,7 +293,7 @@ def _render_convert(report: ConvertReport) -> None:
                 "given keep their meaning, new classes come after them"
             )
         if report.changed:
-            _listing(
+            listing(
                 f"{len(report.changed)} file(s) changed since they were stored (not stored "
                 "again; convert with --overwrite to take the new versions):",
                 (f"{c.name}: {c.reason}" for c in report.changed),
@@ -346,7 +347,7 @@ def _render_convert(report: ConvertReport) -> None:
             f"CSV columns not stored: {', '.join(report.unused_columns)}{kept if usable else ''}"
         )
     if report.skipped:
-        _listing(
+        listing(
             f"skipped {len(report.skipped)} unusable file(s):",
             (f"{s.name}: {s.reason}" for s in report.skipped),
         )

@@ -22,7 +22,7 @@ from ..sources.folder import read_file
 from .lmdb.env import Lease, _reading, open_reader
 from .lmdb.layout import KEYS_KEY
 from .lmdb.reader import _Leased
-from .mongo.connection import MongoOptions, _MongoTarget
+from .mongo.connection import MongoOptions, MongoTarget
 from .reader import StoreReader
 
 INDEX_FILE_MOST = 1 << 32
@@ -136,7 +136,7 @@ class PickleLMDBStore(_Leased):
         return self._lazy_meta
 
 
-class LegacyMongoStore(_MongoTarget, StoreReader):
+class LegacyMongoStore(MongoTarget, StoreReader):
     """Reads collections in the common layout written by other tools, without converting them.
 
     Documents hold ``img_name`` (the image's path) and ``bson_img`` (its bytes); a JSON index file

@@ -263,13 +263,13 @@ def _location(uri: str, collection: str) -> str:
     return f"{mask_uri(uri)} collection {collection}"
 
 
-def _gridfs(db: Any, bucket: str) -> Any:
+def gridfs_of(db: Any, bucket: str) -> Any:
     from gridfs import GridFSBucket
 
     return GridFSBucket(db, bucket_name=bucket)
 
 
-class _MongoTarget:
+class MongoTarget:
     """A collection on a server, as the writer and the readers address it."""
 
     def __init__(

@@ -31,7 +31,7 @@ USER_ENV = "FASTDATA_MONGO_USER"
 PASSWORD_ENV = "FASTDATA_MONGO_PASSWORD"
 
 
-def _insert_groups(docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+def insert_groups(docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """``docs`` cut into runs of at most INSERT_DOCS documents and INSERT_BYTES of images."""
     group: list[dict[str, Any]] = []
     size = 0
@@ -50,21 +50,19 @@ SKIPPED_PER_DOC = 1000
 """Skipped files per document of a skipped list (names are at most 4 kB: under 5 MB a document)."""
 
 
-def _skipped_ids(store_id: str) -> dict[str, Any]:
+def skipped_ids(store_id: str) -> dict[str, Any]:
     """The filter of the skipped-list documents of one store."""
     return skipped_range(store_id)
 
 
-def _skipped_chunks(
-    store_id: str, items: Sequence[SkippedFile], saved: int
-) -> list[dict[str, Any]]:
+def skipped_chunks(store_id: str, items: Sequence[SkippedFile], saved: int) -> list[dict[str, Any]]:
     """The skipped-list documents that hold items from ``saved`` on (the last one saved may be
     partly filled: it is written again, whole)."""
     first = saved // SKIPPED_PER_DOC
     return [
         {
             "_id": skipped_id(store_id, k),
-            "items": _to_bson(
+            "items": to_bson(
                 [f.to_dict() for f in items[k * SKIPPED_PER_DOC : (k + 1) * SKIPPED_PER_DOC]]
             ),
         }
@@ -72,10 +70,10 @@ def _skipped_chunks(
     ]
 
 
-def _load_skipped(db: Any, store_id: str, count: int, where: str) -> list[SkippedFile]:
+def load_skipped(db: Any, store_id: str, count: int, where: str) -> list[SkippedFile]:
     """The first ``count`` entries of a store's skipped list."""
     items: list[Any] = []
-    for doc in db[META_COLLECTION].find(_skipped_ids(store_id)).sort("_id", 1):
+    for doc in db[META_COLLECTION].find(skipped_ids(store_id)).sort("_id", 1):
         found = doc.get("items")
         if isinstance(found, list):
             items.extend(found)
@@ -87,12 +85,11 @@ def _load_skipped(db: Any, store_id: str, count: int, where: str) -> list[Skippe
             "entries)"
         )
     return [
-        skipped_file(_names_from_bson(i) if isinstance(i, dict) else i, where)
-        for i in items[:count]
+        skipped_file(names_from_bson(i) if isinstance(i, dict) else i, where) for i in items[:count]
     ]
 
 
-def _doc_id(doc: dict[str, Any]) -> Any:
+def doc_id(doc: dict[str, Any]) -> Any:
     return doc["_id"]
 
 
@@ -104,7 +101,7 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _to_bson(value: Any) -> Any:
+def to_bson(value: Any) -> Any:
     """``value`` with every string that is not valid UTF-8 (a file name with other bytes) as BSON
     binary of its bytes: BSON strings must be UTF-8. Mapping keys that are not (``class_to_idx``,
     which readers derive from ``classes``) are left out."""
@@ -113,13 +110,13 @@ def _to_bson(value: Any) -> Any:
     if isinstance(value, str):
         return value if _utf8(value) else Binary(os.fsencode(value))
     if isinstance(value, list):
-        return [_to_bson(v) for v in value]
+        return [to_bson(v) for v in value]
     if isinstance(value, dict):
-        return {k: _to_bson(v) for k, v in value.items() if not isinstance(k, str) or _utf8(k)}
+        return {k: to_bson(v) for k, v in value.items() if not isinstance(k, str) or _utf8(k)}
     return value
 
 
-def _names_from_bson(doc: dict[str, Any]) -> dict[str, Any]:
+def names_from_bson(doc: dict[str, Any]) -> dict[str, Any]:
     """A document's names (``name``, ``source``, ``classes``, skipped names) back as strings."""
 
     def text(value: Any) -> Any:

@@ -30,16 +30,16 @@ from ...records import (
 from ..names import META_COLLECTION, aside_collection, aside_owner_collection, bucket, progress_id
 from ..policy import incomplete_error
 from ..reader import StoreReader, append_note
-from .connection import _gridfs, _MongoTarget, command_words
+from .connection import MongoTarget, command_words, gridfs_of
 from .layout import (
-    _doc_id,
-    _load_skipped,
-    _names_from_bson,
-    _skipped_ids,
+    doc_id,
+    load_skipped,
+    names_from_bson,
+    skipped_ids,
 )
 
 
-class MongoStore(_MongoTarget, StoreReader):
+class MongoStore(MongoTarget, StoreReader):
     """Reads a complete fastdata store from a MongoDB collection.
 
     Args:
@@ -103,7 +103,7 @@ class MongoStore(_MongoTarget, StoreReader):
             found = self._conn.db()[META_COLLECTION].find(
                 {"_id": {"$in": [progress_id(coll), progress_id(aside)]}}
             )
-            return {d["_id"]: _names_from_bson(d) for d in found}
+            return {d["_id"]: names_from_bson(d) for d in found}
 
         docs = self._run("looking for unfinished writes", look)
         target = command_words(self.uri, coll)
@@ -142,21 +142,21 @@ class MongoStore(_MongoTarget, StoreReader):
 
         def load() -> list[SkippedFile]:
             db = self._conn.db()
-            if meta.id and db[META_COLLECTION].find_one(_skipped_ids(meta.id), {"_id": 1}):
-                return _load_skipped(db, meta.id, meta.skipped_count, self.location)
+            if meta.id and db[META_COLLECTION].find_one(skipped_ids(meta.id), {"_id": 1}):
+                return load_skipped(db, meta.id, meta.skipped_count, self.location)
             # the first layout kept the list in the metadata document
             doc = db[META_COLLECTION].find_one({"_id": self.collection}, {"skipped": 1}) or {}
-            items = _names_from_bson(doc).get("skipped") or []
+            items = names_from_bson(doc).get("skipped") or []
             if not meta.skipped_count:
                 return []
             if not isinstance(items, list) or len(items) < meta.skipped_count:
-                return _load_skipped(db, meta.id, meta.skipped_count, self.location)
+                return load_skipped(db, meta.id, meta.skipped_count, self.location)
             return [skipped_file(i, self.location) for i in items[: meta.skipped_count]]
 
         return self._run("reading the skipped list", load)
 
     def _progress_of(self, doc: dict[str, Any]) -> Progress:
-        state = _names_from_bson({k: v for k, v in doc.items() if k != "_id"})
+        state = names_from_bson({k: v for k, v in doc.items() if k != "_id"})
         return Progress.from_json(json.dumps(state, default=str), self.location)
 
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
@@ -191,7 +191,7 @@ class MongoStore(_MongoTarget, StoreReader):
                 f"{self.location}: no fastdata store here; create one with "
                 f"`fastdata convert SRC {command_words(self.uri, self.collection)}`"
             )
-        doc = _names_from_bson(doc)
+        doc = names_from_bson(doc)
         meta = StoreMeta.from_dict(doc, self.location)
         found = doc.get("gridfs_bucket", bucket(self.collection, ""))
         if not isinstance(found, str):
@@ -213,7 +213,7 @@ class MongoStore(_MongoTarget, StoreReader):
         from gridfs.errors import NoFile
 
         try:
-            stream = _gridfs(db, self._bucket).open_download_stream(file_id)
+            stream = gridfs_of(db, self._bucket).open_download_stream(file_id)
         except NoFile:
             raise RecordError(
                 f"{self.location}: {what}: GridFS file {file_id!r} is missing (or the store was "
@@ -305,7 +305,7 @@ class MongoStore(_MongoTarget, StoreReader):
                 found = self._conn.db()[self.collection].find(
                     {"_id": {"$gte": start, "$lt": end}}, fields
                 )
-                return sorted(found, key=_doc_id)
+                return sorted(found, key=doc_id)
 
             docs = self._run(f"reading headers {start}-{end - 1}", query)
             if [d["_id"] for d in docs] != list(range(start, end)):
@@ -316,7 +316,7 @@ class MongoStore(_MongoTarget, StoreReader):
             for doc in docs:
                 self._check_store(doc)
                 where = f"{self.location}: record {doc['_id']}"
-                yield RecordHeader.from_dict(_names_from_bson(doc), where)
+                yield RecordHeader.from_dict(names_from_bson(doc), where)
 
     def matching(self, where: Any) -> np.ndarray:
         """A query filter (a dict) is run by the server over this store's records; a
@@ -399,7 +399,7 @@ class MongoStore(_MongoTarget, StoreReader):
         found = self._run("reading the record names", query)
         names = []
         for i in range(n):
-            name = _names_from_bson({"name": found.get(i)})["name"]
+            name = names_from_bson({"name": found.get(i)})["name"]
             if not isinstance(name, str):
                 raise RecordError(
                     f"{self.location}: record {i} has no name", store=self.command_target
@@ -433,7 +433,7 @@ class MongoStore(_MongoTarget, StoreReader):
                 )
             why = bytes_problem(size, crc, data)
             if why is not None:
-                raise self.mismatch(i, str(_names_from_bson(doc).get("name")), why)
+                raise self.mismatch(i, str(names_from_bson(doc).get("name")), why)
 
     @property
     def command_target(self) -> str:
@@ -443,7 +443,7 @@ class MongoStore(_MongoTarget, StoreReader):
         idx = self.check_indices(indices)
         fields = {"data": 1, "gridfs_id": 1, "size": 1, "store": 1, "name": 1}
         return [
-            (str(_names_from_bson(d).get("name")), bytes(d["data"]), int(self._labels[i]))
+            (str(names_from_bson(d).get("name")), bytes(d["data"]), int(self._labels[i]))
             for d, i in zip(self._fetch(idx, fields), idx, strict=True)
         ]
 
@@ -451,7 +451,7 @@ class MongoStore(_MongoTarget, StoreReader):
         idx = self.check_indices(indices)
         out = []
         for doc, i in zip(self._fetch(idx, None), idx, strict=True):
-            header = RecordHeader.from_dict(_names_from_bson(doc), f"{self.location}: record {i}")
+            header = RecordHeader.from_dict(names_from_bson(doc), f"{self.location}: record {i}")
             out.append(Record(i, header, bytes(doc["data"])))
         return out
 

@@ -33,17 +33,17 @@ from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from .buckets import buckets_named, drop_buckets
 from .claim import Claimed
-from .connection import _gridfs, _MongoTarget, command_words
+from .connection import MongoTarget, command_words, gridfs_of
 from .layout import (
     GRIDFS_THRESHOLD,
     LABELS_INLINE_MAX,
     SKIPPED_PER_DOC,
-    _insert_groups,
-    _load_skipped,
-    _names_from_bson,
-    _skipped_chunks,
-    _skipped_ids,
-    _to_bson,
+    insert_groups,
+    load_skipped,
+    names_from_bson,
+    skipped_chunks,
+    skipped_ids,
+    to_bson,
 )
 from .reader import MongoStore
 
@@ -55,7 +55,7 @@ BSON_PER_JSON = 8
 ints: ``0,`` is 2 bytes in JSON, 12 in BSON); fields that may pass the limit are measured."""
 
 
-class MongoWriter(_MongoTarget, Claimed, StoreWriter):
+class MongoWriter(MongoTarget, Claimed, StoreWriter):
     """Writes a fastdata store into a MongoDB collection.
 
     The writer lock is a claim document (``"<collection>:writer"`` in ``__fastdata__``) that names
@@ -137,7 +137,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         other = ""
         if coll in docs:
             try:
-                meta = StoreMeta.from_dict(_names_from_bson(docs[coll]), self.location)
+                meta = StoreMeta.from_dict(names_from_bson(docs[coll]), self.location)
             except StoreError as exc:
                 other = f"holds a store with damaged metadata ({exc})"
             # as a reader finds it: a store of the first format names none, and has one
@@ -167,13 +167,13 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
 
     def _progress(self, doc: dict[str, Any]) -> Progress:
         """A saved progress, with its skipped list gathered from its own documents."""
-        state = _names_from_bson({k: v for k, v in doc.items() if k != "_id"})
+        state = names_from_bson({k: v for k, v in doc.items() if k != "_id"})
 
         def load(count: int) -> list[SkippedFile]:
             store_id = str(state.get("store_id", ""))
             return self._run(
                 "reading the skipped list",
-                lambda: _load_skipped(self._conn.db(), store_id, count, self.location),
+                lambda: load_skipped(self._conn.db(), store_id, count, self.location),
             )
 
         return Progress.from_json(json.dumps(state, default=str), self.location, load)
@@ -182,10 +182,10 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         """The progress document (BSON-safe, its skipped list saved apart, so it stays small
         however many files are skipped), and the skipped-list documents not saved yet."""
         state = json.loads(progress.to_json())
-        chunks = _skipped_chunks(
+        chunks = skipped_chunks(
             self._store_id, progress.skipped, self._take_skipped(progress.skipped)
         )
-        return _to_bson(state), chunks
+        return to_bson(state), chunks
 
     def _open(self, progress: Progress, *, new: bool) -> None:
         self._store_id = progress.store_id
@@ -217,7 +217,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         for doc in docs:
             for key in ("id", "store_id"):
                 if isinstance(doc.get(key), str) and doc[key]:
-                    db[META_COLLECTION].delete_many(_skipped_ids(doc[key]))
+                    db[META_COLLECTION].delete_many(skipped_ids(doc[key]))
         db[name].drop()
         db[META_COLLECTION].delete_many({"_id": {"$in": own}})
 
@@ -242,10 +242,10 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             db = self._conn.db()
             db[self.collection].delete_many({"_id": {"$gte": base.count}})
             if pending.store_id:
-                db[META_COLLECTION].delete_many(_skipped_ids(pending.store_id))
+                db[META_COLLECTION].delete_many(skipped_ids(pending.store_id))
                 if self._base_bucket:
                     prefix = names.gridfs_records_of(pending.store_id)
-                    bucket = _gridfs(db, self._base_bucket)
+                    bucket = gridfs_of(db, self._base_bucket)
                     for f in db[f"{self._base_bucket}.files"].find(prefix, {"_id": 1}):
                         bucket.delete(f["_id"])
             db[META_COLLECTION].delete_one({"_id": progress_id(self.collection)})
@@ -276,7 +276,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 raise StoreError(f"{self.location}: the replacement lost its metadata")
             old = db[META_COLLECTION].find_one({"_id": coll}, {"id": 1})
             if old is not None and isinstance(old.get("id"), str) and old["id"] != doc.get("id"):
-                db[META_COLLECTION].delete_many(_skipped_ids(old["id"]))
+                db[META_COLLECTION].delete_many(skipped_ids(old["id"]))
             if aside in db.list_collection_names():
                 db.client.admin.command(
                     "renameCollection",
@@ -310,7 +310,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         for rec in records:
             doc: dict[str, Any] = {
                 "_id": rec.index,
-                **_to_bson(rec.header.to_dict()),
+                **to_bson(rec.header.to_dict()),
                 "store": self._store_id,
             }
             fields = rec.header.fields
@@ -320,7 +320,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 beside = len(encoded if encoded is not None else canonical(fields))
                 if len(rec.data) + BSON_PER_JSON * beside > GRIDFS_THRESHOLD:
                     # near the limit: measured as BSON, which may take several times the bytes
-                    beside = len(encode({"fields": _to_bson(fields)}))
+                    beside = len(encode({"fields": to_bson(fields)}))
                     if beside > GRIDFS_THRESHOLD:
                         raise RecordError(
                             f"{self.location}: record {rec.index} ({rec.header.name}): its "
@@ -330,7 +330,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                         )
             if len(rec.data) + beside > GRIDFS_THRESHOLD:
                 file_id = names.gridfs_record_id(self._store_id, rec.index)
-                bucket = _gridfs(self._conn.db(), bucket_name)
+                bucket = gridfs_of(self._conn.db(), bucket_name)
                 self._run(
                     f"uploading record {rec.index} to GridFS",
                     functools.partial(self._upload, bucket, file_id, rec.data),
@@ -386,7 +386,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                         option("resume"),
                     ) from None
 
-        for group in _insert_groups(docs):
+        for group in insert_groups(docs):
             what = f"inserting records {group[0]['_id']}-{group[-1]['_id']}"
             self._run(what, functools.partial(insert, group))
         self._check_claim()
@@ -419,7 +419,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
         db = self._conn.db()
         name = self._name()
         bucket = self._bucket_name
-        for chunk in _skipped_chunks(self._store_id, skipped, self._take_skipped(skipped)):
+        for chunk in skipped_chunks(self._store_id, skipped, self._take_skipped(skipped)):
             save = functools.partial(
                 db[META_COLLECTION].replace_one, {"_id": chunk["_id"]}, chunk, upsert=True
             )
@@ -434,11 +434,11 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
                 "shortening the skipped list",
                 lambda: db[META_COLLECTION].delete_many({"_id": {"$in": stale}}),
             )
-        doc: dict[str, Any] = {"_id": name, **_to_bson(meta.to_dict()), "gridfs_bucket": bucket}
+        doc: dict[str, Any] = {"_id": name, **to_bson(meta.to_dict()), "gridfs_bucket": bucket}
         raw = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
         if len(raw) > LABELS_INLINE_MAX:
             file_id = names.gridfs_labels_id(self._store_id)
-            self._run("uploading labels", lambda: self._upload(_gridfs(db, bucket), file_id, raw))
+            self._run("uploading labels", lambda: self._upload(gridfs_of(db, bucket), file_id, raw))
             doc["labels_gridfs_id"] = file_id
         else:
             doc["labels"] = Binary(raw)
@@ -457,7 +457,7 @@ class MongoWriter(_MongoTarget, Claimed, StoreWriter):
             base_id = self.base.id  # its skipped list is now under the new id, whole
             self._run(
                 "clearing the old skipped list",
-                lambda: db[META_COLLECTION].delete_many(_skipped_ids(base_id)),
+                lambda: db[META_COLLECTION].delete_many(skipped_ids(base_id)),
             )
 
     def close(self) -> None:
