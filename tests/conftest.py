@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,31 @@ def tiny_store(tmp_path: Path, n: int) -> Path:
     store = tmp_path / "s.lmdb"
     convert(tmp_path / "src", store)
     return store
+
+
+def converted_an_hour_ago(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Conversions in this process record their time an hour early (appends and copies keep the
+    real time), so that a test sets a file's time between a conversion and what follows with
+    ``os.utime`` instead of sleeping past the second that store times are kept to. Returns
+    the time a conversion records."""
+    from datetime import datetime, timedelta
+
+    import fastdata.ops.convert as convert_module
+
+    class AnHourAgo(datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def,override]
+            return datetime.now(tz) - timedelta(hours=1)
+
+    monkeypatch.setattr(convert_module, "datetime", AnHourAgo)
+    return AnHourAgo.now().timestamp()
+
+
+def set_times(root: Path, when: float) -> None:
+    """Every file under ``root`` modified at ``when`` (seconds since the epoch)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (when, when))
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import pytest
 from fastdata import convert, copy_store, open_store
 from fastdata.errors import StoreExistsError
 
-from .conftest import jpeg_bytes, write
+from .conftest import converted_an_hour_ago, jpeg_bytes, set_times, write
 from .procs import KILLED_CONVERT, cli, run_script
 
 BACKENDS = ["lmdb", "mongo"]
@@ -60,9 +60,7 @@ def test_changed_files_are_reported_by_size_whatever_their_time(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gone_and_moved_images_are_reported(
-    backend: str, tmp_path: Path, mongo_uri: str
-) -> None:
+def test_gone_and_moved_images_are_reported(backend: str, tmp_path: Path, mongo_uri: str) -> None:
     src = _src(tmp_path / "src")
     dst, kw = _target(backend, tmp_path, mongo_uri)
     convert(src, dst, **kw)
@@ -122,17 +120,18 @@ def test_skipped_files_are_read_again_only_when_they_change(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_change_made_before_a_copy_is_still_reported(
-    backend: str, tmp_path: Path, mongo_uri: str
+    backend: str, tmp_path: Path, mongo_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = _src(tmp_path / "src")
     first = tmp_path / "first.lmdb"
+    converted = converted_an_hour_ago(monkeypatch)
+    set_times(src, converted - 60)  # the images, older than the store
     convert(src, first)
-    time.sleep(1.1)  # store times have a resolution of a second
     changed = src / "dog" / "2.jpg"
     data = bytearray(changed.read_bytes())
     data[-10] ^= 0xFF
-    changed.write_bytes(bytes(data))  # same size, newer than the store
-    time.sleep(1.1)  # ... and older than the copy
+    changed.write_bytes(bytes(data))  # same size,
+    os.utime(changed, (converted + 1800,) * 2)  # newer than the store and older than the copy
     dst, kw = _target(backend, tmp_path, mongo_uri)
     copy_store(first, dst, **kw)
     report = convert(src, dst, append=True, **kw)

@@ -19,7 +19,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import lmdb
@@ -179,25 +179,39 @@ def test_the_mongodb_try_it_paragraph_runs_as_printed(tmp_path: Path) -> None:
     server_words = shlex.split(lines[1].rstrip("&").replace("27017", port))
     server_words = [os.path.expanduser(w.replace("~", str(home))) for w in server_words]
     assert server_words[:3] == ["python", "-m", "secantus"]
-    server = subprocess.Popen([sys.executable, *server_words[1:]], cwd=home, env=env)
+    server = subprocess.Popen(
+        [sys.executable, *server_words[1:]], cwd=home, env=env, stderr=subprocess.PIPE, text=True
+    )
+    log: list[str] = []
+    ready = threading.Event()  # set once the server says it listens (or ends)
+
+    def follow() -> None:  # (reads the server's log to its end, so that it never blocks)
+        for said in server.stderr:  # type: ignore[union-attr]
+            log.append(said)
+            if "listening on" in said:
+                ready.set()
+        ready.set()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
     try:
-        for line in lines[2:]:
+        ready.wait(120)  # (a bound in case it hangs: it says so at once, or ends)
+        assert any("listening on" in said for said in log), "".join(log)
+        for line in lines[2:]:  # each once, as printed: the server is up
             words = shlex.split(line.replace("27017", port))
             if words[0] == "fastdata":
                 words = [sys.executable, "-m", "fastdata", *words[1:]]
             elif words[0] == "python":
                 words = [sys.executable, str(REPO / words[1]), *words[2:], "--workers", "0"]
-            for _ in range(60):  # the server may still be starting
-                result = subprocess.run(
-                    words, cwd=home, env=env, capture_output=True, text=True, timeout=600
-                )
-                if result.returncode == 0 or "could not reach" not in result.stderr:
-                    break
-                time.sleep(0.5)
+            result = subprocess.run(
+                words, cwd=home, env=env, capture_output=True, text=True, timeout=600
+            )
             assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
     finally:
         server.terminate()
         server.wait(10)
+        follower.join(10)  # (the log's end: the server is gone)
+        server.stderr.close()  # type: ignore[union-attr]
     assert (home / "sample-data" / "back.lmdb" / "data.mdb").exists()
 
 

@@ -134,10 +134,13 @@ def checking(reader, report, damage, index, start, *args):
         raise SystemExit("checked in one process")
     with open({str(pids)!r}, "a") as f:
         f.write(f"{{os.getpid()}}\\n")
-    if start == 0:
-        time.sleep(0.5)
+    if start == 0:  # once both processes are checking (a bound, should the other never start)
+        deadline = time.monotonic() + 60
+        while len(open({str(pids)!r}).read().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(command, signal.SIGINT)  # the user presses Ctrl-C
-    time.sleep(60)
+    signal.alarm(100)  # (a bound: a process nobody stops ends itself, after the check below)
+    signal.pause()  # checking, until stopped
 verify._check_range = checking
 from fastdata.cli import main
 sys.argv = ["fastdata", *sys.argv[1:]]

@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import os
 import threading
 import time
@@ -232,6 +233,15 @@ def test_a_client_whose_view_went_wrong_is_replaced(mongo_uri: str, good_folder:
 def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
     if os.environ.get(URI_ENV):
         pytest.skip("restarts a server of its own")
+    retrying = threading.Event()  # the reader met the stopped server and waits to retry
+
+    class Retries(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying in" in record.getMessage():
+                retrying.set()
+
+    retries = Retries()
+    logging.getLogger("fastdata.stores.mongo.connection").addHandler(retries)
     server = SecantusServer(tmp_path / "db").start()
     try:
         uri = f"{server.uri}/restart"
@@ -243,7 +253,9 @@ def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
         restart: dict[str, Any] = {}
 
         def restart_later() -> None:
-            time.sleep(1.5)
+            if not retrying.wait(120):  # (a bound: a reader that never retries fails below)
+                restart["error"] = "the reader never retried"
+                return
             begun = time.monotonic()
             while True:
                 try:
@@ -283,6 +295,7 @@ def test_server_restart_during_epoch(good_folder: Path, tmp_path: Path) -> None:
             brief[0]
         assert time.monotonic() - start < 15
     finally:
+        logging.getLogger("fastdata.stores.mongo.connection").removeHandler(retries)
         server.stop()
 
 

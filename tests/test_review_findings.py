@@ -8,7 +8,6 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from fastdata import convert, copy_store, open_store, verify_store
 from fastdata.errors import StoreExistsError
 
-from .conftest import jpeg_bytes, write
+from .conftest import converted_an_hour_ago, jpeg_bytes, set_times, write
 from .mongo_server import database
 from .procs import KILLED_CONVERT, cli, run_script
 
@@ -60,18 +59,21 @@ def test_a_changed_label_and_a_stored_file_turned_fifo_are_reported(tmp_path: Pa
     assert report.count == 3 and verify_store(open_store(dst)).ok
 
 
-def test_a_change_is_reported_at_every_append_until_it_is_undone(tmp_path: Path) -> None:
+def test_a_change_is_reported_at_every_append_until_it_is_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src, dst = tmp_path / "src", tmp_path / "s.lmdb"
     for i in range(3):
         write(src / "a" / f"{i}.jpg", jpeg_bytes(seed=i))
+    converted = converted_an_hour_ago(monkeypatch)
+    set_times(src, converted - 60)  # the images, older than the store
     convert(src, dst)
-    time.sleep(1.1)  # store times have a resolution of a second
     target = src / "a" / "1.jpg"
     data = bytearray(target.read_bytes())
     data[-10] ^= 0xFF
-    target.write_bytes(bytes(data))  # same size, other bytes
+    target.write_bytes(bytes(data))  # same size, other bytes,
+    os.utime(target, (converted + 1800,) * 2)  # changed after the store, before the appends
     for k in range(2):  # each append adds an image (and so rewrites the store's times)
-        time.sleep(1.1)
         write(src / "b" / f"{k}.jpg", jpeg_bytes(seed=100 + k))
         report = convert(src, dst, append=True)
         assert [c.name for c in report.changed] == ["a/1.jpg"], k
