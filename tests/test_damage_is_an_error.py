@@ -277,18 +277,7 @@ def test_a_gridfs_file_that_is_gone_is_an_error_naming_the_store_and_record(
 @pytest.mark.mongo
 @pytest.mark.parametrize(
     "lost",
-    [
-        "the file",
-        pytest.param(
-            "its chunks",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="GridFS chunks missing under a file document: the read raises "
-                "'reading records 0-3 failed: no chunk #0' for the whole batch, so export "
-                "--skip-damaged stops (exit 1, nothing written) instead of leaving record 2 out",
-            ),
-        ),
-    ],
+    ["the file", "its chunks"],
 )
 def test_export_skip_damaged_leaves_out_only_a_record_whose_gridfs_file_is_gone(
     tmp_path: Path, mongo_uri: str, monkeypatch: pytest.MonkeyPatch, lost: str

@@ -210,7 +210,7 @@ class MongoStore(MongoTarget, StoreReader):
 
     def _download(self, db: Any, file_id: Any, size: int, what: str) -> bytes:
         """A GridFS file of ``size`` bytes; any other length is damage, and is not read."""
-        from gridfs.errors import NoFile
+        from gridfs.errors import CorruptGridFile, NoFile
 
         try:
             stream = gridfs_of(db, self._bucket).open_download_stream(file_id)
@@ -226,7 +226,13 @@ class MongoStore(MongoTarget, StoreReader):
                 f"the record says {size}",
                 store=self.command_target,
             )
-        return bytes(stream.read())
+        try:
+            return bytes(stream.read())
+        except CorruptGridFile as exc:  # (chunks missing or of the wrong size)
+            raise RecordError(
+                f"{self.location}: {what}: GridFS file {file_id!r} is damaged ({exc})",
+                store=self.command_target,
+            ) from None
 
     def _fetch(self, indices: list[int], fields: dict[str, int] | None) -> list[dict[str, Any]]:
         def query() -> list[dict[str, Any]]:
