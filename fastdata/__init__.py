@@ -47,6 +47,9 @@ from .errors import (
     StoreNotFoundError as StoreNotFoundError,
 )
 from .errors import (
+    StoreDamagedError as StoreDamagedError,
+)
+from .errors import (
     StoreReplacedError as StoreReplacedError,
 )
 from .errors import (

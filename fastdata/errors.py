@@ -21,7 +21,6 @@ __all__ = [
     "CorruptImageError",
     "FastdataError",
     "IncompleteStoreError",
-    "Interrupted",
     "MissingDependencyError",
     "PickleNotAllowedError",
     "RecordError",
@@ -69,7 +68,7 @@ class FastdataError(Exception):
 
     An error class may carry a hint (:meth:`advice`): what to do, said once for every error of
     the class, here, and appended to the message where it is rendered (as py-lmdb keeps a hint
-    per error class). :meth:`message` is the message without it.
+    per error class). :meth:`without_hint` is the message without it.
     """
 
     exit_code = 1
@@ -82,14 +81,16 @@ class FastdataError(Exception):
         """The hint of the error's class (none by default)."""
         return ()
 
-    def message(self, *, cli: bool = False) -> str:
-        """The message without the class's hint (what ``fastdata verify`` lists)."""
+    def without_hint(self, *, cli: bool = False) -> str:
+        """The message without the class's hint (what ``fastdata verify`` lists). (Not named
+        ``message``: torch's DataLoader re-raises a worker's error as ``type(message=...)``
+        where the class has that attribute.)"""
         return _said(self.parts, cli)
 
     def render(self, *, cli: bool = False) -> str:
         """The message as the command line says it (``cli``) or as a Python caller reads it,
         with the class's hint after it (once: a message re-raised from a worker holds it)."""
-        text, hint = self.message(cli=cli), _said(self.advice(), cli)
+        text, hint = self.without_hint(cli=cli), _said(self.advice(), cli)
         return f"{text}; {hint}" if hint and hint not in text else text
 
     def __str__(self) -> str:

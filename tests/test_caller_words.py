@@ -221,3 +221,24 @@ def test_a_row_skipped_by_two_manifests_is_listed_once(tmp_path: Path) -> None:
         ("first.csv:5", "line 5: imgs/b/0.jpg: unknown class 'zebra'"),
         ("imgs/junk.jpg", "not a recognised image format"),
     ]
+
+
+def test_a_damaged_store_error_keeps_its_class_and_one_hint_across_a_worker() -> None:
+    """An error whose class carries a hint (the store is damaged: run `fastdata verify STORE`),
+    raised in a DataLoader worker, comes back in the training process as the same class, its
+    hint said once; pickled, it keeps the store its command names. (A method named `message`
+    made torch re-raise it as `type(message=...)`, a TypeError.)"""
+    from torch._utils import ExceptionWrapper
+
+    from fastdata.errors import RecordError
+
+    try:
+        raise RecordError("/data/s.lmdb: record 3 fails its checksum", store="/data/s.lmdb")
+    except RecordError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(RecordError) as raised:
+        wrapped.reraise()
+    assert str(raised.value).count("`fastdata verify /data/s.lmdb`") == 1
+    again = pickle.loads(pickle.dumps(RecordError("x: record 1", store="/data/s.lmdb")))
+    assert type(again) is RecordError and again.store == "/data/s.lmdb"
+    assert str(again) == "x: record 1; " + again.advice()[0]

@@ -404,20 +404,22 @@ def _check_invariants(
         names = index if index is not None else reader.record_names()
         skipped = reader.skipped_files()
     except FastdataError as exc:
-        report.broken.append(f"its names and skipped list cannot be read: {here(exc.message())}")
+        report.broken.append(
+            f"its names and skipped list cannot be read: {here(exc.without_hint())}"
+        )
         return
     report.broken.extend(invariant_failures(reader.meta, reader.labels, names, skipped))
     try:
         held = reader.record_check()
     except FastdataError as exc:
-        report.broken.append(f"its records cannot be counted: {here(exc.message())}")
+        report.broken.append(f"its records cannot be counted: {here(exc.without_hint())}")
         return
     if held is not None:
         report.broken.append(f"the records are 0 .. count-1, each once: {held}")
     try:
         report.foreign.extend(reader.foreign_content())
     except FastdataError as exc:
-        report.broken.append(f"its keys cannot be counted: {here(exc.message())}")
+        report.broken.append(f"its keys cannot be counted: {here(exc.without_hint())}")
 
 
 _CIRCULAR = re.compile(

@@ -43,7 +43,7 @@ def scan_item(
         try:  # again, to name the record (not formatted for every record read)
             RecordHeader.from_json(head, f"{location}: record {i:010d}")
         except RecordError as exc:
-            return i, None, b"", exc.message()
+            return i, None, b"", exc.without_hint()
         raise  # (it cannot pass the second time)
     return i, header, data, None
 
