@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from fastdata.errors import SourceError
-from fastdata.sources.folder import Sample, scan_folder
+from fastdata.sources.folder import scan_folder
+from fastdata.sources.samples import Sample
 
 from .conftest import jpeg_bytes, write
 

@@ -84,7 +84,7 @@ def test_fifos_sockets_devices_and_broken_links_are_skipped_not_read(tmp_path: P
 
 
 def test_a_fifo_that_appears_after_the_scan_is_not_waited_for(tmp_path: Path) -> None:
-    from fastdata.sources.folder import read_file
+    from fastdata.sources.reading import read_file
 
     os.mkfifo(tmp_path / "late.jpg")
     assert read_file(str(tmp_path / "late.jpg"), 1 << 20) == "not a regular file (a FIFO)"

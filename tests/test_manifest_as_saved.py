@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from fastdata import LMDBImageDataset, convert, export_store, open_store
-from fastdata.sources.manifest import export_name, scan_manifest
+from fastdata.sources.export_layout import export_name
+from fastdata.sources.manifest import scan_manifest
 
 from .conftest import jpeg_bytes, snapshot, write
 from .procs import cli
@@ -116,7 +117,7 @@ def test_duplicates_are_found_in_one_sort(data: Path, tmp_path: Path) -> None:
 
 
 def test_a_json_lines_row_over_the_limit_is_listed(data: Path, tmp_path: Path) -> None:
-    from fastdata.sources.manifest import MAX_ROW_BYTES
+    from fastdata.sources.rows import MAX_ROW_BYTES
 
     jsonl = data / "long.jsonl"
     long_row = json.dumps({"path": "img/01.jpg", "label": "cat", "x": "y" * MAX_ROW_BYTES})

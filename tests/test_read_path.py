@@ -310,23 +310,23 @@ def test_a_source_file_is_read_whole_and_never_past_the_limit(tmp_path: Path) ->
     """A conversion reads each file with one read of the size fstat gives (plus a byte): the
     bytes are the file's, a file at the limit is read, one byte over is refused, an empty file
     is empty, and a short read (as some file systems give) is continued to the end."""
-    from fastdata.sources import folder
+    from fastdata.sources import reading
 
     data = bytes(range(256)) * 1000
     path = tmp_path / "f.bin"
     path.write_bytes(data)
-    assert folder.read_file(str(path), len(data)) == data
-    assert folder.read_file(str(path), len(data) - 1) == (
+    assert reading.read_file(str(path), len(data)) == data
+    assert reading.read_file(str(path), len(data) - 1) == (
         f"too large ({len(data)} bytes; the limit is {len(data) - 1}: --max-file-size)"
     )
     (tmp_path / "empty").write_bytes(b"")
-    assert folder.read_file(str(tmp_path / "empty"), 10) == b""
+    assert reading.read_file(str(tmp_path / "empty"), 10) == b""
     fd = os.open(path, os.O_RDONLY)
     try:
         first = os.read(fd, 1000)  # as if the file system stopped early
-        assert folder._read_rest(fd, first, len(data)) == data
+        assert reading._read_rest(fd, first, len(data)) == data
         os.lseek(fd, 1000, os.SEEK_SET)
-        grown = folder._read_rest(fd, first, 5000)  # never more than the limit + 1
+        grown = reading._read_rest(fd, first, 5000)  # never more than the limit + 1
         assert grown == data[:5001]
     finally:
         os.close(fd)

@@ -26,8 +26,9 @@ from ..errors import CorruptImageError, SourceError, option
 from ..images.validate import validate_image
 from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
-from ..sources.folder import FolderScan, _SampleBuilder, file_kind, read_file
 from ..sources.manifest import row_key
+from ..sources.reading import file_kind, read_file
+from ..sources.samples import FolderScan, SampleBuilder
 from ..stores.policy import StoreWriter
 from ..stores.reader import StoreReader
 from .reports import ConvertReport
@@ -225,7 +226,7 @@ def _with_store_fields(scan: FolderScan, base: StoreMeta) -> FolderScan:
     from dataclasses import replace as replaced
 
     from ..fields import Schema
-    from ..sources.folder import checked_fields
+    from ..sources.samples import checked_fields
 
     schema = base.schema
     source = os.path.realpath(scan.source or scan.root)
@@ -271,7 +272,7 @@ class _Look:
         self.stored = reader.record_names()
         self.skipped_before = reader.skipped_files()
         self.reader = reader
-        self.todo = _SampleBuilder()
+        self.todo = SampleBuilder()
         self.already = self.unchanged_skips = 0
         self.changed: list[SkippedFile] = []
         self.duplicates: list[SkippedFile] = []

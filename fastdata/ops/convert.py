@@ -29,8 +29,10 @@ from ..images.validate import validate_image
 from ..loaders.malloc import tune_malloc, tuned_malloc
 from ..packed import PackedStrings
 from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, checksum, name_bytes
-from ..sources.folder import FolderScan, Sample, read_file, scan_folder
+from ..sources.folder import scan_folder
 from ..sources.manifest import is_manifest, listed_folders, scan_manifest
+from ..sources.reading import read_file
+from ..sources.samples import FolderScan, Sample
 from ..stores import StoreWriter, open_writer
 from ..stores.policy import Batch
 from .append import AppendPlan, plan_append

@@ -23,7 +23,7 @@ from ..errors import (
 )
 from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
-from ..sources.manifest import EXPORT_MARK, EXPORTED_MANIFEST, export_name
+from ..sources.export_layout import EXPORT_MARK, EXPORTED_MANIFEST, export_name
 from ..stores import names
 from ..stores.files import open_regular
 from ..stores.reader import StoreReader

@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 
-from ..sources.folder import file_kind
+from ..sources.reading import file_kind
 
 __all__ = ["not_its_own", "open_regular"]
 

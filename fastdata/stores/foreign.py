@@ -18,7 +18,7 @@ from ..errors import (
 )
 from ..packed import PackedStrings
 from ..records import Record, RecordHeader, StoreMeta, class_count
-from ..sources.folder import read_file
+from ..sources.reading import read_file
 from .lmdb.env import Lease, _reading, open_reader
 from .lmdb.layout import KEYS_KEY
 from .lmdb.reader import _Leased
