@@ -95,11 +95,11 @@ def test_skipped_files_are_read_again_only_when_they_change(
     first_id = store.meta.id
     assert sorted(s.name for s in store.skipped_files()) == ["cat/broken.jpg", "dog/empty.jpg"]
     store.close()
-    convert_module = importlib.import_module("fastdata.ops.convert")
+    ingest = importlib.import_module("fastdata.ops.ingest")
     reads: list[str] = []
-    real = convert_module.read_file
+    real = ingest.read_file
     monkeypatch.setattr(
-        convert_module, "read_file", lambda path, limit: reads.append(path) or real(path, limit)
+        ingest, "read_file", lambda path, limit: reads.append(path) or real(path, limit)
     )
     report = convert(src, dst, append=True, **kw)
     # nothing new: not read, not listed again, the store exactly as it was

@@ -5,12 +5,12 @@ ordered batches.
 pool of threads (reading and CRC-32 release the GIL; see :mod:`.threads`), results are consumed
 in scan order, and the writer commits them in batches together with the progress, so an
 interrupted run resumes where its last commit ended. The source is only ever read. An append
-(:mod:`.append`) is the same run over the images a store lacks.
+(:mod:`.append`) is the same run over the images a store lacks. What each worker does to a sample
+is :mod:`.ingest`; the source's scan and the destination's check, :mod:`.scan`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -18,25 +18,21 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptImageError, Phrase, SourceError, UsageError, option
-from ..fields import parse_field_specs
-from ..images.validate import validate_image
+from ..errors import CorruptImageError, SourceError, UsageError, option
 from ..loaders.malloc import tune_malloc, tuned_malloc
 from ..packed import PackedStrings
-from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, checksum, name_bytes
-from ..sources.folder import scan_folder
-from ..sources.manifest import is_manifest, listed_folders, scan_manifest
-from ..sources.reading import read_file
-from ..sources.samples import FolderScan, Sample
+from ..records import Progress, Record, SkippedFile, StoreMeta, name_bytes
+from ..sources.samples import FolderScan
 from ..stores import StoreWriter, open_writer
 from ..stores.policy import Batch
 from .append import AppendPlan, plan_append
+from .ingest import sample_loader
 from .reports import ConvertReport
+from .scan import STRICT_HINT, check_destination, scan_for_store, scan_source, stored_meta
 from .threads import CHUNK, chunks, default_workers, ordered_map, tuned_map, window
 
 __all__ = ["ConvertReport", "ProgressCallback", "convert", "default_workers"]
@@ -55,97 +51,6 @@ COMMIT_BYTES = 32 << 20
 MAX_FILE_BYTES = 1 << 30
 """Files larger than this are skipped (``max_file_bytes``, ``--max-file-size``): no image in a
 training set is that large, and reading one whole would hold it all in memory."""
-STRICT_HINT = (
-    " (",
-    option("strict"),
-    " stops at the first unusable file; without it such files are skipped and listed)",
-)
-
-
-@dataclass(frozen=True)
-class _Loaded:
-    """A sample read and validated by a worker, ready to be stored."""
-
-    header: RecordHeader
-    data: bytes
-
-
-decode_json = json.JSONDecoder().decode
-
-
-def _loader(
-    scan: FolderScan, verify_decode: bool, max_file_bytes: int
-) -> Callable[[list[Sample]], list[tuple[Sample, _Loaded | SkippedFile]]]:
-    """The workers' job: read, validate and checksum a chunk of samples (never writes)."""
-
-    def skip(sample: Sample, path: str, reason: str) -> SkippedFile:
-        # the file as it was, so that an append reads it again only once it changed
-        try:
-            st = os.stat(path)
-        except OSError:
-            return SkippedFile(sample.name, reason)
-        return SkippedFile(sample.name, reason, st.st_size, st.st_mtime_ns)
-
-    def load_one(sample: Sample) -> _Loaded | SkippedFile:
-        path = scan.file_path(sample.name)
-        data = read_file(path, max_file_bytes)
-        if isinstance(data, str):
-            return skip(sample, path, data)
-        try:
-            checked = validate_image(data, sample.name, decode=verify_decode)
-        except CorruptImageError as exc:
-            return skip(sample, path, exc.reason)
-        encoded = sample.fields
-        header = RecordHeader(
-            name=sample.name,
-            label=sample.label,
-            size=len(checked.data),
-            crc32=checksum(checked.data),
-            format=checked.format,
-            repaired=checked.repaired,
-            fields=None if encoded is None else decode_json(encoded.decode("utf-8")),
-            fields_crc32=-1 if encoded is None else checksum(encoded),
-            encoded_fields=encoded,
-        )
-        return _Loaded(header, checked.data)
-
-    def load(chunk: list[Sample]) -> list[tuple[Sample, _Loaded | SkippedFile]]:
-        return [(sample, load_one(sample)) for sample in chunk]
-
-    return load
-
-
-def _check_destination(scan: FolderScan, writer: StoreWriter) -> None:
-    """Refuse a store where it would hold what it converts, comparing paths with links
-    resolved: inside the source folder, or, for a manifest (whose source is the files it lists,
-    not the folder it sits in), at the manifest or at a folder that holds a listed file."""
-    target = getattr(writer, "path", None)
-    if not isinstance(target, str):
-        return  # not on the file system
-    dest = Path(os.path.realpath(target))
-    if scan.layout == "manifest":
-        manifest = Path(scan.source)
-        if dest == manifest or dest in manifest.parents:
-            raise SourceError(
-                f"{target}: the store would be written over the manifest {scan.source}; "
-                "choose another destination"
-            )
-        for folder in map(Path, listed_folders(scan)):
-            if dest == folder or dest in folder.parents:
-                raise SourceError(
-                    f"{target}: the store would be written where the manifest's images are "
-                    f"(links resolved, {folder} is {'it' if dest == folder else 'inside it'}); "
-                    "choose a destination that holds none of them (the images are never "
-                    "written to)"
-                )
-        return
-    root = Path(os.path.realpath(scan.root))
-    if dest == root or root in dest.parents:
-        raise SourceError(
-            f"{target}: the store would be written inside the source folder {scan.root} "
-            f"(links resolved, it is {dest}); choose a destination outside it (the source "
-            "folder is never written to)"
-        )
 
 
 @dataclass(frozen=True)
@@ -248,19 +153,21 @@ def convert(
         mongo: dict[str, Any] = {"timeout_s": timeout_s} if timeout_s is not None else {}
         stored = None
         if append and not isinstance(destination, StoreWriter):
-            stored = _stored_meta(destination, collection, source, mongo)
+            stored = stored_meta(destination, collection, source, mongo)
 
         def scanned(base: StoreMeta | None) -> FolderScan | None:
             """For an append: the source scanned with ``base``'s fields (None: not needed)."""
             if base is None or not (base.schema or base.sidecars):
                 return None
-            return _scan_for_store(base, source, classes, strict, drop_unlisted, fields, sidecars)
+            return scan_for_store(base, source, classes, strict, drop_unlisted, fields, sidecars)
 
-        scan = scanned(stored) or _scan(source, classes, strict, drop_unlisted, fields, sidecars)
+        scan = scanned(stored) or scan_source(
+            source, classes, strict, drop_unlisted, fields, sidecars
+        )
         writer = open_writer(
             destination, collection=collection, default_collection=scan.root.resolve().name, **mongo
         )
-        _check_destination(scan, writer)
+        check_destination(scan, writer)
         if append and overwrite:
             raise UsageError(
                 option("append"),
@@ -282,164 +189,6 @@ def convert(
             run.store_all()
             run.finish()
         return run.report()
-
-
-def _stored_meta(
-    destination: str | os.PathLike[str],
-    collection: str | None,
-    source: str | os.PathLike[str],
-    mongo: dict[str, Any],
-) -> StoreMeta | None:
-    """The metadata of the store an append goes to, or None where none can be read (the writer
-    says why, under its lock)."""
-    from ..errors import FastdataError
-    from ..stores import open_store
-
-    given = Path(source).expanduser()
-    root = given.parent if is_manifest(source) else given
-    try:
-        if str(destination).startswith("mongodb"):
-            reader = open_store(destination, collection=collection or root.resolve().name, **mongo)
-        else:
-            reader = open_store(destination)
-    except (FastdataError, OSError, ValueError):
-        return None
-    try:
-        return reader.meta
-    except (FastdataError, OSError):
-        return None
-    finally:
-        reader.close()
-
-
-def _scan_for_store(
-    base: StoreMeta,
-    source: str | os.PathLike[str],
-    classes: Sequence[str] | None,
-    strict: bool,
-    drop_unlisted: bool,
-    fields: str | Sequence[str] | None,
-    sidecars: Sequence[str] | str | None,
-) -> FolderScan:
-    """For an append to a store with fields: the source scanned with the store's fields as its
-    declared types (and its sidecars), which an append keeps; no other field is taken.
-    Inferred from the new rows alone, a type could differ (ints where the store has floats, or
-    the other way round) and values would be refused or changed.
-
-    Raises:
-        UsageError: ``--fields`` (of the store's, any) or ``--sidecars`` given, other than the
-            store's.
-    """
-    if is_manifest(source) != (base.layout == "manifest"):
-        # a folder against a manifest's store, or the other way round: refused by the plan,
-        # which says so (the store's fields would not apply)
-        return _scan(source, classes, strict, drop_unlisted, fields, sidecars)
-    schema = base.schema
-    keep: list[str | Phrase] = [option("fields", schema.describe(","))] if schema else []
-    if base.sidecars:
-        keep[:0] = [
-            option("sidecars", ",".join(base.sidecars)),
-            *([Phrase(" ", ", ")] * bool(schema)),
-        ]
-    if fields is not None:
-        declared, star = parse_field_specs(fields)
-        if star or any(schema.get(f.name) != f for f in declared):  # (some of them, or all)
-            raise UsageError(
-                f"{source}: the store's fields are {schema.describe() or 'none'}; an append "
-                "keeps them: leave ",
-                option("fields", None),
-                " out (or give ",
-                *keep,
-                ")",
-            )
-    given = [ext.strip().lstrip(".") for ext in _sidecar_words(sidecars)]
-    if given and given != list(base.sidecars):
-        raise UsageError(
-            f"{source}: the store's sidecars are {','.join(base.sidecars) or 'none'}; an append "
-            "reads the same: leave ",
-            option("sidecars", None),
-            " out",
-            *((" (or give ", *keep, ")") if base.sidecars else ()),
-        )
-    return _scan(
-        source,
-        classes,
-        strict,
-        drop_unlisted,
-        schema.describe(",") if schema else None,
-        list(base.sidecars) or None,
-        closed=True,
-    )
-
-
-def _sidecar_words(sidecars: Sequence[str] | str | None) -> list[str]:
-    """``--sidecars`` as extensions: ``"json,txt"`` or ``["json", "txt"]``."""
-    items = [sidecars] if isinstance(sidecars, str) else list(sidecars or [])
-    return [ext for item in items for ext in item.split(",") if ext.strip()]
-
-
-def _scan(
-    source: str | os.PathLike[str],
-    classes: Sequence[str] | None,
-    strict: bool,
-    drop_unlisted: bool = False,
-    fields: str | Sequence[str] | None = None,
-    sidecars: Sequence[str] | str | None = None,
-    closed: bool = False,
-) -> FolderScan:
-    """The samples of a folder or a manifest; with ``strict``, none may be unusable;
-    ``closed``: the declared fields are all there are (an append's)."""
-    declared, star = parse_field_specs(fields) if fields is not None else ([], False)
-    side = _sidecar_words(sidecars)
-    if is_manifest(source):
-        if side:
-            raise UsageError(
-                f"{source}: ",
-                option("sidecars", None),
-                " reads files beside a folder's images; a manifest gives its fields in its own "
-                "rows (JSON Lines keys, or CSV columns with ",
-                option("fields", None),
-                ")",
-            )
-        if star and not str(source).lower().endswith(".csv"):
-            raise UsageError(
-                f"{source}: ",
-                option("fields", "*"),
-                " picks CSV columns; in JSON Lines every key is a field",
-            )
-        scan = scan_manifest(
-            source,
-            classes,
-            drop_unlisted=drop_unlisted,
-            fields=declared,
-            all_fields=star,
-            closed=closed,
-        )
-    elif classes is not None:
-        raise UsageError(f"{source}: a class list applies to manifests, not to image folders")
-    else:
-        if (declared or star) and not side:
-            raise UsageError(
-                f"{source}: ",
-                option("fields", None),
-                " types a manifest's fields or a folder's sidecar fields; give ",
-                option("sidecars", "json,txt"),
-                " (the files beside each image) for a folder",
-            )
-        if star:
-            raise UsageError(
-                f"{source}: ", option("fields", "*"), " picks CSV columns, not sidecar fields"
-            )
-        scan = scan_folder(source, sidecars=side, fields=declared, closed=closed)
-    if strict and scan.unusable:
-        first = scan.unusable[0]
-        where = (
-            f"{scan.source}: {first.name}"
-            if scan.layout == "manifest"
-            else str(scan.root / first.name)
-        )
-        raise SourceError(f"{where}: {first.reason}", *STRICT_HINT)
-    return scan
 
 
 @dataclass
@@ -489,7 +238,9 @@ class _Run:
         (an interrupted replacement of the store there, say), though a refused command changes
         nothing. Reads until the first usable image: one file, as a rule."""
         scan, options = self.scan, self.options
-        load = _loader(scan, bool(options.verify_decode), options.max_file_bytes or MAX_FILE_BYTES)
+        load = sample_loader(
+            scan, bool(options.verify_decode), options.max_file_bytes or MAX_FILE_BYTES
+        )
         skipped = []
         for sample in scan.samples:
             [(_, result)] = load([sample])
@@ -552,7 +303,7 @@ class _Run:
         total = len(scan.samples)
         batch = Batch(self.writer, state, options.commit_records, COMMIT_BYTES)
         todo = scan.samples[state.next_sample :]
-        load = _loader(scan, state.verify_decode, state.max_file_bytes or MAX_FILE_BYTES)
+        load = sample_loader(scan, state.verify_decode, state.max_file_bytes or MAX_FILE_BYTES)
         if options.workers is None:  # chunks of a few samples keep the per-task overhead small
             loaded = tuned_map(load, chunks(todo, CHUNK), default_workers(), self.chosen)
         else:
