@@ -194,10 +194,10 @@ def store_args(
 
 KILLED_IN_THE_MANIFEST = """
     import os, signal, sys
-    import fastdata.ops.export as export
+    import fastdata.ops.export_files as export_files
     from fastdata import export_store, open_store
 
-    write_all = export._write_all
+    write_all = export_files._write_all
 
     def dying(fd, data):  # the manifest (written last): half of it, then the process is killed
         if data.startswith(b'{"classes"'):
@@ -205,7 +205,7 @@ KILLED_IN_THE_MANIFEST = """
             os.kill(os.getpid(), signal.SIGKILL)
         write_all(fd, data)
 
-    export._write_all = dying
+    export_files._write_all = dying
     export_store(open_store(sys.argv[1], collection=sys.argv[3] or None), sys.argv[2])
 """
 

@@ -398,10 +398,10 @@ def test_a_full_disk_during_conversion_ends_in_one_line_and_resumes(
 
 KILLED_EXPORT = """
     import os, signal, sys
-    import fastdata.ops.export as export
+    import fastdata.ops.export_files as export_files
     from fastdata import export_store, open_store
 
-    written, write_all = [0], export._write_all
+    written, write_all = [0], export_files._write_all
 
     def dying(fd, data):  # the fifth file: half of it written, then the process is killed
         written[0] += 1
@@ -410,7 +410,7 @@ KILLED_EXPORT = """
             os.kill(os.getpid(), signal.SIGKILL)
         write_all(fd, data)
 
-    export._write_all = dying
+    export_files._write_all = dying
     export_store(open_store(sys.argv[1]), sys.argv[2])
 """
 
@@ -438,10 +438,10 @@ def test_an_export_killed_while_writing_a_file_resumes_to_every_file_whole(
 
 INTERRUPTED_EXPORT = """
     import os, signal, sys
-    import fastdata.ops.export as export
+    import fastdata.ops.export_files as export_files
     from fastdata.cli import main
 
-    signalled, write_all, written = sys.argv[1], export._write_all, [0]
+    signalled, write_all, written = sys.argv[1], export_files._write_all, [0]
 
     def waiting(fd, data):  # the fifth file: half of it written, then Ctrl-C is waited for
         written[0] += 1
@@ -451,7 +451,7 @@ INTERRUPTED_EXPORT = """
             signal.pause()
         write_all(fd, data)
 
-    export._write_all = waiting
+    export_files._write_all = waiting
     sys.argv = ["fastdata", *sys.argv[2:]]
     main()
 """

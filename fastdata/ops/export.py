@@ -1,4 +1,7 @@
-"""Write a store back out as the image folder it came from, byte for byte."""
+"""Write a store back out as the image folder it came from, byte for byte: each record checked,
+and the manifest or the sidecar files that held its labels and fields written beside the images.
+How each file is written (inside the folder, aside and renamed into place) is
+:mod:`.export_files`."""
 
 from __future__ import annotations
 
@@ -7,13 +10,10 @@ import logging
 import os
 import stat
 from collections.abc import Callable, Iterator
-from contextlib import suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import (
-    SAME_COMMAND,
     CorruptImageError,
     RecordError,
     StoreError,
@@ -24,125 +24,13 @@ from ..errors import (
 from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.export_layout import EXPORT_MARK, EXPORTED_MANIFEST, export_name
-from ..stores import names
-from ..stores.files import open_regular
 from ..stores.reader import StoreReader
+from .export_files import Destination, replace_file, safe_destination, write_failed, write_file
+from .reports import ExportReport
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ExportReport:
-    """What :func:`export_store` wrote."""
-
-    outdir: str
-    files: int = 0
-    total_bytes: int = 0
-    kept: int = 0
-    """Files that existed with the right bytes (``resume``) and were left as they were."""
-    damaged: list[str] = field(default_factory=list)
-    """Records left out because they fail their checksum or fields check (``skip_damaged``)."""
-    undecodable: list[str] = field(default_factory=list)
-    """Records left out because they do not decode (``decode`` and ``skip_damaged``), each as
-    ``name: why``."""
-    repaired: bool = False
-    manifest: str = ""
-    """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
-    its first line the class list), which converts back to the same store."""
-    sidecars: int = 0
-    """Sidecar files written beside the images (a folder store's fields)."""
-    convert_back: str = ""
-    """The command that converts what was written back into a store like this one (the fields'
-    types declared, so that they do not depend on what the values look like)."""
-
-
-def safe_destination(outdir: Path, name: str) -> Path:
-    """The path under ``outdir`` for a record named ``name``.
-
-    Raises:
-        UnsafePathError: the name is absolute, empty, has ``.`` or ``..`` parts or a NUL byte,
-            or would resolve (through a link) outside ``outdir``.
-    """
-    return _Destination(outdir).path_for(name, create=False)
-
-
-class _Destination:
-    """Where an export writes: each record's path checked to stay inside the folder, each
-    folder under it created and resolved once (its links followed) however many files go in."""
-
-    def __init__(self, outdir: Path, *, resume: bool = False) -> None:
-        self.outdir = outdir
-        self.resume = resume
-        """Remove what a killed export left in each folder (``--resume`` only: a folder of the
-        user's may hold a file of that name of its own)."""
-        self.root = os.path.realpath(outdir)
-        self._folders: set[tuple[str, ...]] = set()
-        """Folders (as name parts) made and found to resolve inside the root."""
-        self._plain: set[str] = set()
-        """Resolved folders found to be no store's folder."""
-
-    def path_for(self, name: str, *, create: bool = True) -> Path:
-        """The checked path of the record ``name``; with ``create``, its folder exists."""
-        parts = name.split("/")
-        if (
-            not name
-            or name.startswith("/")
-            or "\x00" in name
-            or any(p in ("", ".", "..") for p in parts)
-            or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
-        ):
-            raise UnsafePathError(
-                f"record name {name!r} is not a safe relative path; refusing to write it"
-            )
-        target = self.outdir.joinpath(*parts)
-        folder = tuple(parts[:-1])
-        if folder not in self._folders:
-            if create:
-                # the deepest folder that exists must resolve inside first: making the rest
-                # through a link that leads out would create folders outside
-                existing = target.parent
-                while not existing.exists() and existing != self.outdir:
-                    existing = existing.parent
-                self.inside(existing, name)
-                target.parent.mkdir(parents=True, exist_ok=True)
-            self.inside(target.parent, name)
-            self.not_in_a_store(target.parent, name)
-            if create:
-                if self.resume and existing == target.parent:  # (a new folder holds none)
-                    _remove_stale_temporaries(target.parent)
-                self._folders.add(folder)
-        # the folder resolves inside the root; only the file's own name may still be a link,
-        # which the caller looks at (it stats the target anyway)
-        if not create and os.path.islink(target):
-            self.inside(target, name)
-        return target
-
-    def not_in_a_store(self, folder: Path, name: str) -> None:
-        """Refuse a folder that is an LMDB store's (it holds ``data.mdb``) or lies inside one,
-        however the export is asked to write (``overwrite`` too): a file written there could
-        take the place of the store's own."""
-        path = os.path.realpath(folder)
-        while True:
-            if path not in self._plain:
-                if os.path.lexists(os.path.join(path, names.DATA_FILE)):
-                    raise UnsafePathError(
-                        f"record name {name!r} would be written into {path}, the folder of an "
-                        "LMDB store; export into a folder outside every store"
-                    )
-                self._plain.add(path)
-            parent = os.path.dirname(path)
-            if parent == path:
-                return
-            path = parent
-
-    def inside(self, path: Path, name: str) -> None:
-        """Refuse ``path`` (for the record ``name``) unless it resolves inside the folder."""
-        if os.path.commonpath([self.root, os.path.realpath(path)]) != self.root:
-            raise UnsafePathError(
-                f"record name {name!r} resolves outside {self.outdir}; refusing to write it"
-            )
 
 
 def export_store(
@@ -198,9 +86,9 @@ def export_store(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _write_failed(out, exc) from None
+        raise write_failed(out, exc) from None
     report = ExportReport(str(out), repaired=repaired)
-    destination = _Destination(out, resume=resume)
+    destination = Destination(out, resume=resume)
     total = len(reader)
     meta = reader.meta
     rows: list[bytes] | None = None
@@ -232,7 +120,7 @@ def export_store(
                 line = json.dumps(row).encode()  # (which the manifest reader turns back)
             rows.append(line + b"\n")
         if data is not None:
-            _write(destination, name, data, overwrite=overwrite, resume=resume, report=report)
+            write_file(destination, name, data, overwrite=overwrite, resume=resume, report=report)
             if meta.sidecars and rows is None:
                 ordered = _in_order(values, schema)
                 for side, content in _sidecar_files(name, meta.sidecars, ordered, schema):
@@ -246,7 +134,7 @@ def export_store(
                             )
                         continue
                     files, size, kept = report.files, report.total_bytes, report.kept
-                    _write(
+                    write_file(
                         destination,
                         side,
                         content,
@@ -261,7 +149,7 @@ def export_store(
             progress(done, total)
     if rows is not None:
         manifest = b"".join(rows)
-        _write(
+        write_file(
             destination, EXPORTED_MANIFEST, manifest, overwrite=True, resume=False, report=report
         )
         report.files -= 1  # the manifest is not one of the images
@@ -292,9 +180,9 @@ def _claim(out: Path, reader: StoreReader, *, overwrite: bool) -> None:
     if not ours:
         made = {"export of": reader.location, "store id": reader.meta.id}
         try:
-            _replace(mark, json.dumps(made).encode() + b"\n")
+            replace_file(mark, json.dumps(made).encode() + b"\n")
         except OSError as exc:
-            raise _write_failed(mark, exc) from None
+            raise write_failed(mark, exc) from None
 
 
 def _marked(mark: Path) -> bool:
@@ -458,143 +346,6 @@ def _decodes(
             *_SKIP_DAMAGED,
         ) from None
     return data
-
-
-def _write(
-    out: _Destination,
-    name: str,
-    data: bytes,
-    *,
-    overwrite: bool,
-    resume: bool,
-    report: ExportReport,
-) -> None:
-    """Write one file: under a temporary name beside it, then renamed into place (assumption 1
-    of docs/guarantees.md), so that a file under its own name is always whole, however the
-    export ends (Ctrl-C, a full disk, killed); a file it replaces (``overwrite``) stays whole
-    until then."""
-    target = out.outdir / name  # (for a message, until it is checked)
-    try:
-        target = out.path_for(name)
-        try:
-            st: os.stat_result | None = os.lstat(target)
-        except FileNotFoundError:
-            st = None
-        if st is not None:
-            if stat.S_ISLNK(st.st_mode):
-                out.inside(target, name)  # a link there may not lead out of the folder
-            held = _held(target, st, data) if resume else "other"
-            if held == "whole":
-                report.kept += 1
-                return
-            if held != "part" and not overwrite:  # (a prefix: left by an earlier fastdata)
-                hint = (
-                    ("it differs from the record: pass ", option("overwrite"), " to replace it")
-                    if resume
-                    else (
-                        "export into an empty folder, or pass ",
-                        option("resume"),
-                        " (keep files that match) or ",
-                        option("overwrite"),
-                    )
-                )
-                raise StoreExistsError(f"{target}: exists already; ", *hint)
-        _replace(target, data)
-    except OSError as exc:
-        raise _write_failed(target, exc) from None
-    report.files += 1
-    report.total_bytes += len(data)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    """``data`` into a new file at ``path`` (which must not exist, not even as a link); a write
-    that fails, or is interrupted, removes the file."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        _write_all(fd, data)
-    except BaseException:
-        os.close(fd)
-        with suppress(OSError):
-            os.unlink(path)
-        raise
-    os.close(fd)
-
-
-def _temporary(target: Path) -> Path:
-    return Path(names.export_temp(target, os.getpid()))
-
-
-def _replace(target: Path, data: bytes) -> None:
-    """``data`` written aside and renamed to ``target``: no file under that name is ever partial
-    (what was there stays whole until then)."""
-    tmp = _temporary(target)
-    try:
-        try:
-            _write_new(tmp, data)
-        except FileExistsError:  # left by a killed process that had this process's id
-            os.unlink(tmp)
-            _write_new(tmp, data)
-        os.replace(tmp, target)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _remove_stale_temporaries(folder: Path) -> None:
-    """Remove the temporary files that exports killed outright (SIGKILL, a power cut) left in
-    ``folder``: those of processes that no longer run (an export running beside this one keeps
-    its own)."""
-    with suppress(OSError), os.scandir(folder) as entries:
-        for entry in entries:
-            found = names.EXPORT_TEMP.fullmatch(entry.name)
-            if found and not _running(int(found.group(1))) and entry.is_file(follow_symlinks=False):
-                with suppress(OSError):
-                    os.unlink(entry.path)
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # (its temporary files exist only while it writes one, never here)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (another user's process: running)
-        return True
-    return True
-
-
-def _held(target: Path, st: os.stat_result, data: bytes) -> str:
-    """What the regular file ``target`` (``st``: its lstat) holds against ``data``: ``"whole"``
-    (exactly it), ``"part"`` (a shorter prefix of it: an export by an earlier fastdata, which
-    wrote files in place, stopped while writing it) or ``"other"``."""
-    if not stat.S_ISREG(st.st_mode) or st.st_size > len(data):
-        return "other"
-    fd = open_regular(target, os.O_RDONLY)  # (what lstat saw may have changed since)
-    if isinstance(fd, str):
-        return "other"
-    with open(fd, "rb") as f:
-        held = f.read(len(data) + 1)
-    if held == data:
-        return "whole"
-    return "part" if len(held) < len(data) and data.startswith(held) else "other"
-
-
-def _write_failed(where: Path, exc: OSError) -> StoreError:
-    return StoreError(
-        f"{where}: writing failed: {exc.strerror or exc}; free space (or fix the cause) and run ",
-        SAME_COMMAND,
-        " with ",
-        option("resume"),
-        ": the files written so far are whole and are kept",
-    )
 
 
 def _refuse_inside_store(reader: StoreReader, out: Path) -> None:

@@ -1,7 +1,8 @@
 """What the verbs report: one typed report per run, built by the verb, rendered by the CLI.
 
 The conversion's report lives here, apart from the conversion, so that the append plan (which
-adds its part to it) and the conversion import it from below, not from each other.
+adds its part to it) and the conversion import it from below, not from each other; the export's
+too, which its file writing (:mod:`.export_files`) counts into.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..records import SkippedFile
 
-__all__ = ["ConvertReport"]
+__all__ = ["ConvertReport", "ExportReport"]
 
 
 @dataclass
@@ -97,3 +98,28 @@ class ConvertReport:
     @property
     def images_per_second(self) -> float:
         return self.converted / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class ExportReport:
+    """What :func:`~fastdata.ops.export.export_store` wrote."""
+
+    outdir: str
+    files: int = 0
+    total_bytes: int = 0
+    kept: int = 0
+    """Files that existed with the right bytes (``resume``) and were left as they were."""
+    damaged: list[str] = field(default_factory=list)
+    """Records left out because they fail their checksum or fields check (``skip_damaged``)."""
+    undecodable: list[str] = field(default_factory=list)
+    """Records left out because they do not decode (``decode`` and ``skip_damaged``), each as
+    ``name: why``."""
+    repaired: bool = False
+    manifest: str = ""
+    """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
+    its first line the class list), which converts back to the same store."""
+    sidecars: int = 0
+    """Sidecar files written beside the images (a folder store's fields)."""
+    convert_back: str = ""
+    """The command that converts what was written back into a store like this one (the fields'
+    types declared, so that they do not depend on what the values look like)."""
