@@ -128,7 +128,7 @@ def scan_folder(
     ``x.txt`` (any other extension) a UTF-8 string, the field named by the extension. An image
     whose sidecar is missing, unreadable or of another type than the others' is listed as
     unusable with the reason. ``fields`` declares types (``fastdata.fields.parse_field_specs``);
-    the others are inferred from the values (``fastdata.fields.SchemaBuilder``; with
+    the others are inferred from the values (``fastdata.field_inference.SchemaBuilder``; with
     ``closed`` there are no others: an image whose sidecar gives another field is unusable).
 
     Only the folder tree is read; files are not opened. Links to folders are followed, each folder

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import Phrase, SourceError, option
+from ..field_inference import SchemaBuilder
 from ..fields import (
     Field,
     Schema,
-    SchemaBuilder,
     canonical,
     parse_text_value,
 )
@@ -152,7 +152,7 @@ def scan_manifest(
         fields: declared fields (``fastdata.fields.parse_field_specs``): the CSV columns to
             keep, with their types; for JSON Lines, where every key beside ``path`` and
             ``label`` is a field, the types of those named (the others are inferred:
-            ``fastdata.fields.SchemaBuilder``).
+            ``fastdata.field_inference.SchemaBuilder``).
         all_fields: keep every other CSV column, as a string unless declared (``--fields '*'``).
         closed: ``fields`` are all the fields there are (an append's: the store's); a JSON
             Lines row with another key is unusable.

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SourceError, option
-from ..fields import Field, SchemaBuilder, check_name, parse_text_value, unique_keys
+from ..field_inference import SchemaBuilder
+from ..fields import Field, check_name, parse_text_value, unique_keys
 from .reading import read_file
 from .samples import IMG_EXTENSIONS
 
