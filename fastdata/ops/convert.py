@@ -28,7 +28,7 @@ from ..packed import PackedStrings
 from ..records import Progress, Record, SkippedFile, StoreMeta, name_bytes
 from ..sources.samples import FolderScan
 from ..stores import StoreWriter, open_writer
-from ..stores.policy import Batch
+from ..stores.batch import Batch
 from .append import AppendPlan, plan_append
 from .ingest import sample_loader
 from .reports import ConvertReport

@@ -30,7 +30,8 @@ from ..records import (
     name_bytes,
 )
 from ..stores import open_store, open_writer
-from ..stores.policy import Batch, StoreWriter
+from ..stores.batch import Batch
+from ..stores.policy import StoreWriter
 from ..stores.reader import StoreReader
 
 __all__ = ["CopyReport", "copy_store"]

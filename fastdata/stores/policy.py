@@ -1,6 +1,7 @@
 """The writer's life, once for both backends: lock, look, build aside, promote, resume, the
-finish invariants, the incomplete and replaced errors. Backends say where bytes live and how to
-lock, build aside and replace (the abstract steps of :class:`StoreWriter`)."""
+finish invariants. Backends say where bytes live and how to lock, build aside and replace (the
+abstract steps of :class:`StoreWriter`). What a writer finds at its destination and the errors
+that name it are :mod:`.existing`'s; the commit loop of every writing verb, :mod:`.batch`'s."""
 
 from __future__ import annotations
 
@@ -14,16 +15,15 @@ from typing import TYPE_CHECKING
 
 from ..errors import (
     SAME_COMMAND,
-    IncompleteStoreError,
     Interrupted,
     Phrase,
     StoreError,
     StoreExistsError,
     StoreNotFoundError,
     UsageError,
-    option,
 )
 from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
+from .existing import APPEND, OVERWRITE, RESUME, Existing, exists_message, incomplete_error
 from .invariants import invariant_failures
 
 if TYPE_CHECKING:
@@ -31,60 +31,11 @@ if TYPE_CHECKING:
 
     from .reader import StoreReader
 
-__all__ = ["Batch", "Completion", "Existing", "StoreWriter", "incomplete_error"]
+# (Existing and incomplete_error live in .existing; the LMDB backend imports them from here)
+__all__ = ["Completion", "Existing", "StoreWriter", "incomplete_error"]
 
-OVERWRITE, RESUME, APPEND = option("overwrite"), option("resume"), option("append")
 
 log = logging.getLogger(__name__)
-
-
-def incomplete_error(
-    location: str, progress: Progress, target: str, aside: Progress | None = None
-) -> IncompleteStoreError:
-    """What a reader says of a store whose run stopped before it was complete: how far it got,
-    and the command that finishes it (``target``: the store as command-line words). ``aside``:
-    the progress of a replacement (``--overwrite``) begun since and interrupted too, which is
-    what a resume continues (the run in place can no longer be finished: the replacement takes
-    its place), so its command is the one named."""
-    what, unit = ("copy", "records") if progress.is_copy else ("conversion", "images")
-    if progress.base_id:
-        what = "append"
-    stopped = f"its {what} stopped after {progress.next_sample} of {progress.total} {unit}"
-    if aside is not None:
-        return IncompleteStoreError(
-            f"{location}: incomplete store: {stopped}, and a replacement (--overwrite) begun "
-            f"since stopped after {aside.next_sample} of {aside.total}; finish the replacement "
-            f"with `{aside.resume_command(target)}`"
-        )
-    return IncompleteStoreError(
-        f"{location}: incomplete store: {stopped}; finish it with "
-        f"`{progress.resume_command(target)}`"
-    )
-
-
-@dataclass(frozen=True)
-class Existing:
-    """What a writer found at its destination, looked at under its lock.
-
-    Attributes:
-        meta: the metadata of the complete store there, if any.
-        progress: the progress of an interrupted conversion in place, if any.
-        aside: the progress of an interrupted replacement (``--overwrite``) built aside, if any.
-        aside_complete: the replacement aside is complete but was not yet moved into place.
-        other: something that is not a fastdata store (a foreign LMDB, documents, damage).
-        appending: the progress of an interrupted append to the complete store ``meta``.
-    """
-
-    meta: StoreMeta | None = None
-    progress: Progress | None = None
-    aside: Progress | None = None
-    aside_complete: bool = False
-    other: str = ""
-    appending: Progress | None = None
-
-    @property
-    def empty(self) -> bool:
-        return self.meta is None and self.progress is None and self.aside is None and not self.other
 
 
 @dataclass(frozen=True)
@@ -232,7 +183,7 @@ class StoreWriter(abc.ABC):
                 RESUME,
             )
         elif not found.empty and not overwrite:
-            raise StoreExistsError(*self._exists_message(found, progress.is_copy))
+            raise StoreExistsError(*exists_message(self.location, found, progress.is_copy))
         self._aside = not found.empty
         if found.aside is not None:
             self._discard_aside()
@@ -370,35 +321,6 @@ class StoreWriter(abc.ABC):
             self._aside = False
             found = self._inspect()
         return found
-
-    def _exists_message(self, found: Existing, copy: bool) -> tuple[str | Phrase, ...]:
-        if found.meta is not None and found.aside is not None:
-            return (
-                f"{self.location}: a store exists, and a replacement of it was interrupted; pass ",
-                RESUME,
-                " to finish the replacement or ",
-                OVERWRITE,
-                " to start it over",
-            )
-        if found.meta is not None and not copy:
-            return (
-                f"{self.location}: a store exists already; pass ",
-                APPEND,
-                " to add the images it lacks, or ",
-                OVERWRITE,
-                " to replace it",
-            )
-        if found.meta is not None:
-            return (f"{self.location}: a store exists already; pass ", OVERWRITE, " to replace it")
-        if found.progress is not None:
-            return (
-                f"{self.location}: holds an interrupted conversion; pass ",
-                RESUME,
-                " to continue it or ",
-                OVERWRITE,
-                " to start over",
-            )
-        return (f"{self.location}: {found.other}; pass ", OVERWRITE, " to replace it")
 
     @staticmethod
     def _same_store(meta: StoreMeta, progress: Progress) -> bool:
@@ -568,38 +490,3 @@ class StoreWriter(abc.ABC):
     def store_target(self) -> tuple[str, str | None]:
         """The store as ``open_store`` takes it: a folder, or a URI and its collection."""
         return os.path.abspath(self.location), None
-
-
-class Batch:
-    """The records gathered for one commit: the one commit loop of every writing verb.
-
-    ``add`` records, ``commit_if_full`` after each (a batch is committed, together with the
-    progress ``state``, once it holds ``max_records`` records or ``max_bytes`` image bytes: the
-    writer's memory stays flat), and ``commit`` the rest at the end. The writer owns what a commit
-    is; the verb only says what goes in it.
-    """
-
-    def __init__(
-        self, writer: StoreWriter, state: Progress, max_records: int, max_bytes: int
-    ) -> None:
-        self.writer, self.state = writer, state
-        self.max_records, self.max_bytes = max_records, max_bytes
-        self.records: list[Record] = []
-        self.nbytes = 0
-
-    def add(self, record: Record) -> None:
-        self.records.append(record)
-        self.nbytes += len(record.data)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def commit_if_full(self) -> None:
-        if len(self.records) >= self.max_records or self.nbytes >= self.max_bytes:
-            self.commit()
-
-    def commit(self) -> None:
-        """Commit what was added (and the progress with it), even nothing: an empty commit
-        saves the progress alone."""
-        records, self.records, self.nbytes = self.records, [], 0
-        self.writer.write(records, self.state)

@@ -27,8 +27,8 @@ from ...records import (
     name_bytes,
     skipped_file,
 )
+from ..existing import incomplete_error
 from ..names import META_COLLECTION, aside_collection, aside_owner_collection, bucket, progress_id
-from ..policy import incomplete_error
 from ..reader import StoreReader, append_note
 from .connection import MongoTarget, command_words, gridfs_of
 from .layout import (

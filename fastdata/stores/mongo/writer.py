@@ -28,8 +28,9 @@ from ...records import (
     StoreMeta,
 )
 from .. import names
+from ..existing import Existing
 from ..names import META_COLLECTION, progress_id
-from ..policy import Completion, Existing, StoreWriter
+from ..policy import Completion, StoreWriter
 from ..reader import StoreReader
 from .buckets import buckets_named, drop_buckets
 from .claim import Claimed
