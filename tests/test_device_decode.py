@@ -18,7 +18,8 @@ import torch
 from fastdata import LMDBImageDataset, convert, create_loader
 from fastdata.images import pipelines
 from fastdata.images.decode import decode_array
-from fastdata.images.device_decode import DeviceDecoder, available_backends
+from fastdata.images.device_backends import available_backends
+from fastdata.images.device_decode import DeviceDecoder
 from fastdata.images.pipelines import EvalPipeline, TrainPipeline
 from fastdata.images.synthetic import synthetic_jpeg
 

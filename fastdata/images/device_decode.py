@@ -17,13 +17,14 @@ pipeline with the same plan; a batch that needed that logs one line (a warning t
 then at debug level), never one per image. The crop is resized with an antialiased bilinear
 filter in float32 and rounded back to uint8, so pixels match the CPU path's to the decoders'
 and the filters' rounding. Nothing here is required: without nvImageCodec and torchvision the
-decoder is the CPU one, said once.
+decoder is the CPU one, said once. Which backends this machine has is
+:mod:`~fastdata.images.device_backends`'s; the plans that a loader's workers hand over come from
+:class:`~fastdata.images.pipelines.Planned`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,25 +32,20 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CorruptImageError
 from . import pipelines
 from .codec import is_jpeg
+from .device_backends import BACKENDS, available_backends, load_nvimgcodec, nvimgcodec_install_hint
 from .device_finish import chunks, finish_batch, finish_one
-from .pipelines import CropPlan, Pipeline, render
+from .pipelines import CropPlan, render
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "BACKENDS",
     "GROUP_PIXELS",
     "BatchImageError",
     "DeviceDecoder",
-    "Planned",
-    "available_backends",
 ]
 
 log = logging.getLogger(__name__)
-
-BACKENDS: tuple[str, ...] = ("auto", "nvimgcodec", "torchvision", "cpu")
-"""The names :class:`DeviceDecoder` takes for ``backend``."""
 
 GROUP_PIXELS = 32 << 20
 """Window pixels decoded by one call at most (about 100 MB of RGB): a batch of large photos, or
@@ -67,64 +63,6 @@ class BatchImageError(CorruptImageError):
     def __init__(self, position: int, error: CorruptImageError) -> None:
         super().__init__(f"image {position} of the batch", error.reason)
         self.position = position
-
-
-_import_lock = threading.Lock()
-_nvimgcodec: list[Any] = []  # [module or None], filled once per process
-
-
-def _load_nvimgcodec() -> Any:
-    """nvImageCodec's module, or None. Its import prints to the C-level stderr about every
-    CUDA library it cannot find (all of them on a machine without CUDA, where its CPU backend
-    still works): that output is held back, and the module's own errors come as exceptions."""
-    with _import_lock:
-        if not _nvimgcodec:
-            # its decoders' messages (one or two per damaged image) go to the C-level stderr,
-            # past logging's reach: off unless the user asks (we log one line per batch)
-            os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-            saved = os.dup(2)
-            try:
-                with open(os.devnull, "wb") as devnull:
-                    os.dup2(devnull.fileno(), 2)
-                    try:
-                        from nvidia import nvimgcodec
-                    except Exception:  # not installed, or a build for another platform
-                        nvimgcodec = None
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-            _nvimgcodec.append(nvimgcodec)
-        return _nvimgcodec[0]
-
-
-def _has_torchvision_decode() -> bool:
-    try:
-        from torchvision.io import decode_jpeg  # noqa: F401
-    except Exception:  # not installed, or a build that does not load with this torch
-        return False
-    return True
-
-
-def nvimgcodec_install_hint() -> str:
-    """The command that installs nvImageCodec built for this torch's CUDA (12 or 13)."""
-    import torch
-
-    if (torch.version.cuda or "").split(".")[0] == "13":
-        return "pip install nvidia-nvimgcodec-cu13 nvidia-nvjpeg (the gpu-cu13 extra)"
-    return "pip install nvidia-nvimgcodec-cu12 nvidia-nvjpeg-cu12 (the gpu extra)"
-
-
-def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """The backends that can decode for ``device`` on this machine, best first (``cpu`` always
-    last)."""
-    import torch
-
-    found = []
-    if _load_nvimgcodec() is not None:
-        found.append("nvimgcodec")
-    if torch.device(device).type == "cuda" and _has_torchvision_decode():
-        found.append("torchvision")
-    return [*found, "cpu"]
 
 
 class DeviceDecoder:
@@ -377,7 +315,7 @@ class DeviceDecoder:
         import numpy as np
         import torch
 
-        nv = _load_nvimgcodec()
+        nv = load_nvimgcodec()
         cuda = self.device.type == "cuda"
         if self._codec is None:
             self._codec = self._make_codec(nv, cuda)
@@ -491,41 +429,3 @@ class DeviceDecoder:
             y0, x0, y1, x1 = plan.pixels(*plan.full)
             out.append(image[:, y0:y1, x0:x1])
         return out
-
-
-class Planned(Pipeline):
-    """A pipeline's plans without its pixels: ``(encoded bytes, plan, index)`` per sample, what
-    a loader's workers hand to a :class:`DeviceDecoder` (``create_loader(decode="device")``).
-
-    Args:
-        pipeline: a pipeline whose ``plan`` says all that its ``__call__`` does (the built-in
-            ones, and subclasses that leave ``__call__`` alone).
-
-    Raises:
-        ValueError: a pipeline the device cannot follow.
-    """
-
-    wants_index = True  # the dataset passes each sample's index (errors name the record)
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        if type(pipeline).__call__ not in _FOLLOWED:
-            raise ValueError(
-                f"decode='device' follows a pipeline's plan(), and {type(pipeline).__name__} "
-                "has none or does more in its own __call__: use TrainPipeline or EvalPipeline "
-                "(or a subclass that changes only their options), or decode='cpu'"
-            )
-        self.pipeline = pipeline
-        self.size = pipeline.size
-
-    def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
-        return self.pipeline.plan(data, seed)
-
-    def __call__(self, data: bytes, seed: int | None = None, index: int = -1) -> Any:
-        return bytes(data), self.pipeline.plan(data, seed), index
-
-    def __repr__(self) -> str:
-        return f"Planned({self.pipeline!r})"
-
-
-_FOLLOWED = (pipelines.TrainPipeline.__call__, pipelines.EvalPipeline.__call__)
-"""The ``__call__`` s whose work is all in their ``plan`` (and :func:`render`)."""

@@ -28,6 +28,7 @@ __all__ = [
     "CropPlan",
     "EvalPipeline",
     "Pipeline",
+    "Planned",
     "TrainPipeline",
     "output_shape",
     "render",
@@ -317,3 +318,42 @@ class EvalPipeline(Pipeline):
 
     def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
         return render(data, self.plan(data, seed), self.fast_decode)
+
+
+class Planned(Pipeline):
+    """A pipeline's plans without its pixels: ``(encoded bytes, plan, index)`` per sample, what
+    a loader's workers hand to a :class:`~fastdata.images.device_decode.DeviceDecoder`
+    (``create_loader(decode="device")``).
+
+    Args:
+        pipeline: a pipeline whose ``plan`` says all that its ``__call__`` does (the built-in
+            ones, and subclasses that leave ``__call__`` alone).
+
+    Raises:
+        ValueError: a pipeline the device cannot follow.
+    """
+
+    wants_index = True  # the dataset passes each sample's index (errors name the record)
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        if type(pipeline).__call__ not in _FOLLOWED:
+            raise ValueError(
+                f"decode='device' follows a pipeline's plan(), and {type(pipeline).__name__} "
+                "has none or does more in its own __call__: use TrainPipeline or EvalPipeline "
+                "(or a subclass that changes only their options), or decode='cpu'"
+            )
+        self.pipeline = pipeline
+        self.size = pipeline.size
+
+    def plan(self, data: bytes, seed: int | None = None) -> CropPlan:
+        return self.pipeline.plan(data, seed)
+
+    def __call__(self, data: bytes, seed: int | None = None, index: int = -1) -> Any:
+        return bytes(data), self.pipeline.plan(data, seed), index
+
+    def __repr__(self) -> str:
+        return f"Planned({self.pipeline!r})"
+
+
+_FOLLOWED = (TrainPipeline.__call__, EvalPipeline.__call__)
+"""The ``__call__`` s whose work is all in their ``plan`` (and :func:`render`)."""

@@ -155,7 +155,7 @@ class EncodedBatch(NamedTuple):
 
 def collate_encoded(batch: Sequence[tuple[tuple[bytes, Any, int], Any]]) -> EncodedBatch:
     """``[((bytes, plan, index), label), ...]`` (what a dataset with a
-    :class:`~fastdata.images.device_decode.Planned` pipeline gives) -> :class:`EncodedBatch`."""
+    :class:`~fastdata.images.pipelines.Planned` pipeline gives) -> :class:`EncodedBatch`."""
     if not batch:
         raise ValueError("cannot collate an empty batch")
     labels = torch.as_tensor([int(label) for _, label in batch], dtype=torch.int64)

@@ -296,7 +296,8 @@ def create_loader(
     if isinstance(dataset, ImageStoreDataset) and dataset.transform is None:
         chosen = pipeline or (TrainPipeline(image_size) if train else EvalPipeline(image_size))
         if decode == "device":
-            from ..images.device_decode import DeviceDecoder, Planned
+            from ..images.device_decode import DeviceDecoder
+            from ..images.pipelines import Planned
 
             if collate_fn is not None:
                 raise ValueError("decode='device' batches the encoded images itself: no collate_fn")
