@@ -2,7 +2,8 @@
 
 A dataset holds a :class:`~fastdata.stores.policy.StoreReader` and nothing per sample: keys come
 from the index, labels live in one array. The reader's handle opens lazily in each process, so
-a dataset can be handed to ``DataLoader`` workers under fork or spawn.
+a dataset can be handed to ``DataLoader`` workers under fork or spawn. How a sample's field
+values are given to the caller is :mod:`fastdata.sample_fields`'s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .errors import CorruptImageError, RecordError, UsageError
 from .images.decode import decode_numpy, decode_pil
 from .images.pipelines import Pipeline
 from .records import bytes_problem
+from .sample_fields import FieldValues, field_reader
 from .stores.reader import StoreReader
 from .stores.view import StoreView
 
@@ -77,40 +79,6 @@ def _part(
     if classes is None and indices is None and where is None:
         return reader
     return StoreView(reader, classes=classes, indices=indices, where=where)
-
-
-class FieldValues(dict[str, Any]):
-    """A sample's field values by name (a plain ``dict`` to its reader), with the
-    :class:`~fastdata.fields.Schema` they were read by, so that ``fast_collate`` batches them
-    by the store's types whether or not it is told the schema (``create_loader`` tells it)."""
-
-    schema: Any = None
-
-
-def _field_reader(field: Any) -> Callable[[Any], Any]:
-    """How a stored value of ``field`` is given to the caller: numbers with a shape as a
-    numpy array (int64, float32 or bool; a variable first dimension may be 0), a scalar float
-    as a float (a document may hold it as an int: the same value, which the field's checksum
-    and ``verify`` accept), everything else as stored."""
-    if field.type == "float" and not field.shape:
-        return _as_float
-    if field.type not in ("int", "float", "bool") or not field.shape:
-        return _same
-    dtype = {"int": np.int64, "float": np.float32, "bool": np.bool_}[field.type]
-    empty = (0, *field.shape[1:])
-
-    def read(value: Any) -> Any:
-        return np.asarray(value, dtype=dtype) if value else np.zeros(empty, dtype=dtype)
-
-    return read
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _as_float(value: Any) -> Any:
-    return float(value) if type(value) is int else value
 
 
 class ImageStoreDataset(Dataset):
@@ -292,7 +260,7 @@ class ImageStoreDataset(Dataset):
         """Samples with their fields: the records read whole (headers and bytes) in one round
         trip."""
         schema = self.reader.meta.schema
-        readers = [(n, _field_reader(schema.get(n))) for n in self.fields]
+        readers = [(n, field_reader(schema.get(n))) for n in self.fields]
         read_by = self.field_schema
         transform, target_transform = self.transform, self.target_transform
         checked = self._checked and self.reader.has_checksums
