@@ -35,6 +35,9 @@ from .errors import (
     SourceError as SourceError,
 )
 from .errors import (
+    StoreDamagedError as StoreDamagedError,
+)
+from .errors import (
     StoreError as StoreError,
 )
 from .errors import (
@@ -45,9 +48,6 @@ from .errors import (
 )
 from .errors import (
     StoreNotFoundError as StoreNotFoundError,
-)
-from .errors import (
-    StoreDamagedError as StoreDamagedError,
 )
 from .errors import (
     StoreReplacedError as StoreReplacedError,
