@@ -16,13 +16,13 @@ from .procs import script, wait_for
 STOPPED_READER = """
     import json, os, sys, time, zlib
     from pathlib import Path
-    from fastdata.stores.lmdb import env
+    from fastdata.stores.lmdb import lease
     from fastdata.stores.lmdb.reader import LMDBStore
 
     store, started, go = sys.argv[1:4]
     reader = LMDBStore(store)
     n = len(reader)
-    real = env.address  # taken of each value looked up, just before it is copied
+    real = lease.address  # taken of each value looked up, just before it is copied
     calls = [0]
     def address(view):
         calls[0] += 1
@@ -31,7 +31,7 @@ STOPPED_READER = """
             while not os.path.exists(go):
                 time.sleep(0.01)
         return real(view)
-    env.address = address
+    lease.address = address
     records = reader.read_records(range(n))
     bad = [r.index for r in records if zlib.crc32(r.data) != r.header.crc32]
     print(json.dumps({"n": n, "bad": bad, "calls": calls[0],

@@ -17,7 +17,7 @@ from bson import Binary
 
 from fastdata import MongoImageDataset, convert
 from fastdata.errors import RecordError
-from fastdata.stores.lmdb import file as lmdb_file
+from fastdata.stores.lmdb.pages import format as lmdb_format
 
 from .conftest import jpeg_bytes, write
 from .mongo_server import database
@@ -51,7 +51,7 @@ def _send_value(data_file: Path, key: bytes, page: int) -> None:
     """Point ``key``'s value (on pages of its own) at ``page``, leaving its size."""
     raw = data_file.read_bytes()
     for leaf, at, flags, found in nodes(data_file):
-        if found == key and flags & lmdb_file.F_BIGDATA:
+        if found == key and flags & lmdb_format.F_BIGDATA:
             with open(data_file, "r+b") as f:
                 f.seek(leaf * 4096 + at + 8 + len(key))
                 f.write(struct.pack("<Q", page))
@@ -70,7 +70,7 @@ def test_a_record_sent_to_other_pages_is_an_error_not_wrong_bytes(tmp_path: Path
     data_file = store / "data.mdb"
     original = (tmp_path / "big" / "c" / "015.jpg").read_bytes()
     if to == "a branch page":
-        target = pages(data_file, lmdb_file.P_BRANCH)[0]
+        target = pages(data_file, lmdb_format.P_BRANCH)[0]
     else:
         target = value_page(data_file, b"0000000016")
     _send_value(data_file, b"0000000015", target)

@@ -16,7 +16,9 @@ import lmdb
 import pytest
 
 from fastdata import convert
-from fastdata.stores.lmdb import file as lmdb_file
+from fastdata.stores.lmdb.pages import advice, check_file
+from fastdata.stores.lmdb.pages import format as lmdb_format
+from fastdata.stores.lmdb.pages import tree as lmdb_tree
 from fastdata.stores.reader import ScanBlock
 
 from .conftest import jpeg_bytes, tiny_store, write
@@ -62,7 +64,7 @@ def store(tmp_path: Path) -> Path:
 def pages(data_file: Path, flags: int) -> list[int]:
     """The page numbers of the tree pages of one kind (leaf or branch)."""
     raw = data_file.read_bytes()
-    head = lmdb_file.check_file(str(data_file))
+    head = check_file(str(data_file))
     return [
         n
         for n in range(2, head.last_page + 1)
@@ -108,10 +110,10 @@ def test_truncated_file(store: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "what, kind, offset, value",
     [
-        ("a leaf's bounds", lmdb_file.P_LEAF, 12, b"\xf0\xff"),
-        ("a leaf's first node offset", lmdb_file.P_LEAF, 16, b"\xf0\xff"),
-        ("a branch's first node offset", lmdb_file.P_BRANCH, 16, b"\xf0\xff"),
-        ("a leaf overwritten with noise", lmdb_file.P_LEAF, 0, os.urandom(4096)),
+        ("a leaf's bounds", lmdb_format.P_LEAF, 12, b"\xf0\xff"),
+        ("a leaf's first node offset", lmdb_format.P_LEAF, 16, b"\xf0\xff"),
+        ("a branch's first node offset", lmdb_format.P_BRANCH, 16, b"\xf0\xff"),
+        ("a leaf overwritten with noise", lmdb_format.P_LEAF, 0, os.urandom(4096)),
     ],
 )
 def test_damaged_page(
@@ -136,7 +138,7 @@ def test_a_value_whose_size_field_lies(store: Path, tmp_path: Path) -> None:
     """A node claiming a 4 GB value: copying it would read far past the file."""
     data_file = store / "data.mdb"
     raw = data_file.read_bytes()
-    page = pages(data_file, lmdb_file.P_LEAF)[3]
+    page = pages(data_file, lmdb_format.P_LEAF)[3]
     first_node = struct.unpack_from("<H", raw, page * 4096 + 16)[0]
     smash(data_file, page, first_node, struct.pack("<I", 0xFFFFFFF0))
     results = every_path(store, tmp_path)
@@ -158,7 +160,7 @@ def test_a_large_value_whose_size_runs_past_the_end_of_the_file(tmp_path: Path) 
     data_file = store / "data.mdb"
     raw = data_file.read_bytes()
     firsts = []  # the first node of every leaf of records on their own pages (live or not)
-    for page in pages(data_file, lmdb_file.P_LEAF):
+    for page in pages(data_file, lmdb_format.P_LEAF):
         at = page * 4096 + struct.unpack_from("<H", raw, page * 4096 + 16)[0]
         flags, key_size = struct.unpack_from("<HH", raw, at + 4)
         if flags & 1 and raw[at + 8 : at + 9].isdigit():  # F_BIGDATA, a record's key
@@ -283,7 +285,7 @@ def test_a_damaged_page_under_an_image_is_found(tmp_path: Path) -> None:
     says it is."""
     store = big_store(tmp_path)
     data_file = store / "data.mdb"
-    overflow = pages(data_file, lmdb_file.P_OVERFLOW)
+    overflow = pages(data_file, lmdb_format.P_OVERFLOW)
     assert len(overflow) >= 30
     page = overflow[len(overflow) // 2]
     smash(data_file, page, 0, struct.pack("<Q", 7))  # its page number
@@ -299,7 +301,7 @@ def test_keys_out_of_order_are_damage(store: Path) -> None:
     """A record's key whose digits changed on the page: LMDB's search goes wrong around it."""
     data_file = store / "data.mdb"
     raw = data_file.read_bytes()
-    for page in pages(data_file, lmdb_file.P_LEAF):
+    for page in pages(data_file, lmdb_format.P_LEAF):
         at = page * 4096 + struct.unpack_from("<H", raw, page * 4096 + 16)[0]
         if raw[at + 8 : at + 9].isdigit():  # a leaf of records: its first key made the largest
             smash(data_file, page, at + 8 - page * 4096, b"9")
@@ -312,12 +314,12 @@ def test_keys_out_of_order_are_damage(store: Path) -> None:
 
 def test_damage_past_the_listed_pages_is_counted(store: Path) -> None:
     data_file = store / "data.mdb"
-    leaves = pages(data_file, lmdb_file.P_LEAF)
+    leaves = pages(data_file, lmdb_format.P_LEAF)
     for page in leaves[:12]:
         smash(data_file, page, 0, struct.pack("<Q", 1))
-    found = lmdb_file.walk(str(data_file))
+    found = lmdb_tree.walk(str(data_file))
     assert len(found) >= 3  # (some leaves are pages of earlier versions, no longer in the tree)
-    with lmdb_file.Tree(str(data_file), limit=2) as tree:
+    with lmdb_tree.Tree(str(data_file), limit=2) as tree:
         assert sum(1 for _ in tree.entries()) < 480  # (the entries under them are not given)
         assert tree.damage == found[:2] and tree.more == len(found) - 2
 
@@ -371,25 +373,25 @@ def test_the_read_ahead_of_a_large_file_changes_nothing(
     import threading
 
     data_file = store / "data.mdb"
-    leaf = pages(data_file, lmdb_file.P_LEAF)[-3]
+    leaf = pages(data_file, lmdb_format.P_LEAF)[-3]
     smash(data_file, leaf, 0, struct.pack("<Q", 1))
-    with lmdb_file.Tree(str(data_file)) as tree:
+    with lmdb_tree.Tree(str(data_file)) as tree:
         plain, plain_damage = list(tree.entries()), tree.damage
     assert plain_damage and len(plain) > 240
-    monkeypatch.setattr(lmdb_file, "AHEAD", 8 * 4096)
-    monkeypatch.setattr(lmdb_file, "AHEAD_CHUNK", 4096)
+    monkeypatch.setattr(advice, "AHEAD", 8 * 4096)
+    monkeypatch.setattr(advice, "AHEAD_CHUNK", 4096)
     started: list[threading.Thread] = []
 
-    class Counted(lmdb_file._ReadAhead):
+    class Counted(advice.ReadAhead):
         def __init__(self, *args: object) -> None:
             super().__init__(*args)  # type: ignore[arg-type]
             started.append(self._thread)
 
-    monkeypatch.setattr(lmdb_file, "_ReadAhead", Counted)
-    with lmdb_file.Tree(str(data_file)) as tree:
+    monkeypatch.setattr(advice, "ReadAhead", Counted)
+    with lmdb_tree.Tree(str(data_file)) as tree:
         assert list(tree.entries()) == plain and tree.damage == plain_damage
     assert len(started) == 1  # (it may have reached the end of the file before the walk did)
-    with lmdb_file.Tree(str(data_file)) as tree:
+    with lmdb_tree.Tree(str(data_file)) as tree:
         next(tree.entries())  # left after one entry
     assert len(started) == 2 and not any(t.is_alive() for t in started)
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
@@ -428,7 +430,7 @@ PARALLEL = """
 def test_verify_in_several_processes_finds_what_one_does(store: Path) -> None:
     data_file = store / "data.mdb"
     names = value_page(data_file, b"__names__")  # (a page the first process alone checks)
-    for page in [*pages(data_file, lmdb_file.P_LEAF)[-6:], names]:  # (some in the tree)
+    for page in [*pages(data_file, lmdb_format.P_LEAF)[-6:], names]:  # (some in the tree)
         smash(data_file, page, 0, struct.pack("<Q", 1))
     flip_a_byte(store, b"0000000005")
     one = json.loads(run_script(PARALLEL, store, "-", 1).stdout)
@@ -476,7 +478,7 @@ def nodes(data_file: Path) -> Iterator[tuple[int, int, int, bytes]]:
     """Every node of every leaf page (live or not): its page, its offset in the page, its
     flags and its key."""
     raw = data_file.read_bytes()
-    for page in pages(data_file, lmdb_file.P_LEAF):
+    for page in pages(data_file, lmdb_format.P_LEAF):
         base = page * 4096
         lower = struct.unpack_from("<H", raw, base + 12)[0]
         for n in range((lower - 16) // 2):
@@ -487,12 +489,12 @@ def nodes(data_file: Path) -> Iterator[tuple[int, int, int, bytes]]:
 
 def value_page(data_file: Path, key: bytes) -> int:
     """The first page of ``key``'s value, where it lies on pages of its own."""
-    with lmdb_file.Tree(str(data_file)) as tree:
+    with lmdb_tree.Tree(str(data_file)) as tree:
         live = {key for key, _ in tree.entries(values=False)}
     assert key in live
     raw = data_file.read_bytes()
     for page, at, flags, found in nodes(data_file):
-        if found == key and flags & lmdb_file.F_BIGDATA:
+        if found == key and flags & lmdb_format.F_BIGDATA:
             return int(struct.unpack_from("<Q", raw, page * 4096 + at + 8 + len(key))[0])
     raise AssertionError(f"no value pages for {key!r}")
 
@@ -562,10 +564,10 @@ def test_damage_that_stops_the_whole_store_checks_keeps_the_report(tmp_path: Pat
 def test_many_damaged_pages_are_counted_alike_by_any_number_of_processes(tmp_path: Path) -> None:
     store = tiny_store(tmp_path, 1000)
     data_file = store / "data.mdb"
-    leaves = pages(data_file, lmdb_file.P_LEAF)
+    leaves = pages(data_file, lmdb_format.P_LEAF)
     for page in leaves:
         smash(data_file, page, 0, struct.pack("<Q", 1))
-    found = len(lmdb_file.walk(str(data_file), limit=10**6))
+    found = len(lmdb_tree.walk(str(data_file), limit=10**6))
     assert found > 100
     runs = [cli("verify", str(store), "-q", "-j", j) for j in ("1", "2", "5")]
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout
@@ -732,7 +734,7 @@ def _walks(data_file: Path, low: bytes | None, high: bytes | None, *, side_by_si
     by side or (with the depth its header gives hidden from it) one page at a time."""
     import dataclasses
 
-    with lmdb_file.Tree(str(data_file)) as tree:
+    with lmdb_tree.Tree(str(data_file)) as tree:
         if not side_by_side:
             tree.head = dataclasses.replace(tree.head, depth=0)
         got = [(k, None if v is None else bytes(v)) for k, v in tree.entries(low, high)]
@@ -766,9 +768,9 @@ def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(tmp_path
     import random
 
     source = deep_tree(tmp_path / "deep")
-    assert lmdb_file.check_file(str(source)).depth == 3
+    assert check_file(str(source)).depth == 3
     raw = source.read_bytes()
-    tree_pages = pages(source, lmdb_file.P_LEAF) + pages(source, lmdb_file.P_BRANCH) * 20
+    tree_pages = pages(source, lmdb_format.P_LEAF) + pages(source, lmdb_format.P_BRANCH) * 20
     ranges = [(None, None), (b"#0000000100", b"0000000050"), (b"0000001007", b"0000002500")]
     rng = random.Random(1234)
     damaged = tmp_path / "damaged.mdb"
@@ -812,7 +814,7 @@ def test_leaves_checked_side_by_side_name_each_damage_as_one_page_at_a_time(
     source = deep_tree(tmp_path / "deep")
     raw = source.read_bytes()
     damaged = tmp_path / "damaged.mdb"
-    leaves = pages(source, lmdb_file.P_LEAF)
+    leaves = pages(source, lmdb_format.P_LEAF)
     for page in leaves[::9] + leaves[-3:]:
         data = bytearray(raw)
         base = page * 4096
@@ -840,7 +842,7 @@ def test_leaves_below_the_deepest_level_a_walk_follows_are_a_loop_either_way(
     has two nodes, as LMDB's branches do: the next page of the chain, and a leaf of one key
     past all the keys below.)"""
     source = deep_tree(tmp_path / "deep")
-    head = lmdb_file.check_file(str(source))
+    head = check_file(str(source))
     data = bytearray(source.read_bytes()[: (head.last_page + 1) * 4096])
     chain, first = 63, head.last_page + 1
     leaves = first + chain  # (leaf k beside branch k of the chain)
@@ -849,7 +851,7 @@ def test_leaves_below_the_deepest_level_a_walk_follows_are_a_loop_either_way(
         key = b"\xff" + bytes([255 - k])  # (smaller at each level down: every bound holds)
         page = bytearray(4096)
         upper = 4096 - 8 - 10
-        struct.pack_into("<QHHHH", page, 0, first + k, 0, lmdb_file.P_BRANCH, 20, upper)
+        struct.pack_into("<QHHHH", page, 0, first + k, 0, lmdb_format.P_BRANCH, 20, upper)
         struct.pack_into("<HH", page, 16, 4096 - 8, upper)
         struct.pack_into("<HHHH", page, 4096 - 8, child & 0xFFFF, child >> 16, 0, 0)
         side = leaves + k
@@ -860,7 +862,7 @@ def test_leaves_below_the_deepest_level_a_walk_follows_are_a_loop_either_way(
         key = b"\xff" + bytes([255 - k])
         page = bytearray(4096)
         upper = 4096 - 8 - 4
-        struct.pack_into("<QHHHH", page, 0, leaves + k, 0, lmdb_file.P_LEAF, 18, upper)
+        struct.pack_into("<QHHHH", page, 0, leaves + k, 0, lmdb_format.P_LEAF, 18, upper)
         struct.pack_into("<H", page, 16, upper)
         struct.pack_into("<HHHH", page, upper, 2, 0, 0, len(key))
         page[upper + 8 : upper + 12] = key + b"ok"
@@ -889,23 +891,23 @@ def test_a_check_reads_each_damaged_value_a_bounded_number_of_times(
     raw = source.read_bytes()
     runs = [
         p
-        for p in pages(source, lmdb_file.P_OVERFLOW)
+        for p in pages(source, lmdb_format.P_OVERFLOW)
         if struct.unpack_from("<I", raw, p * 4096 + 12)[0] > 0
     ]
     assert len(runs) == 600
     for page in runs:
         smash(source, page, 0, struct.pack("<Q", 1))
     reads = [0]
-    overflow = lmdb_file.Tree._overflow
+    overflow = lmdb_tree.Tree._overflow
 
-    def counted(self: lmdb_file.Tree, *args: object) -> object:
+    def counted(self: lmdb_tree.Tree, *args: object) -> object:
         reads[0] += 1
         return overflow(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(lmdb_file.Tree, "_overflow", counted)
+    monkeypatch.setattr(lmdb_tree.Tree, "_overflow", counted)
     reader = object.__new__(LMDBStore)
     reader.path = str(tmp_path / "deep")
-    with lmdb_file.Tree(str(source)) as tree:
+    with lmdb_tree.Tree(str(source)) as tree:
         got = list(reader._paired(tree, 0, 3000))
     unread = [
         i
@@ -926,7 +928,7 @@ def _paired_records(source: Path, folder: Path) -> tuple[list[object], list[str]
     reader = object.__new__(LMDBStore)
     reader.path = str(folder)
     out: list[object] = []
-    with lmdb_file.Tree(str(source)) as tree:
+    with lmdb_tree.Tree(str(source)) as tree:
         for item in reader._paired(tree, 0, 3000):
             if isinstance(item, ScanBlock):
                 records = [
@@ -971,10 +973,10 @@ def test_values_on_pages_of_their_own_are_read_in_stretches_and_checked_as_one_a
         raw = source.read_bytes()
         overflow = [
             p
-            for p in pages(source, lmdb_file.P_OVERFLOW)
+            for p in pages(source, lmdb_format.P_OVERFLOW)
             if struct.unpack_from("<I", raw, p * 4096 + 12)[0] > 0
         ]
-        leaves = pages(source, lmdb_file.P_LEAF)
+        leaves = pages(source, lmdb_format.P_LEAF)
         damaged = tmp_path / "damaged" / "data.mdb"
         damaged.parent.mkdir(exist_ok=True)
         differences, found = [], 0
@@ -991,7 +993,7 @@ def test_values_on_pages_of_their_own_are_read_in_stretches_and_checked_as_one_a
                 data[min(at, len(data) - 1)] ^= 1 << rng.randrange(8)
             damaged.write_bytes(bytes(data))
             stretched = _paired_records(damaged, damaged.parent)
-            monkeypatch.setattr(lmdb_file, "STRETCH_BYTES", 0)  # (every value read alone)
+            monkeypatch.setattr(lmdb_tree, "STRETCH_BYTES", 0)  # (every value read alone)
             alone = _paired_records(damaged, damaged.parent)
             monkeypatch.undo()
             found += bool(alone[1])
@@ -1033,7 +1035,7 @@ def test_a_branch_of_one_node_is_damage_not_the_end_of_the_process(tmp_path: Pat
     Deeper, the walk names it as damage, as any other damaged page."""
     store = tiny_store(tmp_path, 3000)
     data_file = store / "data.mdb"
-    head = lmdb_file.check_file(str(data_file))
+    head = check_file(str(data_file))
     assert head.depth == 3
     raw = data_file.read_bytes()
     at = head.root * 4096
@@ -1043,7 +1045,7 @@ def test_a_branch_of_one_node_is_damage_not_the_end_of_the_process(tmp_path: Pat
     lo, hi, flags = struct.unpack_from("<HHH", raw, at + middle)  # records, away from the
     inner = lo | (hi << 16) | (flags << 32)  # keys an open reads (the progress, the metadata)
     one_node(data_file, inner)
-    with lmdb_file.Tree(str(data_file)) as tree:
+    with lmdb_tree.Tree(str(data_file)) as tree:
         list(tree.entries())
         found = {d.page: d.what for d in tree.damage}
     assert "1 node" in found[inner]

@@ -12,7 +12,7 @@ import lmdb
 import pytest
 
 from fastdata import LMDBImageDataset, convert, open_store
-from fastdata.stores.lmdb import file as lmdb_file
+from fastdata.stores.lmdb.pages import check_file
 
 from .conftest import jpeg_bytes, tiny_store, write
 from .procs import cli
@@ -55,7 +55,7 @@ def _zero_the_count_of_keys(store: Path) -> None:
     """LMDB's count of the main database's keys, in the current meta page, set to 0: plain
     ``lmdb`` reads every record still."""
     data_file = store / "data.mdb"
-    head = lmdb_file.check_file(str(data_file))
+    head = check_file(str(data_file))
     raw = bytearray(data_file.read_bytes())
     for meta in (0, 1):
         base = meta * head.psize

@@ -93,7 +93,7 @@ def test_reads_through_a_subset_and_in_a_worker_are_the_same(store: Path) -> Non
 def _own_pages(lease: object, keys: list[bytes]) -> set[tuple[int, int]]:
     """The byte ranges in the file of the values of ``keys`` that LMDB keeps on pages of their
     own (such a value begins just past a page's header; a value in a leaf page never does)."""
-    from fastdata.stores.lmdb.file import PAGE_HEADER
+    from fastdata.stores.lmdb.pages.format import PAGEHDRSZ as PAGE_HEADER
 
     lo = lease.entry.span[0]  # type: ignore[attr-defined]
     with lease.env.begin(buffers=True) as txn:  # type: ignore[attr-defined]
@@ -146,12 +146,12 @@ def test_a_store_read_from_the_disk_asks_for_each_value_before_looking_any_up(
 
     monkeypatch.setattr(os, "posix_fadvise", advise)
     monkeypatch.setattr(lease, "env", Env())
-    lease._cold = 1
+    lease.cold_reads.announce_left = 1
     assert [d for d, _ in ds.__getitems__(batch)] == [want[i] for i in batch]
     first_get = next(n for n, e in enumerate(events) if e[0] == "get")
     assert own <= {(at, n) for _, at, n in events[:first_get]}
     assert [e[1] for e in events if e[0] == "get"] == batch
-    assert not lease._cold  # served from memory: the next batch asks for nothing
+    assert not lease.cold_reads.announce_left  # served from memory: the next batch asks for nothing
     events.clear()
     assert ds[7][0] == want[7]
     ds.__getitems__(batch)
@@ -165,30 +165,30 @@ def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     tells: each batch timed unannounced that came from the disk starts a run twice as long as
     the last (up to a bound), so a store larger than memory pays for few unannounced batches;
     one from memory brings the run back to its first length."""
-    from fastdata.stores.lmdb import env as env_module
+    from fastdata.stores.lmdb import readahead
 
     from .test_hostile_input import write_store_with
 
-    monkeypatch.setattr(env_module, "_resident", lambda address: None)
+    monkeypatch.setattr(readahead, "resident", lambda address: None)
 
     write_store_with(tmp_path / "s.lmdb", [bytes([i]) * 300 for i in range(200)])
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
     ds[0]
     lease = ds.reader._env()  # type: ignore[attr-defined]
     batch = [1, 2, 3]
-    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", -(10**12))  # every batch: from disk
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", -(10**12))  # every batch: from disk
     runs = []
     for _ in range(6):
         ds.__getitems__(batch)  # timed
-        runs.append(lease._cold)
-        for _ in range(lease._cold):
+        runs.append(lease.cold_reads.announce_left)
+        for _ in range(lease.cold_reads.announce_left):
             assert ds.__getitems__(batch)[1][0] == bytes([2]) * 300  # announced
-        assert lease._cold == 0
-    first, most = env_module.COLD_BATCHES, env_module.COLD_BATCHES_MOST
+        assert lease.cold_reads.announce_left == 0
+    first, most = readahead.COLD_BATCHES, readahead.COLD_BATCHES_MOST
     assert runs == [min(first << k, most) for k in range(6)]
-    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", 10**12)  # from memory
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", 10**12)  # from memory
     ds.__getitems__(batch)
-    assert lease._cold == 0 and lease._cold_run == first
+    assert lease.cold_reads.announce_left == 0 and lease.cold_reads.announce_run == first
 
 
 def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
@@ -196,7 +196,7 @@ def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
 ) -> None:
     """Small records in memory, a batch timed as from the disk (a pause of the thread): the
     next batch is announced, finds its leaf pages in memory, and announcing stops there."""
-    from fastdata.stores.lmdb import env as env_module
+    from fastdata.stores.lmdb import readahead
 
     from .test_hostile_input import write_store_with
 
@@ -205,13 +205,13 @@ def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
     batch = list(range(0, 3000, 47))
     ds.__getitems__(batch)
     lease = ds.reader._env()  # type: ignore[attr-defined]
-    assert lease._cold == 0
-    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", -(10**12))
+    assert lease.cold_reads.announce_left == 0
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", -(10**12))
     ds.__getitems__(batch)  # timed: taken for a batch from the disk
-    assert lease._cold == env_module.COLD_BATCHES
-    monkeypatch.setattr(env_module, "COLD_NS_PER_PAGE", 10**12)
+    assert lease.cold_reads.announce_left == readahead.COLD_BATCHES
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", 10**12)
     assert ds.__getitems__(batch)[1][0] == bytes([47]) * 900  # announced: all in memory
-    assert lease._cold == 0 and lease._cold_run == env_module.COLD_BATCHES
+    assert lease.cold_reads.announce_left == 0 and lease.cold_reads.announce_run == readahead.COLD_BATCHES
 
 
 def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
@@ -221,7 +221,7 @@ def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
     one too) as long as the values asked for are not in memory (a value whose first page alone
     is, is not), and stops at the first batch whose values are, with no batch timed
     unannounced in between."""
-    from fastdata.stores.lmdb.file import value_places
+    from fastdata.stores.lmdb.pages import value_places
 
     from .test_hostile_input import write_store_with
 
@@ -239,21 +239,21 @@ def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
     lease = ds.reader._env()  # type: ignore[attr-defined]
     for part in ([0, 9, 17], [30, 2, 44], [5, 63]):
-        assert lease._cold  # (announced)
+        assert lease.cold_reads.announce_left  # (announced)
         got = ds.__getitems__(part)
         assert [d for d, _ in got] == [images[i] for i in part]
-        if not lease._cold:
+        if not lease.cold_reads.announce_left:
             pytest.skip("this file system kept the store's pages in memory")
-    assert lease._cold == 1
+    assert lease.cold_reads.announce_left == 1
     ds.__getitems__([0, 30])  # in memory now
-    assert lease._cold == 0
+    assert lease.cold_reads.announce_left == 0
     assert [ds[i][0] for i in (1, 63)] == [images[1], images[63]]
 
 
 def test_the_places_found_down_the_tree_are_where_lmdb_finds_the_values(tmp_path: Path) -> None:
     """value_places finds, for any keys (missing ones, values in leaf pages, a tree of several
     levels), exactly the byte ranges of the values LMDB keeps on pages of their own."""
-    from fastdata.stores.lmdb.file import value_places
+    from fastdata.stores.lmdb.pages import value_places
 
     from .test_hostile_input import write_store_with
 
@@ -281,7 +281,7 @@ def test_the_places_found_down_the_tree_are_where_lmdb_finds_the_values(tmp_path
 def test_finding_places_in_a_damaged_file_gives_only_places_inside_it(tmp_path: Path) -> None:
     """The descent is advice read from an untrusted file: on pages with any bytes changed, it
     raises nothing, ends, and gives only ranges inside the file."""
-    from fastdata.stores.lmdb.file import value_places
+    from fastdata.stores.lmdb.pages import value_places
 
     from .test_hostile_input import write_store_with
 
@@ -371,7 +371,7 @@ def test_a_value_of_many_pages_from_the_disk_is_asked_for_whole(
     """A value larger than the kernel reads for one request (its read-ahead, 128 KiB by
     default: it drops the rest) is asked for in requests of at most that, which together cover
     every byte of it; then read as stored."""
-    from fastdata.stores.lmdb.file import ASK_MOST
+    from fastdata.stores.lmdb.pages.advice import ASK_MOST
 
     from .test_hostile_input import write_store_with
 
@@ -422,8 +422,8 @@ def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile
     """What reads a file ahead of a full check: every byte of it comes into memory, each
     chunk once, with sendfile to the null device (no copy) or, where that fails or what stands
     at the null device's path is not one, with reads."""
-    from fastdata.stores.lmdb import env as env_module
-    from fastdata.stores.lmdb.file import AHEAD_CHUNK, _Sink
+    from fastdata.stores.lmdb.pages.advice import AHEAD_CHUNK, resident
+    from fastdata.stores.lmdb.pages.advice import Sink as _Sink
 
     path = tmp_path / "big.bin"
     size = 3 * AHEAD_CHUNK + 12345
@@ -446,7 +446,7 @@ def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile
     def in_memory() -> bool | None:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
             base = np.frombuffer(mapped, np.uint8).ctypes.data
-            return all(env_module._resident(base + k) for k in range(0, size, mmap.PAGESIZE))
+            return all(resident(base + k) for k in range(0, size, mmap.PAGESIZE))
 
     want = [AHEAD_CHUNK] * 3 + [12345, 0]
     assert read_all() == want
@@ -475,7 +475,8 @@ def test_a_branchs_children_are_asked_for_as_about_the_pages_themselves(
     """A check asks for a branch's children before reading them: a run of pages next to each
     other as one span, but pages a damaged branch spreads apart only each alone (not the
     gigabytes between them), and nothing at all stops the check where the kernel refuses."""
-    from fastdata.stores.lmdb.file import _prefetch, walk
+    from fastdata.stores.lmdb.pages import walk
+    from fastdata.stores.lmdb.pages.advice import prefetch as _prefetch
 
     from .test_damaged_stores import deep_tree
 
@@ -513,7 +514,7 @@ def test_nothing_but_the_null_device_is_sent_a_store_to_read_it_ahead(
     and opens nothing that would block."""
     import threading
 
-    from fastdata.stores.lmdb.file import _Sink
+    from fastdata.stores.lmdb.pages.advice import Sink as _Sink
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

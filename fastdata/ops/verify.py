@@ -452,4 +452,4 @@ def check_file(path: str) -> list[str]:
     data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(data_file):
         return []
-    return [str(d) for d in walk(data_file)]
+    return walk(data_file)

@@ -19,8 +19,9 @@ from ..errors import (
 from ..packed import PackedStrings
 from ..records import Record, RecordHeader, StoreMeta, class_count
 from ..sources.reading import read_file
-from .lmdb.env import Lease, _reading, open_reader
+from .lmdb.env import open_reader, reading
 from .lmdb.layout import KEYS_KEY
+from .lmdb.lease import Lease
 from .lmdb.reader import _Leased
 from .mongo.connection import MongoOptions, MongoTarget
 from .reader import StoreReader
@@ -61,7 +62,7 @@ class PickleLMDBStore(_Leased):
         self.path = os.fspath(path)
         self.location = self.path
         self._lease = lease or open_reader(self.path)
-        with _reading(self.path), self._lease.env.begin(buffers=True) as txn:
+        with reading(self.path), self._lease.env.begin(buffers=True) as txn:
             raw_keys = self._lease.value(txn.get(KEYS_KEY), f"{self.path}: __keys__")
         if raw_keys is None:
             raise StoreError(f"{self.path}: no __keys__ entry; not a pickle-based LMDB store")
@@ -92,7 +93,7 @@ class PickleLMDBStore(_Leased):
         self, indices: Sequence[int], *, check: bool = True
     ) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)  # (no checksums: nothing to check)
-        with _reading(self.path), self._env().env.begin(buffers=True) as txn:
+        with reading(self.path), self._env().env.begin(buffers=True) as txn:
             return [self._get(txn, i) for i in idx]
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
@@ -114,7 +115,7 @@ class PickleLMDBStore(_Leased):
         if self._lazy_labels is None:
             n = len(self)
             labels = np.empty(n, dtype=np.int64)
-            with _reading(self.path), self._env().env.begin(buffers=True) as txn:
+            with reading(self.path), self._env().env.begin(buffers=True) as txn:
                 for i in range(n):
                     labels[i] = self._get(txn, i)[1]
             labels.setflags(write=False)

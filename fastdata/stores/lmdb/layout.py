@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ...errors import (
     StoreError,
 )
-from ...records import SkippedFile, skipped_file
+from ...records import SkippedFile
 from ..names import DATA_FILE as DATA_FILE  # re-exported: every name is stores/names.py's
 from ..names import EPOCH_FILE as EPOCH_FILE
-
-if TYPE_CHECKING:
-    from .env import Lease
 
 
 def record_key(index: int) -> bytes:
@@ -51,7 +48,7 @@ def skipped_key(n: int) -> bytes:
     return SKIPPED_PREFIX + record_key(n)
 
 
-def _skipped_items(skipped: Sequence[SkippedFile], start: int) -> list[tuple[bytes, bytes]]:
+def skipped_entries(skipped: Sequence[SkippedFile], start: int) -> list[tuple[bytes, bytes]]:
     """The ``(key, JSON)`` items of ``skipped[start:]``."""
     return [
         (skipped_key(n), json.dumps(f.to_dict()).encode("ascii"))
@@ -59,20 +56,7 @@ def _skipped_items(skipped: Sequence[SkippedFile], start: int) -> list[tuple[byt
     ]
 
 
-def _read_skipped(lease: Lease, txn: Any, count: int, where: str) -> list[SkippedFile]:
-    """The first ``count`` skipped-file entries (read in the caller's transaction)."""
-    out = []
-    for n in range(count):
-        raw = lease.value(txn.get(skipped_key(n)), f"{where}: skipped-file entry {n}")
-        try:
-            item = json.loads(raw) if raw is not None else None
-        except ValueError:
-            item = None
-        out.append(skipped_file(item, where))
-    return out
-
-
-def _record_keys(count: int) -> bytes:
+def record_key_list(count: int) -> bytes:
     """``record_key(0) + b"\\n" + ... + record_key(count - 1)``, digit by digit in one array
     (11 bytes a record; no object per key)."""
     if count <= 0:

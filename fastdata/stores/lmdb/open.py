@@ -17,8 +17,9 @@ from ..foreign import PickleLMDBStore
 from ..names import aside_owner
 from ..policy import incomplete_error
 from ..reader import StoreReader
-from .env import _reading, open_reader
+from .env import open_reader, reading
 from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY
+from .look import peek
 from .reader import LMDBStore
 
 
@@ -40,7 +41,7 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
                 f"{path}: an empty store: a conversion into it stopped before it began; run "
                 f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}` again"
             )
-        with _reading(path), lease.env.begin(buffers=True) as txn:
+        with reading(path), lease.env.begin(buffers=True) as txn:
             has_meta = txn.get(META_KEY) is not None
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
             has_keys = txn.get(KEYS_KEY) is not None
@@ -79,13 +80,12 @@ def _replacement(path: str) -> Progress | None:
     """The progress of an interrupted replacement (``--overwrite``) of the store at ``path``,
     built aside, if there is one that reads."""
     from ..names import aside_folder, data_file
-    from .writer import _peek
 
     aside = aside_folder(path)
     if not os.path.exists(data_file(aside)):
         return None
     try:
-        _, building, _ = _peek(aside)
+        _, building, _ = peek(aside)
     except FastdataError:  # (damaged, or half made: the writer says so when it meets it)
         return None
     return building

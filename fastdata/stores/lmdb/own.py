@@ -26,7 +26,7 @@ import shlex
 from ...errors import SAME_COMMAND, StoreError, option
 from ..files import not_its_own
 from ..names import DATA_FILE, aside_folder, data_file
-from .env import _reading, open_reader
+from .env import open_reader, reading
 from .layout import past_the_last
 
 __all__ = ["check_room", "refuse_shared", "shared_error", "taken"]
@@ -120,7 +120,7 @@ def check_room(folder: str, first: int) -> None:
     """
     lease = open_reader(folder)
     try:
-        with _reading(folder), lease.env.begin() as txn:
+        with reading(folder), lease.env.begin() as txn:
             key = past_the_last(txn, first)
     finally:
         lease.release()

@@ -29,12 +29,11 @@ from ...records import (
 )
 from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, append_note, scan_item
 from . import file as lmdb_file
-from .env import Lease, _data_file, open_reader
+from .env import data_path, open_reader
 from .layout import (
     LABELS_KEY,
     META_KEY,
     NAMES_KEY,
-    _read_skipped,
     foreign_keys,
     header_key,
     miscounted,
@@ -43,6 +42,10 @@ from .layout import (
     said_foreign,
     skipped_key,
 )
+from .lease import Lease
+from .look import peek, read_skipped
+from .pages import Tree
+from .walks import Walk, in_place, none_at
 
 # --------------------------------------------------------------------------- readers
 
@@ -78,12 +81,10 @@ class _Leased(StoreReader):
         return lease.read(lambda txn: records_problem(txn, entries, count, exact=False), self.path)
 
     def foreign_content(self) -> list[str]:
-        from .writer import _peek
-
         lease = self._env()
         entries = int(lease.env.stat()["entries"])
         count, skipped = self.meta.count, self.meta.skipped_count
-        _, pending, _ = _peek(self.path)  # (its records and skipped entries are fastdata's)
+        _, pending, _ = peek(self.path)  # (its records and skipped entries are fastdata's)
         if pending is not None:
             count, skipped = max(count, pending.next_index), max(skipped, len(pending.skipped))
         found = lease.read(lambda txn: miscounted(txn, entries, self.meta.count), self.path)
@@ -93,15 +94,14 @@ class _Leased(StoreReader):
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
         from ..names import aside_folder, data_file
-        from .writer import _peek
 
         target = shlex.quote(os.path.abspath(self.path))
         notes = []
-        _, pending, _ = _peek(self.path)
+        _, pending, _ = peek(self.path)
         aside = aside_folder(self.path)
         if os.path.exists(data_file(aside)):
             try:
-                done, building, _ = _peek(aside)
+                done, building, _ = peek(aside)
             except StoreError:
                 done = building = None
             if building is not None:
@@ -179,7 +179,7 @@ class LMDBStore(_Leased):
 
         def get(txn: Any) -> list[SkippedFile] | bytes | None:
             if txn.get(skipped_key(0)) is not None or not count:
-                return _read_skipped(lease, txn, count, where)
+                return read_skipped(lease, txn, count, where)
             return lease.value(txn.get(META_KEY), f"{where}: the metadata")
 
         found = lease.read(get, where)
@@ -343,7 +343,7 @@ class LMDBStore(_Leased):
         self, damage: list[Any], batch_size: int = 256, *, start: int = 0, stop: int | None = None
     ) -> Iterator[ScanItem | ScanBlock]:
         """Read from the data file itself, in one pass: every page of the B-tree is checked
-        (:class:`~fastdata.stores.lmdb.file.Tree`) and every record's header and bytes taken
+        (:class:`~.pages.tree.Tree`) and every record's header and bytes taken
         from the pages as they are read, so that nothing is read twice and nothing damaged is
         handed to LMDB. Runs of records whose keys are all in place come as a
         :class:`~fastdata.stores.reader.ScanBlock`. An append that begins meanwhile may reuse
@@ -351,7 +351,7 @@ class LMDBStore(_Leased):
         lease = self._env()
         before = lease.entry.epoch()
         found: list[Foreign] = []
-        with lmdb_file.Tree(_data_file(self.path)) as tree:
+        with lmdb_file.open_tree(data_path(self.path)) as tree:
             if tree.file_key != lease.entry.key:
                 raise self._replaced("(another data file)")
             yield from self._paired(tree, start, len(self) if stop is None else stop)
@@ -370,23 +370,21 @@ class LMDBStore(_Leased):
             damage.extend(tree.found)
             damage.extend(dict.fromkeys(found))  # (once each: a page may be walked twice)
 
-    def _paired(
-        self, tree: lmdb_file.Tree, start: int, stop: int
-    ) -> Iterator[ScanItem | ScanBlock]:
+    def _paired(self, tree: Tree, start: int, stop: int) -> Iterator[ScanItem | ScanBlock]:
         """Records ``start .. stop-1`` from the tree: the headers and the bytes sort apart, so
         two walks go through them side by side. Where the next keys of both are the records'
         own, one after the other, they come as a block; elsewhere one record at a time."""
-        heads = _Walk(tree, tree.leaves(header_key(start), header_key(stop)))
-        datas = _Walk(tree, tree.leaves(record_key(start), record_key(stop)))
+        heads = Walk(tree, tree.leaves(header_key(start), header_key(stop)))
+        datas = Walk(tree, tree.leaves(record_key(start), record_key(stop)))
         i = start
         while i < stop:
-            n = _in_place(heads, datas, i, stop)
+            n = in_place(heads, datas, i, stop)
             read = None
             if n:
                 data_values = datas.values(n)
                 head_values = heads.values(len(data_values))
                 # (up to a value on damaged pages: that record is read alone, below)
-                n = min(_none_at(head_values), _none_at(data_values))
+                n = min(none_at(head_values), none_at(data_values))
                 if n:
                     yield ScanBlock(self.path, i, head_values[:n], data_values[:n])  # type: ignore[arg-type]
                     heads.skip(n)
@@ -399,9 +397,9 @@ class LMDBStore(_Leased):
 
     def _one(
         self,
-        tree: lmdb_file.Tree,
-        heads: _Walk,
-        datas: _Walk,
+        tree: Tree,
+        heads: Walk,
+        datas: Walk,
         i: int,
         read: tuple[bytes | memoryview | None, bytes | memoryview | None] | None = None,
     ) -> ScanItem:
@@ -446,79 +444,3 @@ def _named(name: bytes, page: int) -> Foreign:
         f"page {page}): fastdata stores have none; it is read around and kept",
         page,
     )
-
-
-class _Walk:
-    """One walk's entries (:meth:`~fastdata.stores.lmdb.file.Tree.leaves`), with a place in
-    them."""
-
-    def __init__(self, tree: lmdb_file.Tree, runs: Iterator[lmdb_file.Leaves]) -> None:
-        self.tree, self._runs = tree, runs
-        self.run: lmdb_file.Leaves | None = None
-        self.at = 0
-        self._next()
-
-    def _next(self) -> None:
-        self.run, self.at = next(self._runs, None), 0
-
-    @property
-    def key(self) -> bytes | None:
-        """The key here (None: past the last)."""
-        return None if self.run is None else self.run.keys[self.at]
-
-    def value(self) -> bytes | memoryview | None:
-        """The value here (None if its overflow pages are damaged)."""
-        assert self.run is not None
-        return self.tree.value(self.run, self.at)
-
-    def values(self, n: int) -> list[bytes | memoryview | None]:
-        """The values of the ``n`` entries from here, within this run; fewer where values on
-        pages of their own reach :data:`BLOCK_BYTES`, and up to the first whose pages are
-        damaged (None, last)."""
-        run, a = self.run, self.at
-        assert run is not None
-        if np.max(run.firsts[a : a + n]) < 0:  # (all on their pages)
-            buf = run.buf
-            starts = np.asarray(run.starts[a : a + n])
-            ends = (starts + np.asarray(run.sizes[a : a + n])).tolist()
-            return [buf[s:e] for s, e in zip(starts.tolist(), ends, strict=True)]
-        held = np.cumsum(np.asarray(run.sizes[a : a + n], np.int64))
-        n = min(n, int(np.searchsorted(held, BLOCK_BYTES, side="left")) + 1)
-        return self.tree.values(run, a, a + n)
-
-    def skip(self, n: int) -> None:
-        """Move on ``n`` entries (within this run)."""
-        assert self.run is not None
-        self.at += n
-        if self.at >= len(self.run):
-            self._next()
-
-
-_KEY_WIDTH = len(record_key(0))
-"""A record's key: its index in decimal digits, of this many (a header's: ``#`` and those)."""
-_DIGITS = 10 ** np.arange(_KEY_WIDTH - 1, -1, -1, dtype=np.int64)
-BLOCK_BYTES = 64 << 20
-"""A block of records with values on pages of their own holds at most about this many bytes of
-them (plus one value)."""
-
-
-def _in_place(heads: _Walk, datas: _Walk, i: int, stop: int) -> int:
-    """How many records from ``i`` (before ``stop``) the two walks hold next, in their places:
-    record ``j``'s header under ``#`` + its key and its bytes under its key, one after the
-    other, each walk within its run (0 where the next is not so)."""
-    hr, dr = heads.run, datas.run
-    if hr is None or dr is None or hr.rows is None or dr.rows is None:
-        return 0
-    if hr.rows.shape[1] != _KEY_WIDTH + 1 or dr.rows.shape[1] != _KEY_WIDTH or stop > 10**10:
-        return 0
-    n = min(len(hr) - heads.at, len(dr) - datas.at, stop - i)
-    want = (np.arange(i, i + n, dtype=np.int64)[:, None] // _DIGITS % 10 + 48).astype(np.uint8)
-    head_keys = hr.rows[heads.at : heads.at + n]
-    same = (dr.rows[datas.at : datas.at + n] == want).all(axis=1)
-    same &= (head_keys[:, 1:] == want).all(axis=1) & (head_keys[:, 0] == ord("#"))
-    return n if same.all() else int(same.argmin())
-
-
-def _none_at(values: list[Any]) -> int:
-    """Where the first None is in values from :meth:`_Walk.values` (it can only be last)."""
-    return len(values) - 1 if values and values[-1] is None else len(values)

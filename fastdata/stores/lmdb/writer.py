@@ -40,7 +40,7 @@ from ..names import (
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from . import file as lmdb_file
-from .env import Lease, _reading, bump_epoch, ensure_epoch, open_reader, open_writable
+from .env import bump_epoch, ensure_epoch, open_reader, open_writable, reading
 from .layout import (
     INITIAL_MAP_SIZE,
     KEYS_KEY,
@@ -49,54 +49,19 @@ from .layout import (
     META_KEY,
     NAMES_KEY,
     PROGRESS_KEY,
-    _read_skipped,
-    _record_keys,
-    _skipped_items,
     header_key,
     record_key,
+    record_key_list,
     records_problem,
+    skipped_entries,
     skipped_key,
 )
+from .lease import Lease
+from .look import peek
 from .own import check_room, refuse_shared, taken
 from .reader import LMDBStore
 
 log = logging.getLogger(__name__)
-
-
-def _peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
-    """The metadata, the progress of an unfinished run (a conversion, or an append to the store
-    the metadata describes) and whether there is a pickle-recipe key list, of ``path``; None for
-    the last when the environment holds nothing at all (a writer stopped right after creating
-    it)."""
-    lease = open_reader(path)
-    try:
-        if lease.env.stat()["depth"] == 0:  # (no tree; see open_lmdb)
-            return None, None, None
-        with _reading(path), lease.env.begin(buffers=True) as txn:
-            raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
-            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
-            has_keys = txn.get(KEYS_KEY) is not None
-            meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
-            progress = None
-            if raw_progress is not None:
-                # a complete store keeps the progress of its last run: it matters only when it
-                # is an append to this very store that did not finish
-                progress = Progress.from_json(raw_progress, path)
-                if meta is None or _appends_to(progress, meta):
-                    progress = Progress.from_json(
-                        raw_progress, path, lambda n: _read_skipped(lease, txn, n, path)
-                    )
-                else:
-                    progress = None
-    finally:
-        lease.release()
-    return meta, progress, has_keys
-
-
-def _appends_to(progress: Progress, meta: StoreMeta) -> bool:
-    """Whether a progress found beside a complete store is an unfinished append to it (and not
-    what its own conversion, or an earlier append, left)."""
-    return progress.base_id == meta.id and 0 < progress.first_index == meta.count
 
 
 # --------------------------------------------------------------------------- writer
@@ -200,7 +165,7 @@ class LMDBWriter(StoreWriter):
         other = ""
         if os.path.exists(data_file(self.path)):
             try:
-                meta, progress, has_keys = _peek(self.path)
+                meta, progress, has_keys = peek(self.path)
             except StoreError as exc:
                 other = f"holds a damaged LMDB store ({exc})"
             else:
@@ -215,7 +180,7 @@ class LMDBWriter(StoreWriter):
             appending, progress = progress, None
         if os.path.exists(data_file(self._aside_path)):
             try:
-                aside_meta, aside, _ = _peek(self._aside_path)
+                aside_meta, aside, _ = peek(self._aside_path)
                 aside_complete = aside_meta is not None
             except StoreError as exc:
                 log.warning("%s: discarding a damaged replacement: %s", self.path, exc)
@@ -246,7 +211,7 @@ class LMDBWriter(StoreWriter):
             state = progress.to_json()
             # the skipped entries the progress counts go with it (a copy starts with the source's
             # list): a run stopped before its first batch leaves a progress that reads back
-            skipped = _skipped_items(progress.skipped, self._take_skipped(progress.skipped))
+            skipped = skipped_entries(progress.skipped, self._take_skipped(progress.skipped))
 
             def fill(txn: Any) -> None:
                 txn.cursor().putmulti(skipped)
@@ -315,7 +280,7 @@ class LMDBWriter(StoreWriter):
             return 0
         lease = open_reader(self.path)
         try:
-            with _reading(self.path), lease.env.begin() as txn:
+            with reading(self.path), lease.env.begin() as txn:
                 return base.skipped_count if txn.get(skipped_key(0)) is not None else 0
         finally:
             lease.release()
@@ -378,7 +343,7 @@ class LMDBWriter(StoreWriter):
     def write(self, records: Sequence[Record], progress: Progress) -> None:
         data = [(record_key(r.index), r.data) for r in records]
         headers = [(header_key(r.index), r.header.to_json()) for r in records]
-        skipped = _skipped_items(progress.skipped, self._take_skipped(progress.skipped))
+        skipped = skipped_entries(progress.skipped, self._take_skipped(progress.skipped))
         progress.boot_id = boot_id()
         state = progress.to_json()
 
@@ -401,19 +366,19 @@ class LMDBWriter(StoreWriter):
         there, nothing lies past them, and the entries add up (every other key counted)."""
         assert self._lease is not None, "start() opens the store"
         lease = self._lease
-        with _reading(self.path), lease.env.begin() as txn:
+        with reading(self.path), lease.env.begin() as txn:
             return records_problem(txn, int(lease.env.stat()["entries"]), count, exact=True)
 
     def _write_meta(self, done: Completion) -> None:
         meta, labels, skipped, names = done.meta, done.labels, done.skipped, done.names
         assert self._lease is not None, "start() opens the store"
-        skipped_items = _skipped_items(skipped, self._take_skipped(skipped))
+        skipped_items = skipped_entries(skipped, self._take_skipped(skipped))
         try:
             self._lease.env.sync(True)  # every record on disk before the metadata says it's whole
         except lmdb.Error as exc:
             raise _write_failed(self._target(), exc) from None
         count = meta.count
-        keys = _record_keys(count)
+        keys = record_key_list(count)
         label_bytes = np.asarray(labels, dtype=LABEL_DTYPE).tobytes()
 
         whole = names is not None and (names.count(b"\0") + 1 if names else 0) == count

@@ -1,0 +1,223 @@
+"""One user's share of an LMDB environment (the registry in ``env.py`` hands them out): the read
+path, every value checked to lie inside the file before it is copied (NOTE [ Past the end of the
+file ] in ``guard.py``), reads begun again when an append began meanwhile (the append epoch, in
+``env.py``), and the cold-read policy (``readahead.py``)."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import lmdb
+
+from ...errors import FastdataError, RecordError, StoreError
+from .address import address
+from .entry import Entry
+from .readahead import ColdReads
+
+__all__ = ["READ_ATTEMPTS", "Lease"]
+
+T = TypeVar("T")
+READ_ATTEMPTS = 64
+"""Reads begun again at most this often when appends keep beginning while they read."""
+
+_pid = os.getpid()
+"""This process's id, kept up to date across forks (``os.getpid`` is a system call, and a
+lease checks it on every read)."""
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class Lease:
+    """One user's share of an environment; let go by :meth:`release` or garbage collection
+    (``release(key, pid)``, the registry's)."""
+
+    def __init__(self, entry: Entry, release: Callable[[tuple[int, int], int], None]) -> None:
+        self.entry = entry
+        self.env = entry.env
+        self.pid = os.getpid()
+        self.cold_reads = ColdReads(entry)
+        """The cold-read policy's state (NOTE [ Read-ahead ] in ``readahead.py``)."""
+        self._released = False
+        self._finalizer = weakref.finalize(self, release, entry.key, self.pid)
+        self._finalizer.atexit = False
+
+    @property
+    def usable(self) -> bool:
+        """Held by this process and not released."""
+        return self.pid == _pid and not self._released
+
+    def release(self) -> None:
+        self._released = True
+        self._finalizer()
+
+    @contextmanager
+    def sequential(self) -> Iterator[None]:
+        """Read-ahead for a scan in index order while the block runs."""
+        with self.cold_reads.sequential():
+            yield
+
+    def value_at(self, key: bytes) -> bytes | None:
+        """The value of one key on the shortest path there is, or None where that path cannot
+        give it (the key is not there, the value lies outside the known bounds, an error, an
+        append began meanwhile, no epoch, a scan or a store read from the disk): the caller
+        then reads it with :meth:`values`, which handles each of those."""
+        entry = self.entry
+        epoch = entry.epoch_view
+        span = entry.span
+        cold = self.cold_reads
+        if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
+            return None
+        before = epoch[0]
+        out: bytes | None = None
+        txn = self.env.begin(buffers=True)
+        try:
+            raw = txn.get(key)
+            if raw is not None:
+                at = address(raw)
+                if span[0] <= at and at + len(raw) <= span[1]:
+                    out = bytes(raw)
+        except lmdb.Error:
+            return None
+        finally:
+            txn.abort()
+        return out if epoch[0] == before else None
+
+    def values_at(self, keys: Sequence[bytes]) -> list[bytes] | None:
+        """The values of a few keys in one transaction, on the shortest path there is, or None
+        where that path cannot give them all (as :meth:`value_at`, which is this for one key,
+        written apart: it is every unchecked raw read's path)."""
+        entry = self.entry
+        epoch = entry.epoch_view
+        span = entry.span
+        cold = self.cold_reads
+        if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
+            return None
+        before = epoch[0]
+        out: list[bytes] = []
+        txn = self.env.begin(buffers=True)
+        try:
+            for key in keys:
+                raw = txn.get(key)
+                if raw is None:
+                    return None
+                at = address(raw)
+                if not (span[0] <= at and at + len(raw) <= span[1]):
+                    return None
+                out.append(bytes(raw))
+        except lmdb.Error:
+            return None
+        finally:
+            txn.abort()
+        return out if epoch[0] == before else None
+
+    def values(self, keys: Sequence[bytes], where: Callable[[int], str]) -> list[bytes | None]:
+        """The values of ``keys`` (None for a key not there), read in one transaction as
+        :meth:`read` reads, each checked to lie inside the file before it is copied;
+        ``where(n)`` names the ``n``-th for an error."""
+        return self.read(lambda txn: self._copies(txn, keys, where), self.entry.path)
+
+    def _copies(
+        self, txn: Any, keys: Sequence[bytes], where: Callable[[int], str]
+    ) -> list[bytes | None]:
+        # The path of every raw read: a few comparisons per value beyond LMDB's own lookup and
+        # copy. Values outside the file's bounds go through value(), which looks again.
+        cold = self.cold_reads
+        started, in_memory, advising = cold.before(keys)
+        get = txn.get
+        views = [get(k) for k in keys]
+        entry = self.entry
+        lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
+        if cold.scan_until is not None:  # a scan: its window is kept ahead of the furthest value
+            ends = [address(v) + len(v) for v in views if v is not None]
+            if ends and lo <= max(ends) <= hi:
+                cold.advise(max(ends) - lo, 0)
+        out: list[bytes | None] = []
+        append = out.append
+        spanned = 0
+        for n, view in enumerate(views):
+            if view is None:
+                append(None)
+                continue
+            size = len(view)
+            at = address(view)
+            if lo <= at and at + size <= hi:
+                append(bytes(view))
+            else:
+                append(self.value(view, where(n)))
+            spanned += size
+        cold.after(started, in_memory, advising, len(views), spanned)
+        return out
+
+    def ask_for(self, keys: Sequence[bytes]) -> None:
+        """Ask for the pages of the values of ``keys`` that lie on pages of their own before
+        reading them: a value of many pages (the labels, the names) then comes from the disk
+        in a few large reads, not one read a page as LMDB's lookup faults it in."""
+        self.cold_reads.announce(keys)
+
+    def read(self, fn: Callable[[Any], T], where: str) -> T:
+        """``fn(txn)`` in a read transaction (``buffers=True``), begun again in a new one when
+        an append began while it read: then the pages it read may have been reused, and what
+        it copied is not trusted, nor an error it met (see "the append epoch" in ``env.py``).
+        ``fn`` copies what it keeps out of the transaction."""
+        entry = self.entry
+        for _ in range(READ_ATTEMPTS):
+            view = entry.epoch_view  # (read inline: this is on every read's path)
+            before = view[0] if view is not None else entry.epoch()
+            try:
+                txn = self.env.begin(buffers=True)
+                try:
+                    out = fn(txn)
+                finally:
+                    txn.abort()  # a read transaction: nothing to commit
+            except lmdb.Error as exc:
+                if entry.epoch() != before or entry.grown():  # (NOTE [ Past the end ], 3)
+                    continue
+                raise StoreError(
+                    f"{where}: reading failed: {exc}; the store is damaged, run "
+                    "`fastdata verify` on it"
+                ) from None
+            except FastdataError:
+                if entry.epoch() != before:
+                    continue
+                raise
+            view = entry.epoch_view
+            if (view[0] if view is not None else entry.epoch()) == before:
+                return out
+        raise StoreError(
+            f"{where}: appends kept beginning while it was read ({READ_ATTEMPTS} times); try again"
+        )
+
+    def value(self, raw: memoryview | None, where: str) -> bytes | None:
+        """The bytes of a value read with ``buffers=True``, after checking they lie inside the
+        file: a damaged page can give a value a size or place that would fault on copying
+        (NOTE [ Past the end of the file ], rule 4)."""
+        if raw is None:
+            return None
+        n = len(raw)
+        entry = self.entry
+        if n and entry.span is not None:
+            at = address(raw)
+            while at < entry.span[0] or at + n > entry.span[1]:
+                if not entry.grown():
+                    raise _damage(where, f"its value ({n} bytes) lies outside the file")
+            if self.cold_reads.scan_until is not None:
+                self.cold_reads.advise(at - entry.span[0], n)
+        elif not entry.writable and n > entry.size and not entry.grown():
+            raise _damage(where, f"its value ({n} bytes) is larger than the file")
+        return bytes(raw)
+
+
+def _damage(where: str, what: str) -> RecordError:
+    return RecordError(
+        f"{where}: {what}; the store is damaged, run `fastdata verify` on it and convert it again"
+    )

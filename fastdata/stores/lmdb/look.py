@@ -1,0 +1,65 @@
+"""What a store folder holds, looked at without opening it as a store: its metadata, the progress
+of an unfinished run and another tool's key list (for the writer that decides what to do with
+it, the reader that names an unfinished append, and the open that names an interrupted
+replacement)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ...records import Progress, SkippedFile, StoreMeta, skipped_file
+from .env import open_reader, reading
+from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY, skipped_key
+from .lease import Lease
+
+__all__ = ["appends_to", "peek", "read_skipped"]
+
+
+def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
+    """The metadata, the progress of an unfinished run (a conversion, or an append to the store
+    the metadata describes) and whether there is a pickle-recipe key list, of ``path``; None for
+    the last when the environment holds nothing at all (a writer stopped right after creating
+    it)."""
+    lease = open_reader(path)
+    try:
+        if lease.env.stat()["depth"] == 0:  # (no tree; see open_lmdb)
+            return None, None, None
+        with reading(path), lease.env.begin(buffers=True) as txn:
+            raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
+            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
+            has_keys = txn.get(KEYS_KEY) is not None
+            meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
+            progress = None
+            if raw_progress is not None:
+                # a complete store keeps the progress of its last run: it matters only when it
+                # is an append to this very store that did not finish
+                progress = Progress.from_json(raw_progress, path)
+                if meta is None or appends_to(progress, meta):
+                    progress = Progress.from_json(
+                        raw_progress, path, lambda n: read_skipped(lease, txn, n, path)
+                    )
+                else:
+                    progress = None
+    finally:
+        lease.release()
+    return meta, progress, has_keys
+
+
+def appends_to(progress: Progress, meta: StoreMeta) -> bool:
+    """Whether a progress found beside a complete store is an unfinished append to it (and not
+    what its own conversion, or an earlier append, left)."""
+    return progress.base_id == meta.id and 0 < progress.first_index == meta.count
+
+
+def read_skipped(lease: Lease, txn: Any, count: int, where: str) -> list[SkippedFile]:
+    """The first ``count`` skipped-file entries (read in the caller's transaction)."""
+    out = []
+    for n in range(count):
+        raw = lease.value(txn.get(skipped_key(n)), f"{where}: skipped-file entry {n}")
+        try:
+            item = json.loads(raw) if raw is not None else None
+        except ValueError:
+            item = None
+        out.append(skipped_file(item, where))
+    return out
