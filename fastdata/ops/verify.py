@@ -438,18 +438,12 @@ def here(message: str) -> str:
 
 
 def check_file(path: str) -> list[str]:
-    """The damaged pages of the LMDB store at ``path``, checked without opening it as a store
-    (for a store too damaged to open); none for anything else.
+    """The damaged pages of the store at ``path``, checked without opening it as a store (for
+    a store too damaged to open): what its backend can say (none where it keeps no pages).
 
     Raises:
         StoreError: its header is damaged or it is truncated.
     """
-    import os
+    from ..stores import reader_class
 
-    from ..stores.lmdb.file import walk
-    from ..stores.names import DATA_FILE
-
-    data_file = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
-    if not os.path.isfile(data_file):
-        return []
-    return walk(data_file)
+    return reader_class(path).damaged_pages(path)

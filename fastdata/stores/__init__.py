@@ -10,7 +10,7 @@ from ..errors import Phrase
 from .policy import StoreWriter
 from .reader import StoreReader
 
-__all__ = ["StoreReader", "StoreWriter", "open_store", "open_writer"]
+__all__ = ["StoreReader", "StoreWriter", "open_store", "open_writer", "reader_class"]
 
 COLLECTION = Phrase("--collection NAME", "collection=NAME")
 
@@ -103,6 +103,20 @@ def open_store(
     from .lmdb.open import open_lmdb
 
     return open_lmdb(os.path.expanduser(target), allow_pickle=allow_pickle)
+
+
+def reader_class(target: str | os.PathLike[str]) -> type[StoreReader]:
+    """The class of reader a store at ``target`` (an LMDB path or a ``mongodb://`` URI) is read
+    with, for what it can say of a store it cannot open (:meth:`StoreReader.damaged_pages`)."""
+    from .mongo.connection import is_mongo_uri
+
+    if is_mongo_uri(target):
+        from .mongo.reader import MongoStore
+
+        return MongoStore
+    from .lmdb.reader import LMDBStore
+
+    return LMDBStore
 
 
 def open_writer(

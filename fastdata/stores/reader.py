@@ -188,6 +188,16 @@ class StoreReader(abc.ABC):
         finds more on its way (:class:`Foreign`)."""
         return []
 
+    @classmethod
+    def damaged_pages(cls, target: str) -> list[str]:
+        """The damaged pages of the store at ``target``, checked without opening it as a store
+        (for a store too damaged to open); none where the backend keeps no pages of its own.
+
+        Raises:
+            StoreError: the store's file is too damaged to check (its header, or cut short).
+        """
+        return []
+
     def interrupted(self) -> list[str]:
         """What was left unfinished at the store (an append, a replacement built aside), each
         with the command that finishes it; none by default."""

@@ -145,6 +145,13 @@ class LMDBStore(_Leased):
     label per record.
     """
 
+    @classmethod
+    def damaged_pages(cls, target: str) -> list[str]:
+        """Every page of the data file's B-tree checked, reading the file itself (never mapped:
+        a damaged page is then a reason, not the end of the process)."""
+        data_file = data_path(target)
+        return lmdb_file.walk(data_file) if os.path.isfile(data_file) else []
+
     def __init__(self, path: str | os.PathLike[str], lease: Lease | None = None) -> None:
         self.path = os.fspath(path)
         self.location = self.path
