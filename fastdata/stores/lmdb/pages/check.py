@@ -137,8 +137,10 @@ class Checked:
         if rows is not None:
             flat, width = rows.tobytes(), rows.shape[1]
             return [flat[j : j + width] for j in range(0, len(flat), width)]
+        width = self.keys.shape[1]
+        flat = self.keys[a:b].tobytes()
         lens = self.klen[a:b].tolist()
-        return [r[:n].tobytes() for r, n in zip(self.keys[a:b], lens, strict=True)]
+        return [flat[i * width : i * width + n] for i, n in enumerate(lens)]
 
     def uniform(self, a: int, b: int) -> np.ndarray | None:
         """Nodes ``a .. b-1``'s keys as rows, where they are all of one size (None else)."""
@@ -193,13 +195,9 @@ def _before(a: np.ndarray, b: np.ndarray, *, strict: np.ndarray | bool) -> np.nd
 def _bounds(bounds: Sequence[Bound], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Page bounds as zero-padded rows, their sizes, and whether each is given."""
     given = np.array([b is not None for b in bounds], bool)
-    rows = np.zeros((len(bounds), width), np.uint8)
-    lens = np.zeros(len(bounds), np.int64)
-    for p, bound in enumerate(bounds):
-        if bound:
-            rows[p, : len(bound)] = np.frombuffer(bound, np.uint8)
-            lens[p] = len(bound)
-    return rows, lens, given
+    lens = np.array([len(b or b"") for b in bounds], np.int64)
+    flat = b"".join((b or b"").ljust(width, b"\0") for b in bounds)
+    return np.frombuffer(flat, np.uint8).reshape(len(bounds), width), lens, given
 
 
 def check_pages(
@@ -264,7 +262,8 @@ def check_pages(
     width = max([int(klen.max()) if len(klen) else 0, *(len(b or b"") for b in (*lows, *highs))])
     take = np.arange(width)
     keys = flat[np.minimum(at[:, None] + NODESIZE + take, len(flat) - 1)]
-    keys[take >= klen[:, None]] = 0
+    if (klen != width).any():
+        keys[take >= klen[:, None]] = 0
     words = _words(keys, klen)
     # each key after the one before it on its page, the first at or after the page's low bound
     # (a branch's node 0 has no key: its child begins at the page's low key), all before its high
@@ -327,22 +326,24 @@ def check_overflow(
     that does not ("": all pass)."""
     pages = (sizes + PAGEHDRSZ + psize - 1) // psize
     head = at + psize <= len(data)
-    fields = np.zeros(len(at), MDB_overflow)
-    index = at[head][:, None] + np.arange(PAGEHDRSZ)
-    fields[head] = np.frombuffer(data, np.uint8)[index].view(MDB_overflow).ravel()
+    index = at[:, None] + np.arange(PAGEHDRSZ)
+    flat = np.frombuffer(data, np.uint8)
+    if head.all():  # (the header of each read: most often)
+        fields = flat[index].view(MDB_overflow).ravel()
+    else:
+        fields = np.zeros(len(at), MDB_overflow)
+        fields[head] = flat[index[head]].view(MDB_overflow).ravel()
     pgno, flags, count = fields["mp_pgno"], fields["mp_flags"], fields["mp_pages"]
-    why = np.select(
-        [
-            ~head,
-            pgno != firsts,
-            (flags & P_OVERFLOW == 0) | (count != pages),
-            (at + PAGEHDRSZ + sizes > len(data)) & whole,
-        ],
-        [1, 2, 3, 1],
-        0,
-    )
-    if not why.any():
+    checks = [  # (in the order LMDB meets them; the first that fails is the reason)
+        ~head,
+        pgno != firsts,
+        (flags & P_OVERFLOW == 0) | (count != pages),
+        (at + PAGEHDRSZ + sizes > len(data)) & whole,
+    ]
+    failed = checks[0] | checks[1] | checks[2] | checks[3]
+    if not failed.any():
         return len(at), ""
+    why = np.select(checks, [1, 2, 3, 1], 0)
     i = int(np.argmax(why != 0))
     return i, [
         "past the end of the file",

@@ -10,6 +10,7 @@ carries their count. The format's version (``mm_version``) is checked once, here
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,9 @@ MDB_page = np.dtype(
     ]
 )
 """A branch or leaf page's header (``MDB_page``, its ``pb_lower``/``pb_upper`` arm)."""
+PAGE_HEADER = struct.Struct("<QHHHH")
+""":data:`MDB_page` as a struct, for one page's header read where numpy costs too much: (mp_pgno,
+mp_pad, mp_flags, mp_lower, mp_upper)."""
 MDB_overflow = np.dtype(
     [("mp_pgno", "<u8"), ("mp_pad", "<u2"), ("mp_flags", "<u2"), ("mp_pages", "<u4")]
 )
@@ -56,6 +60,8 @@ MDB_overflow = np.dtype(
 MDB_node = np.dtype([("mn_lo", "<u2"), ("mn_hi", "<u2"), ("mn_flags", "<u2"), ("mn_ksize", "<u2")])
 """A node's header (``MDB_node``), its key after it. A leaf's value size is ``mn_lo | mn_hi <<
 16``; a branch's child page ``mn_lo | mn_hi << 16 | mn_flags << 32``."""
+NODE_HEADER = struct.Struct("<HHHH")
+""":data:`MDB_node` as a struct: (mn_lo, mn_hi, mn_flags, mn_ksize)."""
 MDB_db = np.dtype(
     [
         ("md_pad", "<u4"),
@@ -126,22 +132,30 @@ class Header:
         return (self.last_page + 1) * self.psize
 
 
+META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
+""":data:`MDB_meta` as a struct (read on every cold read's way down the tree, where numpy's
+fields cost tens of microseconds): mm_magic, mm_version, mm_address, mm_mapsize, both MDB_db
+(md_pad, md_flags, md_depth, md_branch_pages, md_leaf_pages, md_overflow_pages, md_entries,
+md_root), mm_last_pg, mm_txnid."""
+assert META.size == MDB_meta.itemsize
+
+
 def read_meta(page: bytes) -> Header | None:
     """A meta page's facts (None: too short, or no LMDB magic)."""
     if len(page) < META_END:
         return None
-    meta = np.frombuffer(page, MDB_meta, 1, PAGEHDRSZ)[0]
-    if int(meta["mm_magic"]) != MDB_MAGIC:
+    mm_magic, mm_version, _, _, *dbs, mm_last_pg, mm_txnid = META.unpack_from(page, PAGEHDRSZ)
+    if mm_magic != MDB_MAGIC:
         return None
-    free, main = meta["mm_dbs"]
+    free, main = dbs[:8], dbs[8:]
     return Header(
-        psize=int(free["md_pad"]),
-        last_page=int(meta["mm_last_pg"]),
-        txnid=int(meta["mm_txnid"]),
-        root=int(main["md_root"]),
-        depth=int(main["md_depth"]),
-        entries=int(main["md_entries"]),
-        version=int(meta["mm_version"]),
+        psize=free[0],  # (md_pad of the free database)
+        last_page=mm_last_pg,
+        txnid=mm_txnid,
+        root=main[7],  # md_root
+        depth=main[2],  # md_depth
+        entries=main[6],  # md_entries
+        version=mm_version,
     )
 
 

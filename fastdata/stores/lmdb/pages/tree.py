@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,19 @@ import numpy as np
 
 from . import advice
 from .check import NAMED, Checked, check_file, check_overflow, check_pages
-from .format import P_BRANCH, P_INVALID, PAGEHDRSZ, FormatError, current_meta
+from .format import (
+    F_BIGDATA,
+    NODE_HEADER,
+    NODESIZE,
+    P_BRANCH,
+    P_INVALID,
+    P_KINDS,
+    P_LEAF,
+    PAGE_HEADER,
+    PAGEHDRSZ,
+    FormatError,
+    current_meta,
+)
 
 __all__ = ["STRETCH_BYTES", "Damage", "Leaves", "Tree", "value_places", "walk"]
 
@@ -68,16 +81,17 @@ class Leaves:
 
     __slots__ = ("buf", "firsts", "keys", "reached", "rows", "sizes", "starts")
 
-    def __init__(self, buf: bytes | memoryview, checked: Checked, nodes: np.ndarray, reached: int):
-        self.buf, self.reached = buf, reached
+    def __init__(
+        self,
+        buf: bytes | memoryview,
+        checked: Checked,
+        nodes: np.ndarray,
+        reached: int,
+        keys: list[bytes],
+    ) -> None:
+        self.buf, self.reached, self.keys = buf, reached, keys
         a, b = (int(nodes[0]), int(nodes[-1]) + 1) if len(nodes) else (0, 0)
-        contiguous = len(nodes) == b - a
-        self.rows = checked.uniform(a, b) if contiguous else None
-        self.keys = (
-            checked.key_list(a, b)
-            if contiguous
-            else [k for n in nodes.tolist() for k in checked.key_list(n, n + 1)]
-        )
+        self.rows = checked.uniform(a, b) if len(nodes) == b - a else None
         self.starts, self.sizes = checked.starts[nodes], checked.sizes[nodes]
         self.firsts = checked.values[nodes]
 
@@ -296,13 +310,15 @@ class Tree:
         d = len(keys) if high is None else bisect_left(keys, high)
         nodes = nodes[c:d]
         named = checked.values[nodes] == NAMED
+        keys = keys[c:d]
         if named.any():
             held = numbers[checked.row[nodes[named]]].tolist()
-            names = [keys[c + i] for i in np.flatnonzero(named).tolist()]
+            names = [keys[i] for i in np.flatnonzero(named).tolist()]
             self.databases += list(zip(names, held, strict=True))
             nodes = nodes[~named]
+            keys = [k for k, n in zip(keys, named.tolist(), strict=True) if not n]
         if len(nodes):
-            yield Leaves(buf, checked, nodes, int(numbers[pages].max()))
+            yield Leaves(buf, checked, nodes, int(numbers[pages].max()), keys)
 
     def _advance(self, number: int) -> None:
         """A walk has read a leaf of page ``number``: the read-ahead begins there, or moves on."""
@@ -412,12 +428,15 @@ def value_places(
 ) -> tuple[list[tuple[int, int]], bool | None]:
     """Where the values of ``keys`` that lie on pages of their own are in the file, as
     ``(offset, size)``, found as LMDB finds them, down the tree from the current root with
-    ``pread``; each level's pages asked for together first, then read and checked side by side.
-    This lets a reader ask for a value's pages before LMDB's lookup faults them in one page at a
-    time, a read from the disk each on a cold store.
+    ``pread``; each level's pages asked for together first (one request per run, all in flight
+    at once). This lets a reader ask for a value's pages before LMDB's lookup faults them in one
+    page at a time, a read from the disk each on a cold store.
 
-    Advice only: a page that fails its check ends the search under it, silently (the lookup
-    itself names it). Every place given lies inside the file.
+    Advice only, on every cold read's path (so it reads each page's header and the nodes on its
+    way, not every node: :func:`~.check.check_pages` costs a millisecond a call): anything out
+    of the ordinary (a page not what its parent says, a node outside its page, a key not there,
+    a value outside the file) ends the search under it, silently; the lookup itself checks and
+    names it. Every place given lies inside the file.
 
     ``resident(offset)`` (whether the file's page at ``offset`` is in memory, None: unknown) is
     asked of every page of the descent before it is read, and of each value's first and last
@@ -434,41 +453,21 @@ def value_places(
         head = current_meta(fd)
         psize = head.psize
         last = min(head.last_page, size // psize - 1)
-        wanted = sorted(set(keys))
-        Place = tuple[int, list[bytes], bytes | None, bytes | None]
-        level: list[Place] = [(head.root, wanted, None, None)] if 2 <= head.root <= last else []
+        level = {head.root: sorted(set(keys))} if 2 <= head.root <= last else {}
         for _ in range(CURSOR_DEPTH):  # (deeper, LMDB gives up too: a loop)
             if not level:
                 break
-            level.sort(key=lambda page: page[0])
-            numbers = [page[0] for page in level]
+            numbers = sorted(level)
             for number in numbers:
                 note(number * psize)
             if len(numbers) > 1:
                 advice.prefetch(fd, numbers, psize)
-            buf = b"".join(os.pread(fd, psize, n * psize).ljust(psize, b"\0") for n in numbers)
-            lows, highs = [page[2] for page in level], [page[3] for page in level]
-            checked = check_pages(buf, np.array(numbers), lows, highs, last, psize)
-            below: dict[int, Place] = {}
-            for p, (_, under, lo, hi) in enumerate(level):
-                if checked.reasons[p]:
-                    continue
-                a, b = checked.span(p)
-                found = checked.key_list(a, b)
-                if checked.kinds[p] == P_BRANCH:
-                    bounds = [lo, *found[1:], hi]
-                    for key in under:
-                        i = bisect_right(found, key, 1) - 1
-                        child = int(checked.values[a + i])
-                        entry = below.setdefault(child, (child, [], bounds[i], bounds[i + 1]))
-                        entry[1].append(key)
-                    continue
-                for key in under:
-                    i = bisect_left(found, key)
-                    if i < len(found) and found[i] == key and checked.values[a + i] >= 0:
-                        first = int(checked.values[a + i])
-                        places.append((first * psize + PAGEHDRSZ, int(checked.sizes[a + i])))
-            level = list(below.values())
+            below: dict[int, list[bytes]] = {}
+            for number in numbers:
+                page = os.pread(fd, psize, number * psize)
+                if len(page) == psize:
+                    _places_on(page, number, level[number], last, size, below, places)
+            level = {child: found for child, found in below.items() if 2 <= child <= last}
     except (OSError, FormatError):
         pass
     for offset, n in places:
@@ -476,3 +475,66 @@ def value_places(
         note(offset + n - 1)
     in_memory = False if False in seen else (True if seen == {True} else None)
     return places, in_memory
+
+
+def _places_on(
+    page: bytes,
+    number: int,
+    keys: list[bytes],
+    last: int,
+    size: int,
+    below: dict[int, list[bytes]],
+    places: list[tuple[int, int]],
+) -> None:
+    """One page of :func:`value_places`' descent: a branch's children (with the keys under
+    each) into ``below``, a leaf's places of ``keys`` into ``places``."""
+    psize = len(page)
+    pgno, _, flags, lower, upper = PAGE_HEADER.unpack_from(page, 0)
+    kind = flags & P_KINDS
+    if pgno != number or kind not in (P_BRANCH, P_LEAF) or not PAGEHDRSZ <= lower <= upper:
+        return
+    count = (lower - PAGEHDRSZ) // 2
+    if upper > psize or count < 1:
+        return
+    offsets = struct.unpack_from(f"<{count}H", page, PAGEHDRSZ)
+    if min(offsets) < upper or max(offsets) > psize - NODESIZE:
+        return
+    nodes = _NodeKeys(page, offsets)
+    try:
+        if kind == P_BRANCH:
+            for key in keys:
+                at = offsets[bisect_right(nodes, key, 1) - 1]
+                lo, hi, top, _ = NODE_HEADER.unpack_from(page, at)
+                below.setdefault(lo | (hi << 16) | (top << 32), []).append(key)
+            return
+        for key in keys:
+            j = bisect_left(nodes, key)
+            if j == count or nodes[j] != key:
+                continue
+            lo, hi, nflags, ksize = NODE_HEADER.unpack_from(page, offsets[j])
+            start = offsets[j] + NODESIZE + ksize
+            if nflags != F_BIGDATA or start + 8 > psize:
+                continue  # (a value on the leaf itself: read already)
+            first = int.from_bytes(page[start : start + 8], "little")
+            offset, n = first * psize + PAGEHDRSZ, lo | (hi << 16)
+            if 2 <= first <= last and offset + n <= size:
+                places.append((offset, n))
+    except ValueError:  # (a node's key runs past the page)
+        return
+
+
+class _NodeKeys:
+    """The keys of a page's nodes, by index, as a sequence (for a binary search)."""
+
+    def __init__(self, page: bytes, offsets: tuple[int, ...]) -> None:
+        self.page, self.offsets = page, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, j: int) -> bytes:
+        at = self.offsets[j] + NODESIZE
+        end = at + NODE_HEADER.unpack_from(self.page, self.offsets[j])[3]
+        if end > len(self.page):
+            raise ValueError("a key past the page")
+        return self.page[at:end]
