@@ -1,15 +1,14 @@
 """The main B-tree of an LMDB data file, read with ``pread`` (never mapped), so that damage is an
 error and not a fault: one walk in key order (:meth:`Tree.leaves`, :meth:`Tree.entries`, values in
-stretches with :meth:`Tree.values`), and the descent to a few keys' values
-(:func:`value_places`). Every page either reads is checked by :mod:`.check`."""
+stretches with :meth:`Tree.values`), every page it reads checked by :mod:`.check`. (A cold read's
+descent to a few keys' values, advice only, is :mod:`.places`.)"""
 
 from __future__ import annotations
 
 import itertools
 import os
-import struct
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,28 +16,18 @@ import numpy as np
 from . import advice
 from .check import NAMED, Checked, check_file, check_overflow, check_pages
 from .format import (
-    F_BIGDATA,
-    NODE_HEADER,
-    NODESIZE,
     P_BRANCH,
     P_INVALID,
-    P_KINDS,
-    P_LEAF,
-    PAGE_HEADER,
     PAGEHDRSZ,
-    FormatError,
-    current_meta,
 )
 
-__all__ = ["STRETCH_BYTES", "Damage", "Leaves", "Tree", "value_places", "walk"]
+__all__ = ["STRETCH_BYTES", "Damage", "Leaves", "Tree", "walk"]
 
 STRETCH_BYTES = 1 << 20
 """The most bytes of values on pages of their own that a check reads in one call (a value larger
 than this is read alone)."""
 DEEPEST = 64
 """A page reached deeper than this is taken for a loop."""
-CURSOR_DEPTH = 32
-"""The deepest path LMDB's cursor follows from the root (its CURSOR_STACK)."""
 
 
 @dataclass(frozen=True)
@@ -421,120 +410,3 @@ def _children(
     keys: list[bytes | None] = [lo, *checked.key_list(a + 1, b), hi]
     children = checked.values[a:b].tolist()
     return [(c, level, keys[i], keys[i + 1]) for i, c in enumerate(children)]
-
-
-def value_places(
-    fd: int, keys: Sequence[bytes], resident: Callable[[int], bool | None] | None = None
-) -> tuple[list[tuple[int, int]], bool | None]:
-    """Where the values of ``keys`` that lie on pages of their own are in the file, as
-    ``(offset, size)``, found as LMDB finds them, down the tree from the current root with
-    ``pread``; each level's pages asked for together first (one request per run, all in flight
-    at once). This lets a reader ask for a value's pages before LMDB's lookup faults them in one
-    page at a time, a read from the disk each on a cold store.
-
-    Advice only, on every cold read's path (so it reads each page's header and the nodes on its
-    way, not every node: :func:`~.check.check_pages` costs a millisecond a call): anything out
-    of the ordinary (a page not what its parent says, a node outside its page, a key not there,
-    a value outside the file) ends the search under it, silently; the lookup itself checks and
-    names it. Every place given lies inside the file.
-
-    ``resident(offset)`` (whether the file's page at ``offset`` is in memory, None: unknown) is
-    asked of every page of the descent before it is read, and of each value's first and last
-    page: the second result is whether all of them were (None: unknown, or nothing asked)."""
-    places: list[tuple[int, int]] = []
-    seen: set[bool | None] = set()
-
-    def note(offset: int) -> None:
-        if resident is not None and False not in seen:  # (one from the disk decides)
-            seen.add(resident(offset))
-
-    try:
-        size = os.fstat(fd).st_size
-        head = current_meta(fd)
-        psize = head.psize
-        last = min(head.last_page, size // psize - 1)
-        level = {head.root: sorted(set(keys))} if 2 <= head.root <= last else {}
-        for _ in range(CURSOR_DEPTH):  # (deeper, LMDB gives up too: a loop)
-            if not level:
-                break
-            numbers = sorted(level)
-            for number in numbers:
-                note(number * psize)
-            if len(numbers) > 1:
-                advice.prefetch(fd, numbers, psize)
-            below: dict[int, list[bytes]] = {}
-            for number in numbers:
-                page = os.pread(fd, psize, number * psize)
-                if len(page) == psize:
-                    _places_on(page, number, level[number], last, size, below, places)
-            level = {child: found for child, found in below.items() if 2 <= child <= last}
-    except (OSError, FormatError):
-        pass
-    for offset, n in places:
-        note(offset)
-        note(offset + n - 1)
-    in_memory = False if False in seen else (True if seen == {True} else None)
-    return places, in_memory
-
-
-def _places_on(
-    page: bytes,
-    number: int,
-    keys: list[bytes],
-    last: int,
-    size: int,
-    below: dict[int, list[bytes]],
-    places: list[tuple[int, int]],
-) -> None:
-    """One page of :func:`value_places`' descent: a branch's children (with the keys under
-    each) into ``below``, a leaf's places of ``keys`` into ``places``."""
-    psize = len(page)
-    pgno, _, flags, lower, upper = PAGE_HEADER.unpack_from(page, 0)
-    kind = flags & P_KINDS
-    if pgno != number or kind not in (P_BRANCH, P_LEAF) or not PAGEHDRSZ <= lower <= upper:
-        return
-    count = (lower - PAGEHDRSZ) // 2
-    if upper > psize or count < 1:
-        return
-    offsets = struct.unpack_from(f"<{count}H", page, PAGEHDRSZ)
-    if min(offsets) < upper or max(offsets) > psize - NODESIZE:
-        return
-    nodes = _NodeKeys(page, offsets)
-    try:
-        if kind == P_BRANCH:
-            for key in keys:
-                at = offsets[bisect_right(nodes, key, 1) - 1]
-                lo, hi, top, _ = NODE_HEADER.unpack_from(page, at)
-                below.setdefault(lo | (hi << 16) | (top << 32), []).append(key)
-            return
-        for key in keys:
-            j = bisect_left(nodes, key)
-            if j == count or nodes[j] != key:
-                continue
-            lo, hi, nflags, ksize = NODE_HEADER.unpack_from(page, offsets[j])
-            start = offsets[j] + NODESIZE + ksize
-            if nflags != F_BIGDATA or start + 8 > psize:
-                continue  # (a value on the leaf itself: read already)
-            first = int.from_bytes(page[start : start + 8], "little")
-            offset, n = first * psize + PAGEHDRSZ, lo | (hi << 16)
-            if 2 <= first <= last and offset + n <= size:
-                places.append((offset, n))
-    except ValueError:  # (a node's key runs past the page)
-        return
-
-
-class _NodeKeys:
-    """The keys of a page's nodes, by index, as a sequence (for a binary search)."""
-
-    def __init__(self, page: bytes, offsets: tuple[int, ...]) -> None:
-        self.page, self.offsets = page, offsets
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __getitem__(self, j: int) -> bytes:
-        at = self.offsets[j] + NODESIZE
-        end = at + NODE_HEADER.unpack_from(self.page, self.offsets[j])[3]
-        if end > len(self.page):
-            raise ValueError("a key past the page")
-        return self.page[at:end]
