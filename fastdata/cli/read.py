@@ -126,10 +126,11 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     from ..errors import (
         IncompleteStoreError,
         PickleNotAllowedError,
+        StoreDamagedError,
         StoreError,
         StoreNotFoundError,
     )
-    from ..ops.verify import check_file, here, verify_store
+    from ..ops.verify import check_file, verify_store
     from ..stores.mongo.connection import is_mongo_uri
     from .advice import repairs
 
@@ -141,9 +142,10 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         # too damaged to open: say which pages are, when it is an LMDB file (the one error
         # funnel prints the message and exits with its code)
         pages = [] if is_mongo_uri(store) else check_file(store)
-        raise StoreError(
-            "\n".join([here(exc.render(cli=True)), *(f"  damaged {page}" for page in pages)])
-        ) from None
+        said = exc.without_hint(cli=True)  # (its hint would advise the command running)
+        if isinstance(exc, StoreDamagedError):
+            said += "; convert it again from its source (or copy it again, if it was a copy)"
+        raise StoreError("\n".join([said, *(f"  damaged {page}" for page in pages)])) from None
     with progress_bar("verifying", quiet) as progress:
         report = verify_store(reader, decode=decode, progress=progress, workers=workers)
     if report.foreign:  # (not damage: nothing to repair, and nothing advised)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import shlex
 import signal
 import sys
@@ -21,7 +20,7 @@ from ..packed import PackedStrings
 from ..records import RecordHeader, checksum, checksums, fields_problem, name_bytes, plain_headers
 from ..stores.reader import Foreign, ScanBlock, StoreReader
 
-__all__ = ["Failure", "VerifyReport", "check_file", "here", "verify_store"]
+__all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ def _check_range(
 
     def one(i: int, h: RecordHeader | None, data: bytes | memoryview, why: str | None) -> None:
         if h is None:
-            failures.append(Failure(i, f"record {i}", here(why or "unreadable")))
+            failures.append(Failure(i, f"record {i}", why or "unreadable"))
             return
         report.checked += 1
         if checked and h.label != labels.item(i):
@@ -404,37 +403,20 @@ def _check_invariants(
         names = index if index is not None else reader.record_names()
         skipped = reader.skipped_files()
     except FastdataError as exc:
-        report.broken.append(
-            f"its names and skipped list cannot be read: {here(exc.without_hint())}"
-        )
+        report.broken.append(f"its names and skipped list cannot be read: {exc.without_hint()}")
         return
     report.broken.extend(invariant_failures(reader.meta, reader.labels, names, skipped))
     try:
         held = reader.record_check()
     except FastdataError as exc:
-        report.broken.append(f"its records cannot be counted: {here(exc.without_hint())}")
+        report.broken.append(f"its records cannot be counted: {exc.without_hint()}")
         return
     if held is not None:
         report.broken.append(f"the records are 0 .. count-1, each once: {held}")
     try:
         report.foreign.extend(reader.foreign_content())
     except FastdataError as exc:
-        report.broken.append(f"its keys cannot be counted: {here(exc.without_hint())}")
-
-
-_CIRCULAR = re.compile(
-    r"(?P<sep>[,;:]?) ?run `fastdata verify` on (?:it|the store)(?P<then>,? (?:and|then) )?"
-)
-
-
-def here(message: str) -> str:
-    """A message as ``verify`` reports it: less the advice to run ``fastdata verify``, which
-    other commands give and which is running."""
-
-    def cut(found: re.Match[str]) -> str:
-        return f"{found['sep']} " if found["then"] else ""
-
-    return _CIRCULAR.sub(cut, message).strip()
+        report.broken.append(f"its keys cannot be counted: {exc.without_hint()}")
 
 
 def check_file(path: str) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 import lmdb
 
 from ...errors import (
+    StoreDamagedError,
     StoreError,
     StoreNotFoundError,
 )
@@ -391,6 +392,4 @@ def reading(where: str) -> Iterator[None]:
     try:
         yield
     except lmdb.Error as exc:
-        raise StoreError(
-            f"{where}: reading failed: {exc}; the store is damaged, run `fastdata verify` on it"
-        ) from None
+        raise StoreDamagedError(f"{where}: reading failed: {exc}") from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ...errors import StoreError
+from ...errors import StoreDamagedError, StoreError
 from .pages import (
     FormatError,
     Header,
@@ -35,10 +35,7 @@ def file_error(path: str, exc: FormatError) -> StoreError:
             f"{path}: the file is truncated: {exc.size} bytes, but its last page ends at byte "
             f"{exc.end} (an interrupted copy or a full disk); copy or convert the store again"
         )
-    return StoreError(
-        f"{path}: damaged LMDB file: {exc.reason}; run `fastdata verify` on the store, then "
-        "convert it again (or copy it again, if it was copied)"
-    )
+    return StoreDamagedError(f"{path}: damaged LMDB file: {exc.reason}")
 
 
 def check_file(path: str, *, for_lmdb: bool = False) -> Header:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from ...errors import FastdataError, RecordError, StoreError
+from ...errors import FastdataError, RecordError, StoreDamagedError, StoreError
 from .address import address
 from .entry import Entry
 from .readahead import ColdReads
@@ -134,7 +134,10 @@ class Lease:
         cold = self.cold_reads
         started, in_memory, advising = cold.before(keys)
         get = txn.get
-        views = [get(k) for k in keys]
+        try:
+            views = [get(k) for k in keys]
+        except lmdb.Error:  # (a damaged page under one of them: that record is damaged)
+            views = _one_by_one(get, keys, where)
         entry = self.entry
         lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
         if cold.scan_until is not None:  # a scan: its window is kept ahead of the furthest value
@@ -182,10 +185,7 @@ class Lease:
             except lmdb.Error as exc:
                 if entry.epoch() != before or entry.grown():  # (NOTE [ Past the end ], 3)
                     continue
-                raise StoreError(
-                    f"{where}: reading failed: {exc}; the store is damaged, run "
-                    "`fastdata verify` on it"
-                ) from None
+                raise StoreDamagedError(f"{where}: reading failed: {exc}") from None
             except FastdataError:
                 if entry.epoch() != before:
                     continue
@@ -218,6 +218,19 @@ class Lease:
 
 
 def _damage(where: str, what: str) -> RecordError:
-    return RecordError(
-        f"{where}: {what}; the store is damaged, run `fastdata verify` on it and convert it again"
-    )
+    return RecordError(f"{where}: {what}")
+
+
+def _one_by_one(
+    get: Callable[[bytes], Any], keys: Sequence[bytes], where: Callable[[int], str]
+) -> list[Any]:
+    """The values of ``keys`` looked up one at a time, to name the first that LMDB cannot
+    read (a damaged page on its way down the tree): that record is damaged, not the read of
+    every record beside it (``export --skip-damaged`` leaves it out and goes on)."""
+    views = []
+    for n, key in enumerate(keys):
+        try:
+            views.append(get(key))
+        except lmdb.Error as exc:
+            raise _damage(where(n), f"LMDB cannot read it ({exc})") from None
+    return views

@@ -233,10 +233,7 @@ class LMDBStore(_Leased):
             for i in range(start, min(n, start + batch_size)):
                 where = f"{self.path}: record {i}"
                 if not found or bytes(cursor.key()) != header_key(i):
-                    raise RecordError(
-                        f"{where}: its header is missing; the store is damaged, run "
-                        "`fastdata verify` on it"
-                    )
+                    raise RecordError(f"{where}: its header is missing", store=self.command_target)
                 raw = lease.value(cursor.value(), where) or b""
                 out.append(RecordHeader.from_json(raw, where))
                 found = cursor.next()
@@ -299,8 +296,7 @@ class LMDBStore(_Leased):
             j = found.index(None)
             where = f"{self.path}: record {record_key(idx[j % n]).decode()}"
             raise RecordError(
-                f"{where}{'' if j < n else ': its header'} is missing; the store is damaged, run "
-                "`fastdata verify` on it and convert it again"
+                f"{where}{'' if j < n else ': its header'} is missing", store=self.command_target
             )
         data = cast("list[bytes]", found[:n])  # none is None
         if check:
@@ -330,8 +326,8 @@ class LMDBStore(_Leased):
             where = f"{self.path}: record {keys[j].decode()}"
             if data is None or head is None:
                 raise RecordError(
-                    f"{where}{'' if data is None else ': its header'} is missing; the store is "
-                    "damaged, run `fastdata verify` on it and convert it again"
+                    f"{where}{'' if data is None else ': its header'} is missing",
+                    store=self.command_target,
                 )
             out.append(Record(i, RecordHeader.from_json(head, where), data))
         return out
