@@ -196,3 +196,50 @@ def test_the_python_api_is_advised_arguments_for_a_manifest_it_did_not_write(
         export_store(open_store(store), out)
     assert "--overwrite" not in str(info.value)
     assert (out / "manifest.jsonl").read_bytes() == b"my own notes\n"
+
+
+def test_the_export_verify_advises_for_a_page_lmdb_calls_corrupted_leaves_out_that_record(
+    tmp_path: Path,
+) -> None:
+    """The first page of one record's value overwritten with noise: LMDB's lookup of that key
+    fails (MDB_CORRUPTED, "page was wrong type"). verify named the record and advised
+    `export --skip-damaged`, which stopped at that record with nothing written ("reading
+    failed ... run fastdata verify"): the two commands sent the user to each other. The
+    export now leaves that record out and writes every other; a dataset names the record."""
+    import numpy as np
+    from PIL import Image
+
+    from fastdata import LMDBImageDataset
+
+    source = tmp_path / "src"
+    rng = np.random.default_rng(7)
+    for i in range(12):  # noise: values of several pages each (overflow pages)
+        pixels = rng.integers(0, 255, (96, 96, 3), dtype=np.uint8)
+        (source / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(source / "c" / f"{i:02d}.jpg", quality=95)
+    store = tmp_path / "s.lmdb"
+    convert(source, store)
+    victim = 5
+    data_file = store / "data.mdb"
+    raw = data_file.read_bytes()
+    value = (source / "c" / f"{victim:02d}.jpg").read_bytes()
+    at = raw.find(value)
+    assert at > 0 and (at - 16) % 4096 == 0  # an overflow value: its page's header before it
+    with open(data_file, "r+b") as f:
+        f.seek(at - 16)
+        f.write(np.random.default_rng(13).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+
+    ds = LMDBImageDataset(store, output="bytes")
+    with pytest.raises(RecordError, match=f"record {victim}"):
+        ds[victim]
+    assert ds[victim + 1][0] == (source / "c" / f"{victim + 1:02d}.jpg").read_bytes()
+    found = verify_in(tmp_path, shlex.quote(str(store)))
+    assert found.returncode == 1, found.stdout + found.stderr
+    advised = commands(found.stdout)
+    exported = shell(advised["export"], tmp_path)
+    assert exported.returncode == 1 and "Traceback" not in exported.stderr, exported.stderr
+    assert "left out 1 damaged record(s)" in exported.stdout, exported.stdout + exported.stderr
+    words = shlex.split(advised["export"])
+    files = snapshot(Path(words[words.index("--skip-damaged") - 1]))
+    assert sorted(files) == [f"c/{i:02d}.jpg" for i in range(12) if i != victim]
+    assert files == {name: (source / name).read_bytes() for name in files}
