@@ -265,3 +265,37 @@ def test_an_export_never_writes_into_a_store_folder_even_with_overwrite(tmp_path
         assert "--overwrite" not in refused.stderr.split("Error:")[-1], refused.stderr
         assert (outer / "data.mdb").read_bytes() == before
         assert len(open_store(outer)) == 4
+
+
+def test_a_data_file_linked_to_nothing_is_named_as_such_by_every_reading_command(
+    tmp_path: Path,
+) -> None:
+    """``data.mdb`` a symbolic link round in a loop, or to a file that is gone: info, verify
+    and export printed a bare OS error ("[Errno 40] Too many levels of symbolic links"), or
+    "no LMDB store here". They name the link and where it leads now, and the `rm` they print
+    runs as printed."""
+    for n, target in enumerate([Path("data.mdb"), tmp_path / "gone.bin"]):
+        store = tmp_path / f"s{n}.lmdb"
+        store.mkdir()
+        (store / "data.mdb").symlink_to(target)
+        for words in (
+            ["info", str(store)],
+            ["verify", str(store)],
+            ["export", str(store), str(tmp_path / "o")],
+        ):
+            result = cli(*words)
+            message = result.stderr.strip()
+            assert result.returncode == 1 and "Traceback" not in message, message
+            assert "a symbolic link to" in message and "Errno" not in message, message
+        _run_as_printed(message)
+        assert not (store / "data.mdb").is_symlink()
+
+
+def test_the_epoch_file_is_not_executable(tmp_path: Path) -> None:
+    """readers.epoch was created rwxr-xr-x (os.open's default mode); it is a data file."""
+    store = tmp_path / "s.lmdb"
+    src = tmp_path / "src"
+    write(src / "c" / "0.jpg", jpeg_bytes(16, 16, seed=1))
+    convert(src, store)
+    assert (store / "readers.epoch").stat().st_mode & 0o111 == 0
+    assert (store / "data.mdb").stat().st_mode & 0o111 == 0

@@ -4,6 +4,7 @@ user's share is a :class:`~.lease.Lease`; an open environment an :class:`~.entry
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shlex
@@ -183,7 +184,8 @@ def _new_epoch_file(path: str, value: int) -> None:
     try:
         with suppress(FileNotFoundError):
             os.unlink(tmp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o666)  # (as data.mdb: rw-r--r-- under the usual umask)
         try:
             os.write(fd, struct.pack("=Q", value).ljust(EPOCH_BYTES, b"\0"))
         finally:
@@ -262,6 +264,25 @@ def _lease(entry: Entry) -> Lease:
     return Lease(entry, _release)
 
 
+def _refuse_a_link_to_nothing(data_file: str) -> None:
+    """A data file that is a symbolic link leading nowhere (to nothing, or round in a loop)
+    is named as such, not as an OS error or as "no store here"."""
+    if not os.path.islink(data_file) or os.path.exists(data_file):
+        return
+    target = os.readlink(data_file)
+    try:
+        os.stat(data_file)
+    except OSError as exc:
+        why = "which loops" if exc.errno == errno.ELOOP else "which does not exist"
+    else:  # (it appeared meanwhile)
+        return
+    link = shlex.quote(os.path.abspath(data_file))
+    raise StoreError(
+        f"{data_file}: a symbolic link to {target}, {why}: no data file is there; put the "
+        f"store's data file back there, or remove the link (`rm {link}`)"
+    )
+
+
 def open_reader(path: str) -> Lease:
     """A share of this process's read-only environment for the store at ``path``.
 
@@ -271,6 +292,7 @@ def open_reader(path: str) -> Lease:
         StoreNotFoundError: no LMDB store at ``path``.
         StoreError: the file is damaged or cannot be opened.
     """
+    _refuse_a_link_to_nothing(os.path.join(path, DATA_FILE) if os.path.isdir(path) else path)
     if not os.path.exists(path) or (
         os.path.isdir(path) and not os.path.exists(os.path.join(path, DATA_FILE))
     ):
