@@ -391,7 +391,7 @@ class LMDBImageDataset(ImageStoreDataset):
         check: bool = True,
     ) -> None:
         from .stores.lmdb.open import open_lmdb
-        from .stores.mongo.connection import is_mongo_uri, mask_uri
+        from .stores.uri import is_mongo_uri, mask_uri
 
         if is_mongo_uri(path):
             raise UsageError(
@@ -463,7 +463,7 @@ class MongoImageDataset(ImageStoreDataset):
         **options: Any,
     ) -> None:
         from .stores import open_store
-        from .stores.mongo.connection import is_mongo_uri
+        from .stores.uri import is_mongo_uri
 
         if not is_mongo_uri(uri) and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", str(uri)):
             raise UsageError(

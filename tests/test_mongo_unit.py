@@ -10,7 +10,8 @@ import pytest
 from fastdata import convert, open_store
 from fastdata.errors import StoreError, UsageError
 from fastdata.stores.foreign import _legacy_classes
-from fastdata.stores.mongo.connection import MongoOptions, is_mongo_uri, mask_uri
+from fastdata.stores.mongo.connection import MongoOptions
+from fastdata.stores.uri import is_mongo_uri, mask_uri
 from fastdata.stores.mongo.layout import INSERT_BYTES, META_COLLECTION, insert_groups
 from fastdata.stores.mongo.reader import MongoStore
 from fastdata.stores.mongo.writer import MongoWriter

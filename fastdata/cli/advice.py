@@ -23,7 +23,7 @@ def repairs(store: str, collection: str | None, meta: Any, *, decode: bool) -> s
     grew by ``--append`` is not converted again from its source: that would number its
     classes anew, and leave out what the appends added from other sources."""
     if collection is not None:
-        from ..stores.mongo.connection import command_words
+        from ..stores.uri import command_words
 
         target = command_words(store, collection)
         name = re.sub(r"[^\w.-]+", "_", collection)

@@ -125,7 +125,7 @@ def _resumed() -> str:
     """The command being run, with --resume in place of --overwrite: its paths made absolute
     (and so never read as an option), a password in a URI masked, every option as
     ``--name=value``, its words quoted for the shell."""
-    from ..stores.mongo.connection import mask_uri
+    from ..stores.uri import mask_uri
 
     ctx = click.get_current_context()
     words = [

@@ -131,7 +131,7 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         StoreNotFoundError,
     )
     from ..ops.verify import check_file, verify_store
-    from ..stores.mongo.connection import is_mongo_uri
+    from ..stores.uri import is_mongo_uri
     from .advice import repairs
 
     try:
@@ -294,7 +294,7 @@ def _export_again(store: str, outdir: str, flags: list[str], options: dict[str, 
     """The export command as given, with ``--resume``: what finishes an interrupted export.
     Paths are made absolute (it may be run from another folder), a URI's password is masked (as
     in every message) and each word is quoted for the shell."""
-    from ..stores.mongo.connection import is_mongo_uri, mask_uri
+    from ..stores.uri import is_mongo_uri, mask_uri
 
     source = mask_uri(store) if is_mongo_uri(store) else os.path.abspath(store)
     words = ["fastdata", "export", source, os.path.abspath(outdir), *flags]

@@ -120,7 +120,7 @@ def _source_words(reader: StoreReader) -> str:
         return shlex.quote(os.path.realpath(path))
     uri, name = getattr(reader, "uri", None), getattr(reader, "collection", None)
     if isinstance(uri, str) and isinstance(name, str):
-        from ..stores.mongo.connection import command_words
+        from ..stores.uri import command_words
 
         return command_words(uri, name, "--source-collection")
     return shlex.quote(reader.location)
@@ -170,7 +170,7 @@ def copy_store(
         StoreExistsError, StoreLockedError, StoreError: as for :func:`fastdata.ops.convert`.
     """
     started = time.perf_counter()
-    from ..stores.mongo.connection import is_mongo_uri, mask_uri
+    from ..stores.uri import is_mongo_uri, mask_uri
 
     if is_mongo_uri(source) and not is_mongo_uri(destination):
         # one side is MongoDB: ``collection`` names that side, whichever it is

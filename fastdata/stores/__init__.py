@@ -19,7 +19,7 @@ def _check_target(target: object, **mongo_only: object) -> bool:
     """Whether ``target`` is a MongoDB URI; a URI of another scheme, or options meant for
     MongoDB given with an LMDB path, are usage errors."""
     from ..errors import UsageError, option
-    from .mongo.connection import is_mongo_uri
+    from .uri import is_mongo_uri
 
     if is_mongo_uri(target):
         return True
@@ -84,8 +84,8 @@ def open_store(
     if _check_target(target, collection=collection, index_file=index_file, **mongo_options):
         from ..errors import UsageError, option
         from .foreign import LegacyMongoStore
-        from .mongo.connection import mask_uri
         from .mongo.reader import MongoStore
+        from .uri import mask_uri
 
         uri = str(target)
         if allow_pickle:
@@ -108,7 +108,7 @@ def open_store(
 def reader_class(target: str | os.PathLike[str]) -> type[StoreReader]:
     """The class of reader a store at ``target`` (an LMDB path or a ``mongodb://`` URI) is read
     with, for what it can say of a store it cannot open (:meth:`StoreReader.damaged_pages`)."""
-    from .mongo.connection import is_mongo_uri
+    from .uri import is_mongo_uri
 
     if is_mongo_uri(target):
         from .mongo.reader import MongoStore
@@ -133,8 +133,8 @@ def open_writer(
         return target
     if _check_target(target, collection=collection, **mongo_options):
         from ..errors import UsageError
-        from .mongo.connection import mask_uri
         from .mongo.writer import MongoWriter
+        from .uri import mask_uri
 
         name = collection or default_collection
         if not name:

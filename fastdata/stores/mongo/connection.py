@@ -13,28 +13,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...errors import Phrase, StoreError, UsageError
+from ..uri import mask_uri
 from .layout import CLAIM_TTL_S, PASSWORD_ENV, USER_ENV
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def is_mongo_uri(target: object) -> bool:
-    """Whether ``target`` is a MongoDB connection string."""
-    return isinstance(target, str) and target.startswith(("mongodb://", "mongodb+srv://"))
-
-
-def mask_uri(uri: str) -> str:
-    """The URI with its password replaced by ``***`` (safe for logs and errors), however many
-    ``@`` the password holds."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return uri
-    authority, slash, tail = rest.partition("/")
-    userinfo, at, hosts = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return uri
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hosts}{slash}{tail}"
 
 
 @dataclass(frozen=True)
@@ -249,14 +232,6 @@ def _short(exc: BaseException) -> str:
     text = str(exc).split(", full error:")[0].split(" (configured timeouts:")[0]
     text = text.split(", Timeout:")[0]
     return text if len(text) < 300 else text[:300] + "..."
-
-
-def command_words(uri: str, collection: str, flag: str = "--collection") -> str:
-    """A URI and its collection as command-line words, each quoted for the shell (a URI holds
-    ``&``, a collection may hold a space): what printed commands name a Mongo store with."""
-    import shlex
-
-    return f"{shlex.quote(mask_uri(uri))} {flag} {shlex.quote(collection)}"
 
 
 def _location(uri: str, collection: str) -> str:

@@ -30,7 +30,8 @@ from ...records import (
 from ..existing import incomplete_error
 from ..names import META_COLLECTION, aside_collection, aside_owner_collection, bucket, progress_id
 from ..reader import StoreReader, append_note
-from .connection import MongoTarget, command_words, gridfs_of
+from ..uri import command_words
+from .connection import MongoTarget, gridfs_of
 from .layout import (
     doc_id,
     load_skipped,

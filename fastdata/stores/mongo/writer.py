@@ -32,9 +32,10 @@ from ..existing import Existing
 from ..names import META_COLLECTION, progress_id
 from ..policy import Completion, StoreWriter
 from ..reader import StoreReader
+from ..uri import command_words
 from .buckets import buckets_named, drop_buckets
 from .claim import Claimed
-from .connection import MongoTarget, command_words, gridfs_of
+from .connection import MongoTarget, gridfs_of
 from .layout import (
     GRIDFS_THRESHOLD,
     LABELS_INLINE_MAX,
