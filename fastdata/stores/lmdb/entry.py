@@ -43,6 +43,16 @@ class Entry:
         view = self.epoch_view
         return -1 if view is None else int(view[0])
 
+    def larger_now(self) -> bool:
+        """Whether the data file is larger than when its bounds were last taken, looked at
+        only (:meth:`grown` takes the new bounds, once)."""
+        if self.fd is None:
+            return False
+        try:
+            return os.fstat(self.fd).st_size > self.size
+        except OSError:
+            return False
+
     def grown(self) -> bool:
         """Whether the data file grew since it was opened (an append); if so, the bounds that
         values are checked against are updated (NOTE [ Past the end of the file ], rule 5)."""

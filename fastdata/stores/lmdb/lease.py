@@ -136,8 +136,11 @@ class Lease:
         get = txn.get
         try:
             views = [get(k) for k in keys]
-        except lmdb.Error:  # (a damaged page under one of them: that record is damaged)
-            views = _one_by_one(get, keys, where)
+        except DAMAGED_PAGE:  # (under one of them: that record is damaged; unless the file
+            # grew meanwhile, past what was mapped: then read() begins again)
+            if not self.entry.larger_now():
+                _name_the_damaged(self.env, keys, where)
+            raise
         entry = self.entry
         lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
         if cold.scan_until is not None:  # a scan: its window is kept ahead of the furthest value
@@ -221,16 +224,21 @@ def _damage(where: str, what: str) -> RecordError:
     return RecordError(f"{where}: {what}")
 
 
-def _one_by_one(
-    get: Callable[[bytes], Any], keys: Sequence[bytes], where: Callable[[int], str]
-) -> list[Any]:
-    """The values of ``keys`` looked up one at a time, to name the first that LMDB cannot
-    read (a damaged page on its way down the tree): that record is damaged, not the read of
-    every record beside it (``export --skip-damaged`` leaves it out and goes on)."""
-    views = []
+def _name_the_damaged(env: Any, keys: Sequence[bytes], where: Callable[[int], str]) -> None:
+    """Raise the error of the first of ``keys`` that LMDB cannot look up (a damaged page on its
+    way down the tree), each looked up in a transaction of its own (a failed lookup leaves its
+    transaction unusable): that record is damaged, not the read of every record beside it
+    (``export --skip-damaged`` leaves it out and goes on). Returns when each reads alone."""
     for n, key in enumerate(keys):
+        txn = env.begin(buffers=True)
         try:
-            views.append(get(key))
-        except lmdb.Error as exc:
+            txn.get(key)
+        except DAMAGED_PAGE as exc:
             raise _damage(where(n), f"LMDB cannot read it ({exc})") from None
-    return views
+        finally:
+            txn.abort()
+
+
+DAMAGED_PAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
+"""LMDB's errors for a page that is not what the tree says (MDB_CORRUPTED, MDB_PAGE_NOTFOUND);
+others (a transaction made invalid, say) are no record's damage."""
