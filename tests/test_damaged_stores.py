@@ -760,7 +760,12 @@ def deep_tree(path: Path) -> Path:
     return path / "data.mdb"
 
 
-def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "trials", [30, pytest.param(300, marks=pytest.mark.slow)]  # (a walk of one page at a time
+)  # checks each page as an array of one: seconds per hundred trials)
+def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(
+    tmp_path: Path, trials: int
+) -> None:
     """Random damage to the tree's pages (headers, node offsets, node headers, keys, overflow
     pointers): the walk that checks a branch's leaves all at once gives the same entries and
     names the same damage as the walk that checks them one page at a time, over the whole tree
@@ -775,7 +780,7 @@ def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(tmp_path
     rng = random.Random(1234)
     damaged = tmp_path / "damaged.mdb"
     differences, found = [], 0
-    for trial in range(300):
+    for trial in range(trials):
         data = bytearray(raw)
         for _ in range(rng.choice([1, 1, 1, 3])):
             page = rng.choice(tree_pages) * 4096
@@ -798,7 +803,7 @@ def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(tmp_path
             if side != single:
                 differences.append((trial, low, high, side[1], single[1]))
     assert not differences, differences[:3]
-    assert found > 300  # (the damage was found, not missed by both)
+    assert found > trials  # (the damage was found, not missed by both)
     whole = _walks(source, None, None, side_by_side=True)
     assert whole == _walks(source, None, None, side_by_side=False) and len(whole[0]) == 6002
 
