@@ -10,6 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# pytest-xdist's workers ignore SIGINT, and a process that ignores it passes that on to every
+# process it starts: their Ctrl-C (the tests that press it) would do nothing. A worker takes
+# Python's own handler back, which its children do not inherit (theirs is the default again).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def jpeg_bytes(width: int = 64, height: int = 48, mode: str = "RGB", seed: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
