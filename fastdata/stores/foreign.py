@@ -22,7 +22,7 @@ from ..sources.reading import read_file
 from .lmdb.env import open_reader, reading
 from .lmdb.layout import KEYS_KEY
 from .lmdb.lease import Lease
-from .lmdb.reader import _Leased
+from .lmdb.reader import LeasedReader
 from .mongo.connection import MongoOptions, MongoTarget
 from .reader import StoreReader
 
@@ -47,7 +47,7 @@ def _unpickled_sample(raw: bytes, where: str) -> tuple[bytes, int]:
     return img, int(label)
 
 
-class PickleLMDBStore(_Leased):
+class PickleLMDBStore(LeasedReader):
     """Reads LMDB stores written by the common pickle-based recipes.
 
     Values are ``pickle((image_bytes, label))`` under the keys listed in a pickled ``__keys__``

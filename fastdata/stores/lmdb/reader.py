@@ -50,7 +50,7 @@ from .walks import Walk, in_place, none_at
 # --------------------------------------------------------------------------- readers
 
 
-class _Leased(StoreReader):
+class LeasedReader(StoreReader):
     """A reader that holds a share of this process's environment, taken on first use in each
     process, dropped when pickled, given back when closed or garbage-collected."""
 
@@ -137,7 +137,7 @@ class _Leased(StoreReader):
         return state
 
 
-class LMDBStore(_Leased):
+class LMDBStore(LeasedReader):
     """Reads a complete fastdata LMDB store. Use :func:`open_lmdb` to open any LMDB store.
 
     The metadata and the labels are read when the store opens, and again in each process that
