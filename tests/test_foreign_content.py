@@ -38,6 +38,7 @@ def test_a_named_database_of_another_tool_is_named_not_damage(tmp_path: Path, wo
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "content fastdata did not write" in out and "a named database 'their-notes'" in out
+    assert "'their-notes'" not in out.replace("a named database 'their-notes'", ""), out  # once
     assert "200 records OK" in out
     _no_repair_advised(out)
     ds = LMDBImageDataset(store, output="bytes")

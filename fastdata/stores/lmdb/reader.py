@@ -31,6 +31,7 @@ from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, append_note, sca
 from . import file as lmdb_file
 from .env import data_path, open_reader
 from .layout import (
+    FOREIGN_KEYS_NAMED,
     LABELS_KEY,
     META_KEY,
     NAMES_KEY,
@@ -89,7 +90,19 @@ class LeasedReader(StoreReader):
             count, skipped = max(count, pending.next_index), max(skipped, len(pending.skipped))
         found = lease.read(lambda txn: miscounted(txn, entries, self.meta.count), self.path)
         keys = lease.read(lambda txn: foreign_keys(txn, entries, count, skipped), self.path)
+        if keys:  # (a named database is a key of the main tree too: the full check names it)
+            named = self._named_databases(keys[: 2 * FOREIGN_KEYS_NAMED])
+            keys = [k for k in keys if k not in named]
         return ([found] if found else []) + said_foreign(keys, count)
+
+    def _named_databases(self, keys: list[bytes]) -> set[bytes]:
+        """Those of ``keys`` that are named databases (another tool's), as the file's tree
+        marks them: each looked up down the tree, without LMDB."""
+        with Tree(data_path(self.path)) as tree:
+            for key in keys:
+                for _ in tree.entries(key, key + b"\0"):
+                    pass
+            return {name for name, _ in tree.databases}
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
