@@ -24,6 +24,7 @@ from ..errors import (
 from ..fields import Schema
 from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.export_layout import EXPORT_MARK, EXPORTED_MANIFEST, export_name
+from ..stores.files import unused_name
 from ..stores.reader import StoreReader
 from .export_files import Destination, replace_file, safe_destination, write_failed, write_file
 from .reports import ExportReport
@@ -238,23 +239,12 @@ def _convert_back(out: Path, manifest: str, meta: StoreMeta) -> str:
 
     folder = os.path.abspath(out)
     source = os.path.abspath(manifest) if manifest else folder
-    words = ["fastdata", "convert", source, _unused(f"{folder.rstrip(os.sep)}.lmdb")]
+    words = ["fastdata", "convert", source, unused_name(f"{folder.rstrip(os.sep)}.lmdb")]
     if not manifest and meta.sidecars:
         words += ["--sidecars", ",".join(meta.sidecars)]
         if meta.schema:
             words += ["--fields", meta.schema.describe(",")]
     return " ".join(shlex.quote(w) for w in words)
-
-
-def _unused(path: str) -> str:
-    """``path``, or the first of ``<stem>-2<ext>``, ``-3`` ... that nothing has taken: a
-    command that converts into a store there never meets one (another store, the source)."""
-    stem, ext = os.path.splitext(path)
-    n, found = 1, path
-    while os.path.lexists(found):
-        n += 1
-        found = f"{stem}-{n}{ext}"
-    return found
 
 
 def _sidecar_files(

@@ -15,7 +15,7 @@ import stat
 
 from ..sources.reading import file_kind
 
-__all__ = ["not_its_own", "open_regular"]
+__all__ = ["not_its_own", "open_regular", "unused_name"]
 
 
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int | str:
@@ -57,3 +57,14 @@ def not_its_own(path: str | os.PathLike[str]) -> str | None:
     if st.st_nlink > 1:
         return f"a file with {st.st_nlink} names (hard links)"
     return None
+
+
+def unused_name(path: str) -> str:
+    """``path``, or the first of ``<stem>-2<ext>``, ``-3`` ... that nothing has taken: where a
+    command that fastdata prints writes, it never meets a file or a store already there."""
+    stem, ext = os.path.splitext(path)
+    n, found = 1, path
+    while os.path.lexists(found):
+        n += 1
+        found = f"{stem}-{n}{ext}"
+    return found

@@ -24,7 +24,7 @@ import os
 import shlex
 
 from ...errors import SAME_COMMAND, StoreError, option
-from ..files import not_its_own
+from ..files import not_its_own, unused_name
 from ..names import DATA_FILE, aside_folder, data_file
 from .env import open_reader, reading
 from .layout import past_the_last
@@ -68,7 +68,7 @@ def shared_error(path: str, what: str) -> StoreError:
             f"{here}`)"
         )
     elif what.endswith("(hard links)"):
-        copy = shlex.quote(_unused(os.path.abspath(path) + ".copy"))
+        copy = shlex.quote(unused_name(os.path.abspath(path) + ".copy"))
         fix = (
             "give this store a copy of its own while nothing writes to any of them "
             f"(`cp -p {here} {copy} && mv {copy} {here}`)"
@@ -100,15 +100,6 @@ def _a_store_data_file(link: str, real: str) -> bool:
         and os.path.basename(real) == DATA_FILE
         and os.path.dirname(real) != os.path.dirname(os.path.abspath(link))
     )
-
-
-def _unused(path: str) -> str:
-    """``path``, or ``path`` with a number after it: a name nothing has yet."""
-    n, found = 0, path
-    while os.path.lexists(found):
-        n += 1
-        found = f"{path}{n}"
-    return found
 
 
 def check_room(folder: str, first: int) -> None:
