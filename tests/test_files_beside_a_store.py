@@ -15,7 +15,7 @@ from fastdata import convert, open_store
 
 from .conftest import jpeg_bytes, tiny_store, write
 from .procs import HOLDING_CONVERT, cli, run_script, script, wait_for
-from .test_append_readers import STOPPED_READER
+from .stores.lmdb.test_append_readers import STOPPED_READER
 
 READ_AROUND = """
     import os, sys

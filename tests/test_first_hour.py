@@ -208,7 +208,14 @@ def test_a_store_of_another_tool_says_what_it_lacks(tmp_path: Path) -> None:
 # -------------------------------------------------------------- bench
 
 
-def test_bench_does_not_time_the_batches_queued_at_start_up() -> None:
+def test_bench_does_not_time_the_batches_queued_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastdata.loaders import tuning
+
+    now = [0.0]  # a clock that moves only when a batch takes its 10 ms (no test waits on one)
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: now[0])
+
     class Queued:
         """A loader whose first batches were ready at once, then one every 10 ms."""
 
@@ -217,11 +224,11 @@ def test_bench_does_not_time_the_batches_queued_at_start_up() -> None:
         def __iter__(self):  # type: ignore[no-untyped-def]
             for i in range(10_000):
                 if i >= 5:  # 1 + 2 workers x 2 queued
-                    time.sleep(0.01)
+                    now[0] += 0.01
                 yield None, [0] * 8
 
     rate = measure_loader(lambda w: Queued(), 2, seconds=0.3, batch_size=8)
-    assert 600 < rate < 850  # 8 images per 10 ms, not inflated by the queued ones
+    assert rate == pytest.approx(800)  # 8 images per 10 ms, not inflated by the queued ones
 
 
 @pytest.mark.slow  # (measures for seconds, twice; its choice can flip on a loaded machine)

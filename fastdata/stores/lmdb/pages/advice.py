@@ -14,19 +14,6 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-__all__ = [
-    "AHEAD",
-    "AHEAD_CHUNK",
-    "ASK_MOST",
-    "ReadAhead",
-    "Sink",
-    "ask",
-    "c_library",
-    "madvise",
-    "prefetch",
-    "resident",
-]
-
 ASK_MOST = 128 << 10
 """The most bytes asked for in one request. The kernel reads no more for one than the larger of
 the device's read-ahead and its largest transfer (128 KiB by default), and drops the rest."""

@@ -12,50 +12,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .format import (
-    F_DUPDATA,
-    F_SUBDATA,
-    NODESIZE,
-    P_BRANCH,
-    P_INVALID,
-    P_KINDS,
-    P_LEAF,
-    P_OVERFLOW,
-    PAGEHDRSZ,
-    FormatError,
-    Header,
-    MDB_db,
-    MDB_node,
-    MDB_overflow,
-    current_meta,
-    page_dtype,
-)
-
-__all__ = [
-    "NAMED",
-    "Checked",
-    "NotRegular",
-    "Truncated",
-    "Unreadable",
-    "check_file",
-    "check_overflow",
-    "check_pages",
-]
+from . import format as mdb
 
 NAMED = -2
 """The first overflow page :func:`check_pages` gives the node of a named database (another
 tool's sub-database: its record, not an entry)."""
 
 
-class NotRegular(FormatError):
+class NotRegular(mdb.FormatError):
     """Not a regular file."""
 
 
-class Unreadable(FormatError):
+class Unreadable(mdb.FormatError):
     """The file cannot be read (``reason``: the system's words)."""
 
 
-class Truncated(FormatError):
+class Truncated(mdb.FormatError):
     """The file ends before its last page does."""
 
     def __init__(self, size: int, end: int) -> None:
@@ -63,13 +35,13 @@ class Truncated(FormatError):
         self.size, self.end = size, end
 
 
-def check_file(path: str, *, for_lmdb: bool = False) -> Header:
+def check_file(path: str, *, for_lmdb: bool = False) -> mdb.Header:
     """The current meta page of the LMDB data file at ``path``, checked against the file's size
     before anything maps it; ``for_lmdb`` (LMDB is about to map it), its root page's header too:
     LMDB asserts that a branch has two or more nodes, and an assertion ends the whole process.
 
     Raises:
-        FormatError: (or one of its kinds) what is wrong, in ``reason``.
+        mdb.FormatError: (or one of its kinds) what is wrong, in ``reason``.
     """
     try:
         # (without blocking: opening a FIFO for reading waits for a writer, forever)
@@ -78,7 +50,7 @@ def check_file(path: str, *, for_lmdb: bool = False) -> Header:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise NotRegular("not a regular file")
-            head = current_meta(fd)
+            head = mdb.current_meta(fd)
             root = b""
             if for_lmdb and 2 <= head.root <= head.last_page:
                 root = os.pread(fd, head.psize, head.root * head.psize)
@@ -88,13 +60,13 @@ def check_file(path: str, *, for_lmdb: bool = False) -> Header:
         raise Unreadable(str(exc.strerror or exc)) from None
     if info.st_size < head.used_bytes:
         raise Truncated(info.st_size, head.used_bytes)
-    if head.root != P_INVALID and not 2 <= head.root <= head.last_page:
-        raise FormatError(f"root page {head.root} outside the file")
+    if head.root != mdb.P_INVALID and not 2 <= head.root <= head.last_page:
+        raise mdb.FormatError(f"root page {head.root} outside the file")
     if len(root) == head.psize:
-        page = np.frombuffer(root, page_dtype(head.psize), 1)
-        if page["mp_flags"][0] & P_BRANCH and page["mp_lower"][0] < PAGEHDRSZ + 4:
-            count = max(0, (int(page["mp_lower"][0]) - PAGEHDRSZ) // 2)
-            raise FormatError(f"root page {head.root} is a branch of {count} node(s)")
+        page = np.frombuffer(root, mdb.page_dtype(head.psize), 1)
+        if page["mp_flags"][0] & mdb.P_BRANCH and page["mp_lower"][0] < mdb.PAGEHDRSZ + 4:
+            count = max(0, (int(page["mp_lower"][0]) - mdb.PAGEHDRSZ) // 2)
+            raise mdb.FormatError(f"root page {head.root} is a branch of {count} node(s)")
     return head
 
 
@@ -109,7 +81,7 @@ class Checked:
 
     Attributes:
         reasons: per page.
-        kinds: per page, ``P_BRANCH`` or ``P_LEAF`` (sound pages).
+        kinds: per page, ``mdb.P_BRANCH`` or ``mdb.P_LEAF`` (sound pages).
         ends: per page, the index past its last node (a page's nodes are ``ends[p-1] .. ends[p]``).
         row, keys, klen: per node: its page, its key (one zero-padded row each) and the key's size.
         starts, sizes, values: per node: where its value starts in the pages' bytes and its
@@ -150,8 +122,8 @@ class Checked:
         return self.keys[a:b, : int(lens[0])]
 
 
-_NODE_BYTES = np.arange(NODESIZE)
-_DB_RECORD = MDB_db.itemsize
+_NODE_BYTES = np.arange(mdb.NODESIZE)
+_DB_RECORD = mdb.MDB_db.itemsize
 _LEAF_WHY = (
     "",
     "at offset {off}, outside the page",
@@ -218,17 +190,17 @@ def check_pages(
     page's reason: ``damaged (node 3: its key is out of order)``.
     """
     k = len(numbers)
-    pages = np.frombuffer(buf, page_dtype(psize), count=k)
+    pages = np.frombuffer(buf, mdb.page_dtype(psize), count=k)
     pgno, flags = pages["mp_pgno"], pages["mp_flags"].astype(np.int64)
     lower, upper = pages["mp_lower"].astype(np.int64), pages["mp_upper"].astype(np.int64)
-    kinds = flags & P_KINDS
-    count = (lower - PAGEHDRSZ) >> 1
-    branch = kinds == P_BRANCH
+    kinds = flags & mdb.P_KINDS
+    count = (lower - mdb.PAGEHDRSZ) >> 1
+    branch = kinds == mdb.P_BRANCH
     fail = [
         np.zeros(k, bool) if whole is None else ~whole,
         pgno != numbers,
-        (kinds != P_BRANCH) & (kinds != P_LEAF),
-        (lower < PAGEHDRSZ) | (lower > upper) | (upper > psize) | ((lower - PAGEHDRSZ) & 1 == 1),
+        (kinds != mdb.P_BRANCH) & (kinds != mdb.P_LEAF),
+        (count < 0) | (lower > upper) | (upper > psize) | ((lower - mdb.PAGEHDRSZ) & 1 == 1),
         branch & (count < 2),  # (LMDB stops the process on one: an assertion)
     ]
     why = np.select(fail, np.arange(1, len(fail) + 1), 0)
@@ -249,19 +221,19 @@ def check_pages(
     row = np.repeat(np.arange(k), count)
     off = table[:, 8 : 8 + most][np.arange(most) < count[:, None]].astype(np.int64)
     j = np.arange(len(off)) - (ends - count)[row]  # (each node's place on its page)
-    outside = (off < upper[row]) | (off > psize - NODESIZE)
-    off = np.where(outside, upper[row].clip(0, psize - NODESIZE), off)
+    outside = (off < upper[row]) | (off > psize - mdb.NODESIZE)
+    off = np.where(outside, upper[row].clip(0, psize - mdb.NODESIZE), off)
     flat = np.frombuffer(buf, np.uint8, k * psize)
     at = row * psize + off
-    node = flat[at[:, None] + _NODE_BYTES].view(MDB_node).ravel()
+    node = flat[at[:, None] + _NODE_BYTES].view(mdb.MDB_node).ravel()
     lo, hi = node["mn_lo"].astype(np.int64), node["mn_hi"].astype(np.int64)
     nflags, ksize = node["mn_flags"].astype(np.int64), node["mn_ksize"].astype(np.int64)
     size = lo | (hi << 16)
-    start = off + NODESIZE + ksize
-    klen = np.minimum(ksize, psize - off - NODESIZE)  # (a leaf's key past the page: cut)
+    start = off + mdb.NODESIZE + ksize
+    klen = np.minimum(ksize, psize - off - mdb.NODESIZE)  # (a leaf's key past the page: cut)
     width = max([int(klen.max()) if len(klen) else 0, *(len(b or b"") for b in (*lows, *highs))])
     take = np.arange(width)
-    keys = flat[np.minimum(at[:, None] + NODESIZE + take, len(flat) - 1)]
+    keys = flat[np.minimum(at[:, None] + mdb.NODESIZE + take, len(flat) - 1)]
     if (klen != width).any():
         keys[take >= klen[:, None]] = 0
     words = _words(keys, klen)
@@ -277,13 +249,13 @@ def check_pages(
     order |= has_high[row] & ~_before(words, _words(high_rows, high_lens)[row], strict=True)
     order &= ~(nb & (j == 0))
     # leaves: a value on the page, a named database's record, or the first of its own pages
-    named = (nflags == F_SUBDATA) & (size == _DB_RECORD) & (start + size <= psize)
-    sub = (nflags != 0) & ~named & (nflags & (F_SUBDATA | F_DUPDATA) != 0)
+    named = (nflags == mdb.F_SUBDATA) & (size == _DB_RECORD) & (start + size <= psize)
+    sub = (nflags != 0) & ~named & (nflags & (mdb.F_SUBDATA | mdb.F_DUPDATA) != 0)
     big = (nflags != 0) & ~named & ~sub
     pointer = big & (start + 8 > psize)
     got = flat[np.minimum(row * psize + start, len(flat) - 8)[:, None] + _NODE_BYTES]
     firsts = got.view("<u8").ravel()
-    runs = (size + PAGEHDRSZ - 1) // psize
+    runs = (size + mdb.PAGEHDRSZ - 1) // psize
     firsts = np.minimum(firsts, last + 1).astype(np.int64)
     far = big & ~pointer & ((firsts < 2) | (firsts + runs > last))
     leaf_why = np.select(
@@ -324,21 +296,21 @@ def check_overflow(
     on the pages from ``firsts[i]``, read to ``at[i]`` (not ``whole``: only the first page of
     each was read, and is checked). How many in a row pass, and what is wrong with the first
     that does not ("": all pass)."""
-    pages = (sizes + PAGEHDRSZ + psize - 1) // psize
+    pages = (sizes + mdb.PAGEHDRSZ + psize - 1) // psize
     head = at + psize <= len(data)
-    index = at[:, None] + np.arange(PAGEHDRSZ)
+    index = at[:, None] + np.arange(mdb.PAGEHDRSZ)
     flat = np.frombuffer(data, np.uint8)
     if head.all():  # (the header of each read: most often)
-        fields = flat[index].view(MDB_overflow).ravel()
+        fields = flat[index].view(mdb.MDB_overflow).ravel()
     else:
-        fields = np.zeros(len(at), MDB_overflow)
-        fields[head] = flat[index[head]].view(MDB_overflow).ravel()
+        fields = np.zeros(len(at), mdb.MDB_overflow)
+        fields[head] = flat[index[head]].view(mdb.MDB_overflow).ravel()
     pgno, flags, count = fields["mp_pgno"], fields["mp_flags"], fields["mp_pages"]
     checks = [  # (in the order LMDB meets them; the first that fails is the reason)
         ~head,
         pgno != firsts,
-        (flags & P_OVERFLOW == 0) | (count != pages),
-        (at + PAGEHDRSZ + sizes > len(data)) & whole,
+        (flags & mdb.P_OVERFLOW == 0) | (count != pages),
+        (at + mdb.PAGEHDRSZ + sizes > len(data)) & whole,
     ]
     failed = checks[0] | checks[1] | checks[2] | checks[3]
     if not failed.any():

@@ -15,20 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = [
-    "MDB_DATA_VERSION",
-    "MDB_db",
-    "MDB_meta",
-    "MDB_node",
-    "MDB_overflow",
-    "MDB_page",
-    "FormatError",
-    "Header",
-    "current_meta",
-    "page_dtype",
-    "read_meta",
-]
-
 MDB_MAGIC = 0xBEEFC0DE
 MDB_DATA_VERSION = 1
 """The data format of LMDB 0.9 (``MDB_DATA_VERSION``): the only one read here."""

@@ -9,20 +9,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 
 from . import advice
-from .format import (
-    F_BIGDATA,
-    NODE_HEADER,
-    NODESIZE,
-    P_BRANCH,
-    P_KINDS,
-    P_LEAF,
-    PAGE_HEADER,
-    PAGEHDRSZ,
-    FormatError,
-    current_meta,
-)
-
-__all__ = ["CURSOR_DEPTH", "value_places"]
+from . import format as mdb
 
 CURSOR_DEPTH = 32
 """The deepest path LMDB's cursor follows from the root (its CURSOR_STACK)."""
@@ -55,7 +42,7 @@ def value_places(
 
     try:
         size = os.fstat(fd).st_size
-        head = current_meta(fd)
+        head = mdb.current_meta(fd)
         psize = head.psize
         last = min(head.last_page, size // psize - 1)
         level = {head.root: sorted(set(keys))} if 2 <= head.root <= last else {}
@@ -73,7 +60,7 @@ def value_places(
                 if len(page) == psize:
                     _places_on(page, number, level[number], last, size, below, places)
             level = {child: found for child, found in below.items() if 2 <= child <= last}
-    except (OSError, FormatError):
+    except (OSError, mdb.FormatError):
         pass
     for offset, n in places:
         note(offset)
@@ -94,34 +81,38 @@ def _places_on(
     """One page of :func:`value_places`' descent: a branch's children (with the keys under
     each) into ``below``, a leaf's places of ``keys`` into ``places``."""
     psize = len(page)
-    pgno, _, flags, lower, upper = PAGE_HEADER.unpack_from(page, 0)
-    kind = flags & P_KINDS
-    if pgno != number or kind not in (P_BRANCH, P_LEAF) or not PAGEHDRSZ <= lower <= upper:
+    pgno, _, flags, lower, upper = mdb.PAGE_HEADER.unpack_from(page, 0)
+    kind = flags & mdb.P_KINDS
+    if (
+        pgno != number
+        or kind not in (mdb.P_BRANCH, mdb.P_LEAF)
+        or not mdb.PAGEHDRSZ <= lower <= upper
+    ):
         return
-    count = (lower - PAGEHDRSZ) // 2
+    count = (lower - mdb.PAGEHDRSZ) // 2
     if upper > psize or count < 1:
         return
-    offsets = struct.unpack_from(f"<{count}H", page, PAGEHDRSZ)
-    if min(offsets) < upper or max(offsets) > psize - NODESIZE:
+    offsets = struct.unpack_from(f"<{count}H", page, mdb.PAGEHDRSZ)
+    if min(offsets) < upper or max(offsets) > psize - mdb.NODESIZE:
         return
     nodes = _NodeKeys(page, offsets)
     try:
-        if kind == P_BRANCH:
+        if kind == mdb.P_BRANCH:
             for key in keys:
                 at = offsets[bisect_right(nodes, key, 1) - 1]
-                lo, hi, top, _ = NODE_HEADER.unpack_from(page, at)
+                lo, hi, top, _ = mdb.NODE_HEADER.unpack_from(page, at)
                 below.setdefault(lo | (hi << 16) | (top << 32), []).append(key)
             return
         for key in keys:
             j = bisect_left(nodes, key)
             if j == count or nodes[j] != key:
                 continue
-            lo, hi, nflags, ksize = NODE_HEADER.unpack_from(page, offsets[j])
-            start = offsets[j] + NODESIZE + ksize
-            if nflags != F_BIGDATA or start + 8 > psize:
+            lo, hi, nflags, ksize = mdb.NODE_HEADER.unpack_from(page, offsets[j])
+            start = offsets[j] + mdb.NODESIZE + ksize
+            if nflags != mdb.F_BIGDATA or start + 8 > psize:
                 continue  # (a value on the leaf itself: read already)
             first = int.from_bytes(page[start : start + 8], "little")
-            offset, n = first * psize + PAGEHDRSZ, lo | (hi << 16)
+            offset, n = first * psize + mdb.PAGEHDRSZ, lo | (hi << 16)
             if 2 <= first <= last and offset + n <= size:
                 places.append((offset, n))
     except ValueError:  # (a node's key runs past the page)
@@ -138,8 +129,8 @@ class _NodeKeys:
         return len(self.offsets)
 
     def __getitem__(self, j: int) -> bytes:
-        at = self.offsets[j] + NODESIZE
-        end = at + NODE_HEADER.unpack_from(self.page, self.offsets[j])[3]
+        at = self.offsets[j] + mdb.NODESIZE
+        end = at + mdb.NODE_HEADER.unpack_from(self.page, self.offsets[j])[3]
         if end > len(self.page):
             raise ValueError("a key past the page")
         return self.page[at:end]

@@ -14,14 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import advice
+from . import format as mdb
 from .check import NAMED, Checked, check_file, check_overflow, check_pages
-from .format import (
-    P_BRANCH,
-    P_INVALID,
-    PAGEHDRSZ,
-)
-
-__all__ = ["STRETCH_BYTES", "Damage", "Leaves", "Tree", "walk"]
 
 STRETCH_BYTES = 1 << 20
 """The most bytes of values on pages of their own that a check reads in one call (a value larger
@@ -188,7 +182,7 @@ class Tree:
         """The entries whose keys lie in ``[low, high)``, a run at a time: the leaves under one
         branch page, read and checked side by side, or one leaf page."""
         head = self.head
-        if head.root == P_INVALID:
+        if head.root == mdb.P_INVALID:
             return
         psize = head.psize
         ahead = head.used_bytes > 2 * advice.AHEAD and hasattr(os, "preadv")
@@ -218,7 +212,7 @@ class Tree:
             if what:
                 self._damaged(number, what, lo, hi)
                 continue
-            if checked.kinds[0] == P_BRANCH:
+            if checked.kinds[0] == mdb.P_BRANCH:
                 below = _children(checked, 0, lo, hi, level + 1)
                 if level == above_leaves and level < DEEPEST:
                     yield from self._under(below, seen, stack, low, high)
@@ -266,7 +260,7 @@ class Tree:
         # a branch where leaves should be (the header's depth lies): it and those after it are
         # walked one at a time
         kinds = checked.kinds.tolist()
-        stop = next((p for p in range(n) if not checked.reasons[p] and kinds[p] == P_BRANCH), n)
+        stop = next((p for p in range(n) if not checked.reasons[p] and kinds[p] == mdb.P_BRANCH), n)
         stack.extend(reversed(kids[stop:]))
         if stop:
             np.bitwise_or.at(seen, numbers[:stop] >> 3, bits[:stop])
@@ -330,7 +324,7 @@ class Tree:
         psize = self.head.psize
         firsts = np.asarray(run.firsts[a:b], np.int64)
         sizes = np.asarray(run.sizes[a:b], np.int64)
-        pages = (sizes + PAGEHDRSZ + psize - 1) // psize
+        pages = (sizes + mdb.PAGEHDRSZ + psize - 1) // psize
         own = np.flatnonzero((firsts >= 0) & (pages * psize <= STRETCH_BYTES))
         # where a stretch must end: a value that does not begin where the last one ended
         breaks = (
@@ -380,7 +374,7 @@ class Tree:
         at = (firsts - first) * psize
         n, _ = check_overflow(data, at, firsts, sizes, psize)
         view = memoryview(data)
-        starts = (at[:n] + PAGEHDRSZ).tolist()
+        starts = (at[:n] + mdb.PAGEHDRSZ).tolist()
         return [view[s : s + z] for s, z in zip(starts, sizes[:n].tolist(), strict=True)]
 
     def _overflow(self, first: int, size: int, key: bytes) -> memoryview | None:
@@ -388,7 +382,7 @@ class Tree:
         damage) if they fail their check. The first page is read alone first: a size that lies
         is caught by the page count there before anything is allocated for it."""
         psize = self.head.psize
-        pages = -(-(size + PAGEHDRSZ) // psize)
+        pages = -(-(size + mdb.PAGEHDRSZ) // psize)
         run = os.pread(self._fd, psize, first * psize)
         args = (np.zeros(1, np.int64), np.array([first]), np.array([size]), psize)
         _, what = check_overflow(run, *args, whole=False)
@@ -399,7 +393,7 @@ class Tree:
         if what:
             self._damaged(first, what, key, key + b"\0")
             return None
-        return memoryview(run)[PAGEHDRSZ : PAGEHDRSZ + size]
+        return memoryview(run)[mdb.PAGEHDRSZ : mdb.PAGEHDRSZ + size]
 
 
 def _children(

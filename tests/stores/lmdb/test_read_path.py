@@ -16,7 +16,7 @@ from fastdata import LMDBImageDataset, convert
 from fastdata.stores.lmdb import address as address_module
 from fastdata.stores.lmdb.layout import record_key
 
-from .conftest import jpeg_bytes, write
+from ...conftest import jpeg_bytes, write
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     one from memory brings the run back to its first length."""
     from fastdata.stores.lmdb import readahead
 
-    from .test_hostile_input import write_store_with
+    from ...test_hostile_input import write_store_with
 
     monkeypatch.setattr(readahead, "resident", lambda address: None)
 
@@ -198,7 +198,7 @@ def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
     next batch is announced, finds its leaf pages in memory, and announcing stops there."""
     from fastdata.stores.lmdb import readahead
 
-    from .test_hostile_input import write_store_with
+    from ...test_hostile_input import write_store_with
 
     write_store_with(tmp_path / "s.lmdb", [bytes([i % 256]) * 900 for i in range(3000)])
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
@@ -223,7 +223,7 @@ def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
     unannounced in between."""
     from fastdata.stores.lmdb.pages import value_places
 
-    from .test_hostile_input import write_store_with
+    from ...test_hostile_input import write_store_with
 
     rng = np.random.default_rng(5)
     images = [rng.bytes(30_000) for _ in range(64)]
@@ -255,7 +255,7 @@ def test_the_places_found_down_the_tree_are_where_lmdb_finds_the_values(tmp_path
     levels), exactly the byte ranges of the values LMDB keeps on pages of their own."""
     from fastdata.stores.lmdb.pages import value_places
 
-    from .test_hostile_input import write_store_with
+    from ...test_hostile_input import write_store_with
 
     rng = np.random.default_rng(3)
     sizes = [int(s) for s in rng.choice([300, 1500, 5000, 20000], 3000)]
@@ -283,7 +283,7 @@ def test_finding_places_in_a_damaged_file_gives_only_places_inside_it(tmp_path: 
     raises nothing, ends, and gives only ranges inside the file."""
     from fastdata.stores.lmdb.pages import value_places
 
-    from .test_hostile_input import write_store_with
+    from ...test_hostile_input import write_store_with
 
     rng = np.random.default_rng(4)
     write_store_with(tmp_path / "s.lmdb", [rng.bytes(int(n)) for n in rng.integers(100, 9000, 600)])
@@ -373,7 +373,7 @@ def test_a_value_of_many_pages_from_the_disk_is_asked_for_whole(
     every byte of it; then read as stored."""
     from fastdata.stores.lmdb.pages.advice import ASK_MOST
 
-    from .test_hostile_input import write_store_with
+    from ...test_hostile_input import write_store_with
 
     rng = np.random.default_rng(6)
     images = [rng.bytes(900_000), rng.bytes(200), rng.bytes(300_000)]
@@ -478,7 +478,7 @@ def test_a_branchs_children_are_asked_for_as_about_the_pages_themselves(
     from fastdata.stores.lmdb.pages import walk
     from fastdata.stores.lmdb.pages.advice import prefetch as _prefetch
 
-    from .test_damaged_stores import deep_tree
+    from ...test_damaged_stores import deep_tree
 
     sparse = tmp_path / "sparse.bin"
     with open(sparse, "wb") as f:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from fastdata import convert, open_store
 
-from .conftest import jpeg_bytes, write
-from .procs import script, wait_for
+from ...conftest import jpeg_bytes, write
+from ...procs import script, wait_for
 
 # Opens the store argv[1], begins reading every record and stops inside the read transaction
 # (after its first record) until argv[3] exists; then checks what it read.

@@ -15,11 +15,11 @@ import pytest
 from fastdata import MongoImageDataset, convert, export_store, open_store
 from fastdata.stores.mongo.layout import META_COLLECTION
 
-from .conftest import jpeg_bytes, snapshot, write
-from .earlier_formats import write_first_mongo
-from .mongo_server import database
-from .procs import KILLED_CONVERT, cli, run_script
-from .test_store_integrity import sized_folder
+from ...conftest import jpeg_bytes, snapshot, write
+from ...earlier_formats import write_first_mongo
+from ...mongo_server import database
+from ...procs import KILLED_CONVERT, cli, run_script
+from ...test_store_integrity import sized_folder
 
 pytestmark = pytest.mark.mongo
 

@@ -26,10 +26,10 @@ from fastdata.stores.mongo.layout import META_COLLECTION
 from fastdata.stores.mongo.connection import MongoOptions
 from fastdata.stores.mongo.writer import MongoWriter
 
-from .conftest import snapshot
-from .mongo_server import database
-from .procs import HOLDING_CONVERT, KILLED_CONVERT, cli, run_script, script, wait_for
-from .test_store_integrity import sized_folder
+from ...conftest import snapshot
+from ...mongo_server import database
+from ...procs import HOLDING_CONVERT, KILLED_CONVERT, cli, run_script, script, wait_for
+from ...test_store_integrity import sized_folder
 
 pytestmark = pytest.mark.mongo
 

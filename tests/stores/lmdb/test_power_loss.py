@@ -23,10 +23,10 @@ import pytest
 from fastdata import convert
 from fastdata.stores.lmdb.reader import LMDBStore
 
-from .conftest import jpeg_bytes, write
-from .procs import REPO
+from ...conftest import jpeg_bytes, write
+from ...procs import REPO
 
-SHIM = Path(__file__).with_name("crash_log.c")
+SHIM = Path(__file__).parents[2] / "crash_log.c"
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from fastdata.cli import cli
 from fastdata.errors import IncompleteStoreError, StoreError, StoreExistsError
 from fastdata.stores.mongo.writer import MongoWriter
 
-from .conftest import jpeg_bytes, snapshot, write
-from .mongo_server import URI_ENV, SecantusServer, free_port
+from ...conftest import jpeg_bytes, snapshot, write
+from ...mongo_server import URI_ENV, SecantusServer, free_port
 
 pytestmark = pytest.mark.mongo
 
