@@ -106,9 +106,11 @@ class ImageStoreDataset(Dataset):
             arrays (int64, float32, bool), a float as ``float``, strings as ``str``, JSON as
             Python objects. Without it, samples are ``(image, target)`` and no field is read.
         as_dict: samples as ``{"image": ..., "target": ..., name: value, ...}``.
-        where: read only the records whose fields match: a predicate over a record's field
-            values (``lambda f: len(f["boxes"]) > 3``), or for MongoDB a query filter the server
-            runs (``{"fields.caption": {"$regex": "dog"}}``); see
+        where: read only the records that match: a query document, the same on every backend
+            (:mod:`fastdata.query`: MongoDB's language, ``{"fields.caption": {"$regex":
+            "dog"}, "fields.boxes.3": {"$exists": True}}``; a MongoDB server runs it, an LMDB
+            store runs it over its headers), or a predicate over a record's field values
+            (``lambda f: len(f["boxes"]) > 3``) for what a query cannot say; see
             :class:`~fastdata.stores.view.StoreView`.
         check: with ``output="bytes"`` and no pipeline, check each record's bytes against
             the size and CRC-32 its header keeps before giving them (the default); False gives
@@ -434,8 +436,8 @@ class MongoImageDataset(ImageStoreDataset):
         index_file: the JSON index of a collection in the common layout.
         classes: read only the records of these classes (labels follow this list).
         indices: read only these records, in this order.
-        fields, as_dict, where: the store's per-image fields; ``where`` may be a query filter
-            that the server runs; see :class:`ImageStoreDataset`.
+        fields, as_dict, where: the store's per-image fields; ``where``'s query is run by the
+            server; see :class:`ImageStoreDataset`.
         check: raw bytes checked against their records' CRC-32 (the default); see
             :class:`ImageStoreDataset`.
         **options: any field of :class:`~fastdata.stores.mongo.connection.MongoOptions`

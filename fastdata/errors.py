@@ -23,6 +23,7 @@ __all__ = [
     "IncompleteStoreError",
     "MissingDependencyError",
     "PickleNotAllowedError",
+    "QueryError",
     "RecordError",
     "ReservedNameError",
     "SourceError",
@@ -107,6 +108,12 @@ class UsageError(FastdataError):
     give instead. Like the command line's own usage errors, it exits with code 2."""
 
     exit_code = 2
+
+
+class QueryError(UsageError, ValueError):
+    """A query (``where=``, ``--where``) the query language does not take: an operator outside
+    :data:`fastdata.query.OPERATORS`, a key no record has, a field the store does not have, or
+    a malformed condition. Raised before any record is read; exits with code 2."""
 
 
 class ReservedNameError(UsageError):

@@ -168,5 +168,5 @@ def test_a_query_filter_narrows_a_subset_of_a_mongo_store(tmp_path: Path, mongo_
     assert [v["score"] for _, _, v in both.__getitems__(range(len(both)))] == [2.0, 4.0]
     lmdb = tmp_path / "s.lmdb"
     convert(scored_manifest(tmp_path), lmdb)
-    with pytest.raises(TypeError, match="query filters are for MongoDB stores"):
-        LMDBImageDataset(lmdb, fields="*").subset(classes=["b"]).subset(where=high)
+    local = LMDBImageDataset(lmdb, fields="*").subset(classes=["b"]).subset(where=high)
+    assert [v["score"] for _, _, v in local.__getitems__(range(len(local)))] == [3.0, 5.0]

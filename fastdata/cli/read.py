@@ -30,8 +30,15 @@ from .app import (
 @click.option(
     "--skipped", "list_skipped", is_flag=True, help="Also list the files the conversion left out."
 )
+@click.option(
+    "--where",
+    "query",
+    metavar="QUERY",
+    help="Also count the records a query selects: a MongoDB query document as JSON, the same "
+    'on every store (docs/fields.md), e.g. \'{"fields.boxes.3": {"$exists": true}}\'.',
+)
 @store_options
-def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
+def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **options: Any) -> None:
     """Show a store's count, classes, sizes, repairs and format version.
 
     STORE is an LMDB path or a mongodb:// URI with --collection.
@@ -40,10 +47,12 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
     Example:
       fastdata info train.lmdb
       fastdata info mongodb://db1:27017/images --collection train
+      fastdata info train.lmdb --where '{"fields.score": {"$gt": 0.5}}'
     """
     from ..ops.info import store_info
 
-    facts = store_info(open_given(store, options), list_skipped=list_skipped)
+    where = parse_query(query) if query is not None else None
+    facts = store_info(open_given(store, options), list_skipped=list_skipped, where=where)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -92,11 +101,30 @@ def info(store: str, as_json: bool, list_skipped: bool, **options: Any) -> None:
         click.echo(f"appends:    {facts['appends']} (readers of earlier versions read on)")
     for note in facts.get("interrupted", []):
         click.echo(f"note:       {note}")
+    if "where" in facts:
+        chosen = facts["where"]
+        click.echo(f"where:      {json.dumps(chosen['query'])}")
+        click.echo(f"selected:   {chosen['count']} of {facts['count']}")
+        for name, n in [kv for kv in chosen["images_per_class"].items() if kv[1]][:20]:
+            click.echo(f"  {n:>8}  {name}")
     if list_skipped:
         items = [f"{i['name']}: {i['reason']}" for i in facts["skipped_files"]]
         listing("skipped files:", items or ["(none)"])
     elif facts["skipped"]:
         click.echo("(list the skipped files with --skipped)")
+
+
+def parse_query(text: str) -> Any:
+    """``--where``'s JSON, parsed (the query itself is checked against the store's fields)."""
+    from ..errors import QueryError
+
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise QueryError(
+            f"--where {text!r} is not JSON ({exc}); give a query document, quoted for the "
+            """shell: --where '{"fields.score": {"$gt": 0.5}}'"""
+        ) from None
 
 
 @cli.command()

@@ -13,10 +13,14 @@ from ..stores.reader import StoreReader
 __all__ = ["store_info"]
 
 
-def store_info(reader: StoreReader, *, list_skipped: bool = False) -> dict[str, Any]:
+def store_info(
+    reader: StoreReader, *, list_skipped: bool = False, where: Any = None
+) -> dict[str, Any]:
     """Count, classes with their sizes, bytes, repairs, skipped files (their count; with
     ``list_skipped`` also the list, under ``skipped_files``), format version and the store's id
-    (new for every conversion: it changes when the store is replaced)."""
+    (new for every conversion: it changes when the store is replaced); with a query ``where``
+    (:mod:`fastdata.query`), the records it selects, under ``where``: the query, their count
+    and their count per class."""
     meta = reader.meta
     labels = reader.labels if meta.labelled else np.zeros(0, dtype=np.int64)
     per_class = np.bincount(labels, minlength=len(meta.classes))
@@ -47,6 +51,14 @@ def store_info(reader: StoreReader, *, list_skipped: bool = False) -> dict[str, 
         "checksum_implementation": CHECKSUM_IMPLEMENTATION,
     }
     facts["interrupted"] = reader.interrupted()
+    if where is not None:
+        chosen = reader.matching(where)
+        picked = np.bincount(labels[chosen], minlength=len(meta.classes))
+        facts["where"] = {
+            "query": where,
+            "count": len(chosen),
+            "images_per_class": {c: int(n) for c, n in zip(meta.classes, picked, strict=False)},
+        }
     if list_skipped:
         facts["skipped_files"] = [
             {"name": s.name, "reason": s.reason} for s in reader.skipped_files()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import abc
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -313,20 +313,24 @@ class StoreReader(abc.ABC):
                 yield from self.read_records(range(start, min(n, start + batch_size)))
 
     def matching(self, where: Any) -> np.ndarray:
-        """The indices (in order, as one int64 array) of the records whose field values match
-        ``where``: a predicate called once per record with its values (a dict; empty in a
-        store without fields). Backends with a query language take theirs too (MongoDB: a
-        filter document).
+        """The indices (in order, as one int64 array) of the records that match ``where``: a
+        query document (:mod:`fastdata.query`: MongoDB's language, run the same way on every
+        backend), or a predicate called once per record with its field values (a dict; empty
+        in a store without fields) for what a query cannot say.
 
         Raises:
-            TypeError: ``where`` is neither a predicate nor a filter this backend runs.
+            QueryError: a query with an operator, key or field this store cannot take, or a
+                ``where`` that is neither a query nor a predicate (before any record is read).
         """
         import numpy as np
 
-        if not callable(where):
-            raise TypeError(
-                f"{self.location}: where= takes a predicate over a record's fields here (e.g. "
-                "lambda f: len(f['boxes']) > 3); query filters are for MongoDB stores"
+        from ..query import compile_query, record_document
+
+        if isinstance(where, Mapping) or not callable(where):
+            test = compile_query(where, self.meta.schema.names, self.location)
+            return np.fromiter(
+                (i for i, h in enumerate(self.iter_headers()) if test(record_document(i, h))),
+                np.int64,
             )
         found = []
         for i, h in enumerate(self.iter_headers()):

@@ -16,6 +16,7 @@ from ...errors import (
     option,
 )
 from ...packed import PackedStrings
+from ...query import check_query
 from ...records import (
     Progress,
     Record,
@@ -326,11 +327,12 @@ class MongoStore(MongoTarget, StoreReader):
                 yield RecordHeader.from_dict(names_from_bson(doc), where)
 
     def matching(self, where: Any) -> np.ndarray:
-        """A query filter (a dict) is run by the server over this store's records; a
-        predicate as in every backend."""
-        if not isinstance(where, dict):
+        """A query (:mod:`fastdata.query`, checked first: the same language as on every
+        backend) is run by the server over this store's records; a predicate as in every
+        backend."""
+        if callable(where):
             return super().matching(where)
-        self._check_filter(where)
+        where = check_query(where, self.meta.schema.names, self.location)
         n = len(self)
         query: dict[str, Any] = {"$and": [where, {"_id": {"$gte": 0, "$lt": n}}]}
         if self._ids:  # a record of another store (this one was replaced) is found too, and named
@@ -351,49 +353,6 @@ class MongoStore(MongoTarget, StoreReader):
 
         found = self._run(f"selecting records with where={where!r:.200}", run)
         return np.unique(np.asarray([int(i) for i in found if type(i) is int], dtype=np.int64))
-
-    def _check_filter(self, where: dict[str, Any]) -> None:
-        """Refuse a filter on a key the records do not have at their top level (a field's
-        name without ``fields.``), which would match nothing without a word.
-
-        Raises:
-            ValueError: the key, and what it should be.
-        """
-        known = {"_id", "name", "label", "size", "crc32", "format", "repaired", "fields"}
-        known |= {"fields_crc32", "data", "gridfs_id", "store"}
-        names = self.meta.schema.names
-        stack: list[Any] = [where]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
-                continue
-            if not isinstance(item, dict):
-                continue
-            for key, value in item.items():
-                if not isinstance(key, str):
-                    continue
-                if key in ("$and", "$or", "$nor"):
-                    stack.append(value)  # filters inside; other operators hold expressions
-                    continue
-                if key.startswith("$"):
-                    continue
-                head, _, rest = key.partition(".")
-                if head == "fields" and rest and rest.split(".", 1)[0] not in names:
-                    raise ValueError(
-                        f"{self.location}: where= filters on {key!r}, and the store has no "
-                        f"field {rest.split('.', 1)[0]!r}; its fields: {', '.join(names) or 'none'}"
-                    )
-                if head in known:
-                    continue
-                hint = (
-                    f"'fields.{key}': the fields are under 'fields'"
-                    if head in names
-                    else f"a record's own keys, or 'fields.<name>' ({', '.join(names) or 'none'})"
-                )
-                raise ValueError(
-                    f"{self.location}: where= filters on {key!r}, which no record has; use {hint}"
-                )
 
     def record_names(self) -> PackedStrings:
         """The names alone, in one query that returns no image bytes."""

@@ -1,0 +1,419 @@
+"""One filter language for every store: the MongoDB query document, checked once and run the
+same way on LMDB (here, over each record's header) as a MongoDB server runs it.
+
+A record is queried as the document a MongoDB store holds for it::
+
+    {"_id": 7, "name": "cat/7.jpg", "label": 1, "size": 5120, "crc32": ..., "format": "jpeg",
+     "repaired": false, "fields": {"caption": "...", "boxes": [[...], ...]}}
+
+Supported: field paths with dots (``fields.boxes.0.2``: into documents, into arrays by index,
+and across an array's documents), ``$eq $ne $gt $gte $lt $lte $in $nin $exists $size $all
+$elemMatch $not $regex`` (with ``$options`` of ``imsx``), and ``$and $or $nor`` over filters.
+MongoDB's rules are followed where they surprise: a comparison between values of different
+types matches nothing (``1`` is not ``true``, ``"3"`` is not ``3``; ints and floats are one
+type), a condition on an array field matches when the array or any of its elements does,
+``{"x": None}`` matches a missing ``x``, and ``$ne`` / ``$nin`` match where the field is missing.
+
+Anything else (``$where``, ``$expr``, ``$type``, ``$mod``, ``$text``...) is refused by
+:func:`check_query`, naming the operator, before any record is read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .errors import Phrase, QueryError
+
+__all__ = ["OPERATORS", "check_query", "compile_query", "record_document"]
+
+OPERATORS = (
+    "$all",
+    "$and",
+    "$elemMatch",
+    "$eq",
+    "$exists",
+    "$gt",
+    "$gte",
+    "$in",
+    "$lt",
+    "$lte",
+    "$ne",
+    "$nin",
+    "$nor",
+    "$not",
+    "$options",
+    "$or",
+    "$regex",
+    "$size",
+)
+"""Every operator a query may use, on every backend."""
+
+RECORD_KEYS = ("_id", "name", "label", "size", "crc32", "format", "repaired", "fields")
+"""The keys of a record's document a query may name (``fields.<name>`` for a field)."""
+
+Predicate = Callable[[Any], bool]
+_MISSING = object()
+
+
+WHERE = Phrase("--where", "where=")
+"""The query's name, in the reader's words."""
+
+
+def check_query(query: Any, fields: Sequence[str], where: str = "") -> dict[str, Any]:
+    """The query, checked: a document of conditions on the keys of :data:`RECORD_KEYS`, on
+    ``fields.<name>`` for the store's ``fields``, and of the supported operators only; numpy
+    scalars in it become Python numbers (what a MongoDB driver could send).
+
+    Raises:
+        QueryError: one line naming the operator, key or field, and what to use instead.
+    """
+    compile_query(query, fields, where)
+    return _plain(query)
+
+
+def compile_query(query: Any, fields: Sequence[str] = (), where: str = "") -> Predicate:
+    """A predicate over a record's document (:func:`record_document`) that is true where the
+    query matches it, as a MongoDB server would match the same document.
+
+    Raises:
+        QueryError: as :func:`check_query`.
+    """
+    return _Compiler(fields, where).filter(_plain(query))
+
+
+def record_document(index: int, header: Any) -> dict[str, Any]:
+    """A record as the document a query is matched against (a header's values, and its index
+    as ``_id``, as a MongoDB store keeps them)."""
+    return {
+        "_id": index,
+        "name": header.name,
+        "label": header.label,
+        "size": header.size,
+        "crc32": header.crc32,
+        "format": header.format,
+        "repaired": header.repaired,
+        "fields": header.fields if header.fields is not None else _MISSING,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """The query with numpy scalars and tuples as the plain values a driver would send."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    item = getattr(value, "item", None)
+    if item is not None and type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:
+        return item()
+    return value
+
+
+class _Compiler:
+    def __init__(self, fields: Sequence[str], where: str, *, inside: bool = False) -> None:
+        self.fields = list(fields)
+        self.where = where
+        self.inside = inside  # (an array's documents, under $elemMatch: any key)
+
+    def error(self, text: str, *more: str | Phrase) -> QueryError:
+        """``where`` (the store), the query's name, what is wrong."""
+        head = f"{self.where}: " if self.where else ""
+        return QueryError(head, WHERE, f": {text}", *more)
+
+    def filter(self, query: Any) -> Predicate:
+        """A filter document: every condition in it holds."""
+        if not isinstance(query, Mapping):
+            raise self.error(f"a query is a document (a dict), not {type(query).__name__}")
+        parts: list[Predicate] = []
+        for key, value in query.items():
+            if not isinstance(key, str):
+                raise self.error(f"a query's keys are strings, not {key!r}")
+            if key in ("$and", "$or", "$nor"):
+                parts.append(self.logical(key, value))
+            elif key.startswith("$"):
+                raise self.unsupported(key, "at the top of a query")
+            else:
+                self.check_path(key)
+                parts.append(self.condition(key.split("."), value))
+        if len(parts) == 1:
+            return parts[0]
+        return lambda doc: all(p(doc) for p in parts)
+
+    def unsupported(self, op: str, place: str = "") -> QueryError:
+        where = f" {place}" if place else ""
+        return self.error(
+            f"{op}{where} is not an operator fastdata's queries take (the same on every store); "
+            f"they take {' '.join(OPERATORS)}",
+            Phrase("", "; for anything else, pass a predicate (where=lambda f: ...)"),
+        )
+
+    def logical(self, op: str, value: Any) -> Predicate:
+        if not isinstance(value, list) or not value:
+            raise self.error(f"{op} takes a non-empty list of filter documents")
+        subs = [self.filter(v) for v in value]
+        if op == "$and":
+            return lambda doc: all(s(doc) for s in subs)
+        if op == "$or":
+            return lambda doc: any(s(doc) for s in subs)
+        return lambda doc: not any(s(doc) for s in subs)
+
+    def check_path(self, key: str) -> None:
+        if self.inside:
+            return
+        head, _, rest = key.partition(".")
+        if head == "fields" and rest:
+            name = rest.split(".", 1)[0]
+            if name not in self.fields:
+                known = ", ".join(self.fields) or "none"
+                raise self.error(f"{key!r}: the store has no field {name!r}; its fields: {known}")
+            return
+        if head in RECORD_KEYS and (head == "fields" or not rest):
+            return
+        if head in self.fields:
+            raise self.error(f"{key!r}: use 'fields.{key}': the fields are under 'fields'")
+        raise self.error(
+            f"{key!r} is no key of a record; a query names {', '.join(RECORD_KEYS[:-1])} or "
+            f"'fields.<name>' ({', '.join(self.fields) or 'no fields in this store'})"
+        )
+
+    def condition(self, path: list[str], value: Any) -> Predicate:
+        """``{path: value}``: an operator document, or a value to equal."""
+        mixed = isinstance(value, Mapping) and not _is_operators(value)
+        if mixed and any(isinstance(k, str) and k.startswith("$") for k in value):
+            raise self.error(
+                f"{'.'.join(path)!r}: {list(value)}: a condition is all operators or a value to "
+                "equal"
+            )
+        test = self.operators(value) if _is_operators(value) else self.equals(value)
+        return lambda doc: test(_resolve(doc, path))
+
+    def operators(self, spec: Mapping[str, Any]) -> Callable[[list[Any]], bool]:
+        """An operator document (``{"$gt": 3, "$lt": 9}``): over the values a path reaches."""
+        tests: list[Callable[[list[Any]], bool]] = []
+        options = spec.get("$options")
+        if options is not None and "$regex" not in spec:
+            raise self.error("$options goes with $regex")
+        for op, arg in spec.items():
+            if op == "$options":
+                continue
+            if not op.startswith("$"):
+                raise self.error(
+                    f"{op!r} beside operators: a condition is all operators or a value to equal"
+                )
+            tests.append(self.operator(op, arg, options))
+        if len(tests) == 1:
+            return tests[0]
+        return lambda found: all(t(found) for t in tests)
+
+    def operator(self, op: str, arg: Any, options: Any) -> Callable[[list[Any]], bool]:
+        if op in ("$gte", "$lte") and arg is None:
+            return self.equals(None)  # (null is the least and the greatest null)
+        if op in _COMPARE:
+            _check_value(self, op, arg)
+            compare = _COMPARE[op]
+            return lambda found: any(compare(v, arg) for v in _expanded(found))
+        if op == "$eq":
+            return self.equals(arg)
+        if op == "$ne":
+            equals = self.equals(arg)
+            return lambda found: not equals(found)
+        if op in ("$in", "$nin"):
+            if not isinstance(arg, list):
+                raise self.error(f"{op} takes a list")
+            some = [self.equals(a) for a in arg]
+
+            def within(found: list[Any]) -> bool:
+                return any(t(found) for t in some)
+
+            return within if op == "$in" else (lambda found: not within(found))
+        if op == "$exists":
+            want = bool(arg)
+            return lambda found: bool(found) == want
+        if op == "$size":
+            if isinstance(arg, bool) or not isinstance(arg, int | float) or arg != int(arg):
+                raise self.error("$size takes a whole number")
+            n = int(arg)
+            return lambda found: any(type(v) is list and len(v) == n for v in found)
+        if op == "$all":
+            if not isinstance(arg, list):
+                raise self.error("$all takes a list")
+            if not arg:
+                return lambda found: False
+            parts = [
+                self.operators(a)
+                if isinstance(a, Mapping) and list(a) == ["$elemMatch"]
+                else self.equals(a)
+                for a in arg
+            ]
+            return lambda found: all(p(found) for p in parts)
+        if op == "$elemMatch":
+            if not isinstance(arg, Mapping):
+                raise self.error("$elemMatch takes a document")
+            inner: Callable[[Any], bool]
+            if _is_operators(arg) and not any(k in ("$and", "$or", "$nor") for k in arg):
+                values = self.operators(arg)
+                inner = lambda el: values([el])  # noqa: E731
+            else:
+                element = _Compiler(self.fields, self.where, inside=True).filter(arg)
+                inner = lambda el: isinstance(el, dict) and element(el)  # noqa: E731
+            return lambda found: any(type(v) is list and any(inner(el) for el in v) for v in found)
+        if op == "$not":
+            if isinstance(arg, re.Pattern):
+                rx = self.regex(arg.pattern, arg.flags)
+                return lambda found: not rx(found)
+            if not isinstance(arg, Mapping) or not _is_operators(arg) or not arg:
+                raise self.error("$not takes an operator document ({'$gt': 3}) or a regex")
+            test = self.operators(arg)
+            return lambda found: not test(found)
+        if op == "$regex":
+            if isinstance(arg, re.Pattern):
+                return self.regex(arg.pattern, arg.flags)
+            if not isinstance(arg, str):
+                raise self.error("$regex takes a string")
+            return self.regex(arg, _flags(self, options))
+        raise self.unsupported(op)
+
+    def regex(self, pattern: str, flags: int) -> Callable[[list[Any]], bool]:
+        try:
+            rx = re.compile(pattern, flags & (re.I | re.M | re.S | re.X))
+        except re.error as exc:
+            raise self.error(f"$regex {pattern!r} does not compile ({exc})") from None
+        return lambda found: any(
+            type(v) is str and rx.search(v) is not None for v in _expanded(found)
+        )
+
+    def equals(self, value: Any) -> Callable[[list[Any]], bool]:
+        """Equality as MongoDB's: the value itself, or an element of an array; None also
+        where the path reaches nothing."""
+        _check_value(self, "$eq", value)
+        if isinstance(value, re.Pattern):
+            return self.regex(value.pattern, value.flags)
+        if value is None:
+            return lambda found: not found or any(v is None for v in _expanded(found))
+        return lambda found: any(_same(v, value) for v in _expanded(found))
+
+
+def _is_operators(value: Any) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and bool(value)
+        and all(isinstance(k, str) and k.startswith("$") for k in value)
+    )
+
+
+def _flags(compiler: _Compiler, options: Any) -> int:
+    if options is None:
+        return 0
+    if not isinstance(options, str) or set(options) - set("imsx"):
+        raise compiler.error(f"$options {options!r}: fastdata's queries take i, m, s and x")
+    return sum({"i": re.I, "m": re.M, "s": re.S, "x": re.X}[c] for c in set(options))
+
+
+def _check_value(compiler: _Compiler, op: str, value: Any) -> None:
+    """A value a record could hold (JSON's kinds), checked all the way down."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None or isinstance(v, str | bool | int | re.Pattern):
+            continue
+        if isinstance(v, float):
+            continue
+        if isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, Mapping):
+            if any(not isinstance(k, str) for k in v):
+                raise compiler.error(f"{op}: a document's keys are strings")
+            stack.extend(v.values())
+        else:
+            raise compiler.error(
+                f"{op} compares with {type(v).__name__} {v!r:.60}, which no record holds "
+                "(records hold strings, numbers, booleans, null, lists and documents)"
+            )
+
+
+def _resolve(doc: Any, path: list[str]) -> list[Any]:
+    """The values ``path`` reaches in ``doc`` (none: it is missing), as MongoDB reaches them:
+    into documents by key, into arrays by index, and across an array's documents."""
+    if not path:
+        return [] if doc is _MISSING else [doc]
+    head, rest = path[0], path[1:]
+    if isinstance(doc, dict):
+        return _resolve(doc[head], rest) if head in doc else []
+    if isinstance(doc, list):
+        out: list[Any] = []
+        if head.isdigit():
+            i = int(head)
+            if i < len(doc):
+                out += _resolve(doc[i], rest)
+        for element in doc:
+            if isinstance(element, dict):
+                out += _resolve(element, path)
+        return out
+    return []
+
+
+def _expanded(found: list[Any]) -> list[Any]:
+    """The values reached, and the elements of those that are arrays."""
+    out: list[Any] = []
+    for v in found:
+        out.append(v)
+        if type(v) is list:
+            out.extend(v)
+    return out
+
+
+def _kind(v: Any) -> int:
+    """MongoDB's type bracket of a value: values compare only within one."""
+    if v is None:
+        return 0
+    if isinstance(v, bool):
+        return 3
+    if isinstance(v, int | float):
+        return 1
+    if isinstance(v, str):
+        return 2
+    if isinstance(v, dict):
+        return 4
+    if isinstance(v, list):
+        return 5
+    return 6
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality as MongoDB's: numbers by value (NaN equals NaN), documents key by key in order,
+    arrays element by element; values of different kinds never."""
+    ka = _kind(a)
+    if ka != _kind(b):
+        return False
+    if ka == 1:
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if ka == 4:
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if ka == 5:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _order(a: Any, b: Any, test: Callable[[int], bool]) -> bool:
+    """``test`` of the comparison of ``a`` with ``b`` (-1, 0, 1), false where their kinds
+    differ, as MongoDB's ``$gt``, ``$lt``... (no order across types in a query)."""
+    ka = _kind(a)
+    if ka != _kind(b) or ka in (4, 6):
+        return False
+    if ka == 0:
+        return test(0)
+    if ka == 1 and (math.isnan(a) or math.isnan(b)):
+        return math.isnan(a) and math.isnan(b) and test(0)
+    if ka == 5:
+        return False  # (an array is compared element by element, by _expanded)
+    return test((a > b) - (a < b))
+
+
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "$gt": lambda v, q: _order(v, q, lambda c: c > 0),
+    "$gte": lambda v, q: _order(v, q, lambda c: c >= 0),
+    "$lt": lambda v, q: _order(v, q, lambda c: c < 0),
+    "$lte": lambda v, q: _order(v, q, lambda c: c <= 0),
+}
