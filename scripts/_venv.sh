@@ -1,5 +1,6 @@
 # Sourced by the scripts: check the interpreter, create .venv if needed and install fastdata with
-# the given extras, pinned by constraints.txt (torch==2.13.0 there keeps pip on the CPU build).
+# the given extras, pinned by constraints.txt (torch==2.13.0 there; from PyPI on Linux that is
+# the CUDA build, gigabytes: install the CPU wheel into .venv first to keep it, docs/development.md).
 ensure_venv() {
     local extras="$1"
     local python="${PYTHON:-python3}"

@@ -1062,3 +1062,28 @@ def test_a_branch_of_one_node_is_damage_not_the_end_of_the_process(tmp_path: Pat
     for result in (cli("info", str(store)), cli("verify", str(store), "-q")):
         no_crash(result)
         assert result.returncode == 1 and f"page {head.root}" in result.stderr
+
+
+def test_a_loop_in_the_tree_costs_the_records_under_it_not_the_export(tmp_path: Path) -> None:
+    """A branch whose child is the branch itself: LMDB's lookup goes down it until its cursor
+    is full (MDB_CURSOR_FULL). That is the damage of the records under it: the export that
+    verify advises leaves them out and writes the rest, not nothing."""
+    store = tiny_store(tmp_path, 3000)
+    data_file = store / "data.mdb"
+    head = check_file(str(data_file))
+    raw = data_file.read_bytes()
+    at = head.root * 4096
+    first = struct.unpack_from("<H", raw, at + 16)[0]
+    lo, hi, flags = struct.unpack_from("<HHH", raw, at + first)
+    inner = lo | (hi << 16) | (flags << 32)  # the root's first child, a branch
+    second = struct.unpack_from("<H", raw, inner * 4096 + 18)[0]
+    smash(data_file, inner, second, struct.pack("<HHH", inner & 0xFFFF, inner >> 16, 0))
+    verified = cli("verify", str(store), "-q")
+    no_crash(verified)
+    assert verified.returncode == 1 and "--skip-damaged" in verified.stdout + verified.stderr
+    out = tmp_path / "sound"
+    exported = cli("export", str(store), str(out), "--skip-damaged", "-q")
+    no_crash(exported)
+    assert exported.returncode == 1 and "left out" in exported.stdout + exported.stderr
+    written = sum(1 for p in out.rglob("*.jpg"))
+    assert 2000 < written < 3000, exported.stderr

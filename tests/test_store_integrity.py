@@ -290,6 +290,27 @@ def test_two_conversions_racing_on_one_store(
     assert records(dst) == records(_fresh(folder_a, tmp_path))  # nothing of B, nothing lost
 
 
+def test_a_store_being_written_is_said_to_be_written_not_stopped(
+    folder_a: Path, tmp_path: Path
+) -> None:
+    """Opened while its conversion runs, a store is named as being written, by whom, and not
+    as stopped with a resume to run (which the writer lock would refuse); once the writer is
+    gone, the resume is what it says."""
+    dst = tmp_path / "s.lmdb"
+    started, go = tmp_path / "started", tmp_path / "go"
+    first = script(HOLDING_CONVERT, folder_a, dst, started, go)
+    wait_for(started, first)
+    shown = cli("info", str(dst))
+    assert shown.returncode == 1 and "Traceback" not in shown.stderr
+    assert f"being written now (pid {first.pid} on host" in shown.stderr, shown.stderr
+    assert "--resume" not in shown.stderr and "stopped" not in shown.stderr
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    stopped = cli("info", str(dst))
+    assert "its conversion stopped after" in stopped.stderr and "being written" not in stopped.stderr
+    assert "--resume" in stopped.stderr
+
+
 def test_the_lock_dies_with_its_holder(folder_a: Path, tmp_path: Path) -> None:
     dst = tmp_path / "s.lmdb"
     started, go = tmp_path / "started", tmp_path / "go"

@@ -387,10 +387,11 @@ def create_loader(
         decode=None if decoder is None else _DeviceStep(decoder, dataset),
     )
     log.info(
-        "loader: %d samples, batch %d, %d workers, rank %d of %d, device %s, decoded by %s",
+        "loader: %d samples, batch %d, %d worker%s, rank %d of %d, device %s, decoded by %s",
         len(dataset),  # type: ignore[arg-type]
         batch_size,
         workers,
+        "" if workers == 1 else "s",
         rank,
         world,
         target,

@@ -173,8 +173,9 @@ def _claim(out: Path, reader: StoreReader, *, overwrite: bool) -> None:
     ours = _marked(mark)
     if os.path.lexists(manifest) and not overwrite and not ours:
         raise StoreExistsError(
-            f"{manifest}: exists already, and no export that fastdata started in {out} wrote it "
-            "(it may be the manifest the store came from); export into another folder, or pass ",
+            f"{manifest}: exists already, and fastdata cannot tell that an export it left "
+            f"unfinished in {out} wrote it (it may be the manifest the store came from, or a "
+            "finished export's); export into another folder, or pass ",
             option("overwrite"),
             " to replace it",
         )

@@ -16,16 +16,28 @@ OVERWRITE, RESUME, APPEND = option("overwrite"), option("resume"), option("appen
 
 
 def incomplete_error(
-    location: str, progress: Progress, target: str, aside: Progress | None = None
+    location: str,
+    progress: Progress,
+    target: str,
+    aside: Progress | None = None,
+    writing: str = "",
 ) -> IncompleteStoreError:
     """What a reader says of a store whose run stopped before it was complete: how far it got,
     and the command that finishes it (``target``: the store as command-line words). ``aside``:
     the progress of a replacement (``--overwrite``) begun since and interrupted too, which is
     what a resume continues (the run in place can no longer be finished: the replacement takes
-    its place), so its command is the one named."""
+    its place), so its command is the one named. ``writing``: the writer that holds the
+    store's lock now (its description), whose run is not stopped but going on."""
     what, unit = ("copy", "records") if progress.is_copy else ("conversion", "images")
     if progress.base_id:
         what = "append"
+    if writing:
+        run = aside if aside is not None else progress
+        return IncompleteStoreError(
+            f"{location}: being written now ({writing}): its {what} has written "
+            f"{run.next_sample} of {run.total} {unit} so far; open it when that {what} has "
+            "finished"
+        )
     stopped = f"its {what} stopped after {progress.next_sample} of {progress.total} {unit}"
     if aside is not None:
         return IncompleteStoreError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["boot_id", "describe_holder", "holder", "holder_gone", "process_start"]
+__all__ = ["boot_id", "describe_holder", "flock_holder", "holder", "holder_gone", "process_start"]
 
 
 def holder() -> dict[str, object]:
@@ -83,3 +83,39 @@ def describe_holder(info: object) -> str:
         else ""
     )
     return f"pid {info.get('pid', '?')} on host {info.get('host', '?')}{when}"
+
+
+def flock_holder(path: str) -> dict[str, object] | None:
+    """The holder (:func:`holder`'s details, as the lock file keeps them) of the ``flock`` on
+    the lock file at ``path``, while one is held now; None where none is, or where that cannot
+    be known without taking the lock (no ``/proc/locks``: taking it, even for a moment, could
+    turn a writer starting then away). Reads only."""
+    import json
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        place = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        try:
+            with open("/proc/locks", encoding="ascii", errors="replace") as table:
+                held = any(
+                    len(f := line.split()) > 5 and f[1] == "FLOCK" and f[5] == place
+                    for line in table
+                )
+        except OSError:
+            return None
+        if not held:
+            return None
+        try:
+            info = json.loads(os.pread(fd, 4096, 0) or b"null")
+        except ValueError:
+            info = None
+        return info if isinstance(info, dict) else {}
+    finally:
+        os.close(fd)

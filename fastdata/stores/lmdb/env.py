@@ -306,8 +306,8 @@ def open_reader(path: str) -> Lease:
                     f"`fastdata convert {shlex.quote(path)} {shlex.quote(store)}`, then use {store}"
                 )
         raise StoreNotFoundError(
-            f"{path}: no LMDB store here; create one with "
-            f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}`"
+            f"{path}: no LMDB store here; fastdata convert makes one, from an image folder into "
+            f"{shlex.quote(path)}"
         )
     data_file = data_path(path)
     for _ in range(5):

@@ -239,6 +239,7 @@ def _name_the_damaged(env: Any, keys: Sequence[bytes], where: Callable[[int], st
             txn.abort()
 
 
-DAMAGED_PAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
-"""LMDB's errors for a page that is not what the tree says (MDB_CORRUPTED, MDB_PAGE_NOTFOUND);
-others (a transaction made invalid, say) are no record's damage."""
+DAMAGED_PAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.CursorFullError)
+"""LMDB's errors for a page that is not what the tree says (MDB_CORRUPTED, MDB_PAGE_NOTFOUND,
+and MDB_CURSOR_FULL: a path down the tree deeper than LMDB follows, a loop); others (a
+transaction made invalid, say) are no record's damage."""

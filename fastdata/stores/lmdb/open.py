@@ -14,7 +14,8 @@ from ...errors import (
 )
 from ...records import Progress
 from ..foreign import PickleLMDBStore
-from ..names import aside_owner
+from ..locks import describe_holder, flock_holder
+from ..names import WRITER_LOCK, aside_owner
 from ..policy import incomplete_error
 from ..reader import StoreReader
 from .env import open_reader, reading
@@ -37,9 +38,15 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
     try:
         if lease.env.stat()["depth"] == 0:  # (no tree: not LMDB's count of keys, which
             # another tool may have changed)
+            writing = _writer(path)
+            if writing:
+                raise IncompleteStoreError(
+                    f"{path}: being written now ({writing}): nothing committed yet; open it "
+                    "when that conversion has finished"
+                )
             raise IncompleteStoreError(
                 f"{path}: an empty store: a conversion into it stopped before it began; run "
-                f"`fastdata convert IMAGE_FOLDER {shlex.quote(path)}` again"
+                f"fastdata convert again, from its image folder into {shlex.quote(path)}"
             )
         with reading(path), lease.env.begin(buffers=True) as txn:
             has_meta = txn.get(META_KEY) is not None
@@ -58,9 +65,10 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         owner = aside_owner(path)
         if owner is not None:  # (a replacement being built: its store's resume finishes it)
             where = f"{path} (the replacement of {owner} being built)"
-            raise incomplete_error(where, progress, shlex.quote(os.path.abspath(owner)))
+            target = shlex.quote(os.path.abspath(owner))
+            raise incomplete_error(where, progress, target, writing=_writer(owner))
         target = shlex.quote(os.path.abspath(path))
-        raise incomplete_error(path, progress, target, _replacement(path))
+        raise incomplete_error(path, progress, target, _replacement(path), _writer(path))
     if has_keys:
         raise PickleNotAllowedError(
             f"{path}: this LMDB store was written by another tool and its values are Python "
@@ -89,3 +97,10 @@ def _replacement(path: str) -> Progress | None:
     except FastdataError:  # (damaged, or half made: the writer says so when it meets it)
         return None
     return building
+
+
+def _writer(store: str) -> str:
+    """Who holds the store's writer lock now ("": nobody, or it cannot be told)."""
+    folder = store if os.path.isdir(store) else os.path.dirname(store)
+    info = flock_holder(os.path.join(folder, WRITER_LOCK))
+    return "" if info is None else describe_holder(info)

@@ -142,19 +142,7 @@ class Claimed:
                     return
 
     def _server_now(self) -> float:
-        """The server's clock, in seconds since the epoch: a claim's expiry is written and
-        compared in it, so writers on hosts whose clocks disagree agree on it."""
-        from datetime import UTC
-
-        from pymongo.errors import OperationFailure
-
-        try:
-            now = self._conn.db().client.admin.command("hello").get("localTime")
-        except (OperationFailure, NotImplementedError):
-            now = None
-        if now is None:  # a server that does not say: this host's clock
-            return time.time()
-        return float(now.replace(tzinfo=UTC).timestamp() if now.tzinfo is None else now.timestamp())
+        return server_now(self._conn)
 
     def _check_claim(self) -> None:
         if self._lost:
@@ -186,3 +174,31 @@ class Claimed:
                 exc,
                 self.claim_ttl_s,
             )
+
+
+def server_now(conn: Any) -> float:
+    """The server's clock, in seconds since the epoch: a claim's expiry is written and compared
+    in it, so writers on hosts whose clocks disagree agree on it."""
+    from datetime import UTC
+
+    from pymongo.errors import OperationFailure
+
+    try:
+        now = conn.db().client.admin.command("hello").get("localTime")
+    except (OperationFailure, NotImplementedError):
+        now = None
+    if now is None:  # a server that does not say: this host's clock
+        return time.time()
+    return float(now.replace(tzinfo=UTC).timestamp() if now.tzinfo is None else now.timestamp())
+
+
+def live_claim(conn: Any, collection: str) -> str:
+    """Who holds the writer claim of ``collection`` now, described ("": nobody: no claim, an
+    expired one, or one whose process on this host is gone)."""
+    held = conn.db()[names.META_COLLECTION].find_one({"_id": names.claim_id(collection)})
+    if not isinstance(held, dict):
+        return ""
+    expires = held.get("expires")
+    if not isinstance(expires, int | float) or expires <= server_now(conn) or holder_gone(held):
+        return ""
+    return describe_holder(held)

@@ -32,6 +32,7 @@ from ..existing import incomplete_error
 from ..names import META_COLLECTION, aside_collection, aside_owner_collection, bucket, progress_id
 from ..reader import StoreReader, append_note
 from ..uri import command_words
+from .claim import live_claim
 from .connection import MongoTarget, gridfs_of
 from .layout import (
     doc_id,
@@ -174,13 +175,15 @@ class MongoStore(MongoTarget, StoreReader):
                         f"{self.location} (the replacement of collection {owner} being built)",
                         progress,
                         command_words(self.uri, owner),
+                        writing=live_claim(self._conn, owner),
                     )
                 building = db[META_COLLECTION].find_one(
                     {"_id": progress_id(aside_collection(self.collection))}
                 )
                 aside = self._progress_of(building) if building is not None else None
                 target = command_words(self.uri, self.collection)
-                raise incomplete_error(self.location, progress, target, aside)
+                writing = live_claim(self._conn, self.collection)
+                raise incomplete_error(self.location, progress, target, aside, writing)
             if db[self.collection].find_one({}, {"_id": 1}) is not None:
                 raise StoreError(
                     f"{self.location}: the collection holds documents but no fastdata metadata; "

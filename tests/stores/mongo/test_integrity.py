@@ -95,6 +95,22 @@ def test_two_conversions_racing_on_one_collection(
     assert db(mongo_uri)[META_COLLECTION].find_one({"_id": "c:writer"}) is None  # released
 
 
+def test_a_collection_being_written_is_said_to_be_written_not_stopped(
+    folder_a: Path, mongo_uri: str, tmp_path: Path
+) -> None:
+    started, go = tmp_path / "started", tmp_path / "go"
+    first = script(HOLDING_CONVERT, folder_a, mongo_uri, started, go, "-c", "c")
+    wait_for(started, first)
+    shown = cli("info", mongo_uri, "-c", "c")
+    assert shown.returncode == 1 and "Traceback" not in shown.stderr
+    assert f"being written now (pid {first.pid} on host" in shown.stderr, shown.stderr
+    assert "--resume" not in shown.stderr
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    stopped = cli("info", mongo_uri, "-c", "c")  # (the holder is gone: its claim counts no more)
+    assert "its conversion stopped after" in stopped.stderr and "--resume" in stopped.stderr
+
+
 def test_a_killed_writers_claim_on_this_host_is_taken_over_at_once(
     folder_a: Path, mongo_uri: str, tmp_path: Path
 ) -> None:
