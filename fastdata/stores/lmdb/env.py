@@ -409,9 +409,11 @@ def open_writable(folder: str, map_size: int, *, durable: bool = False) -> Lease
 
 
 @contextmanager
-def reading(where: str) -> Iterator[None]:
-    """LMDB's own errors on a damaged file, as a StoreError naming the store."""
+def reading(where: str, store: str = "") -> Iterator[None]:
+    """LMDB's own errors on a damaged file, as a StoreError naming the store (``store``: its
+    path, for the command the error's hint prints; ``where`` by default)."""
     try:
         yield
     except lmdb.Error as exc:
-        raise StoreDamagedError(f"{where}: reading failed: {exc}") from None
+        target = shlex.quote(store or where)
+        raise StoreDamagedError(f"{where}: reading failed: {exc}", store=target) from None

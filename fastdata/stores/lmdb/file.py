@@ -5,6 +5,7 @@ page."""
 from __future__ import annotations
 
 import os
+import shlex
 
 from ...errors import StoreDamagedError, StoreError
 from .pages import (
@@ -35,7 +36,7 @@ def file_error(path: str, exc: FormatError) -> StoreError:
             f"{path}: the file is truncated: {exc.size} bytes, but its last page ends at byte "
             f"{exc.end} (an interrupted copy or a full disk); copy or convert the store again"
         )
-    return StoreDamagedError(f"{path}: damaged LMDB file: {exc.reason}")
+    return StoreDamagedError(f"{path}: damaged LMDB file: {exc.reason}", store=shlex.quote(path))
 
 
 def check_file(path: str, *, for_lmdb: bool = False) -> Header:

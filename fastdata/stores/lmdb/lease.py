@@ -6,6 +6,7 @@ file ] in ``guard.py``), reads begun again when an append began meanwhile (the a
 from __future__ import annotations
 
 import os
+import shlex
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -139,7 +140,7 @@ class Lease:
         except DAMAGED_PAGE:  # (under one of them: that record is damaged; unless the file
             # grew meanwhile, past what was mapped: then read() begins again)
             if not self.entry.larger_now():
-                _name_the_damaged(self.env, keys, where)
+                _name_the_damaged(self.env, keys, where, self.entry)
             raise
         entry = self.entry
         lo, hi = entry.span or (1, 0)  # no span: every value takes the checked path
@@ -188,7 +189,9 @@ class Lease:
             except lmdb.Error as exc:
                 if entry.epoch() != before or entry.grown():  # (NOTE [ Past the end ], 3)
                     continue
-                raise StoreDamagedError(f"{where}: reading failed: {exc}") from None
+                raise StoreDamagedError(
+                    f"{where}: reading failed: {exc}", store=shlex.quote(entry.path)
+                ) from None
             except FastdataError:
                 if entry.epoch() != before:
                     continue
@@ -212,19 +215,22 @@ class Lease:
             at = address(raw)
             while at < entry.span[0] or at + n > entry.span[1]:
                 if not entry.grown():
-                    raise _damage(where, f"its value ({n} bytes) lies outside the file")
+                    raise _damage(where, f"its value ({n} bytes) lies outside the file", entry)
             if self.cold_reads.scan_until is not None:
                 self.cold_reads.advise(at - entry.span[0], n)
         elif not entry.writable and n > entry.size and not entry.grown():
-            raise _damage(where, f"its value ({n} bytes) is larger than the file")
+            raise _damage(where, f"its value ({n} bytes) is larger than the file", entry)
         return bytes(raw)
 
 
-def _damage(where: str, what: str) -> RecordError:
-    return RecordError(f"{where}: {what}")
+def _damage(where: str, what: str, entry: Any = None) -> RecordError:
+    """A record's damage; its store's path (``entry.path``) for the command the hint prints."""
+    return RecordError(f"{where}: {what}", store=shlex.quote(entry.path) if entry else "")
 
 
-def _name_the_damaged(env: Any, keys: Sequence[bytes], where: Callable[[int], str]) -> None:
+def _name_the_damaged(
+    env: Any, keys: Sequence[bytes], where: Callable[[int], str], entry: Any = None
+) -> None:
     """Raise the error of the first of ``keys`` that LMDB cannot look up (a damaged page on its
     way down the tree), each looked up in a transaction of its own (a failed lookup leaves its
     transaction unusable): that record is damaged, not the read of every record beside it
@@ -234,7 +240,7 @@ def _name_the_damaged(env: Any, keys: Sequence[bytes], where: Callable[[int], st
         try:
             txn.get(key)
         except DAMAGED_PAGE as exc:
-            raise _damage(where(n), f"LMDB cannot read it ({exc})") from None
+            raise _damage(where(n), f"LMDB cannot read it ({exc})", entry) from None
         finally:
             txn.abort()
 
