@@ -26,6 +26,9 @@ from .errors import (
     PickleNotAllowedError as PickleNotAllowedError,
 )
 from .errors import (
+    QueryError as QueryError,
+)
+from .errors import (
     RecordError as RecordError,
 )
 from .errors import (
