@@ -37,6 +37,14 @@ class Entry:
     """Where the zeros covering the map past the file's end begin (NOTE [ Past the end of the
     file ] in ``guard.py``); 0: nothing is covered."""
     map_end: int = 0
+    damaged: tuple[Any, ...] = ()
+    """The branch pages above the leaves that failed their check when the file was opened
+    (``pages.Damage``, each with the keys under it): LMDB is never asked for a key under one
+    (NOTE [ Damaged branches ] in ``lease.py``). Empty in a sound file."""
+
+    def under_damage(self, key: bytes) -> Any:
+        """The damaged branch that ``key`` lies under, if any (None: LMDB may look it up)."""
+        return next((d for d in self.damaged if d.covers(key)), None)
 
     def epoch(self) -> int:
         """The append epoch now; -1 in a writer's environment."""

@@ -25,7 +25,7 @@ from ..files import open_regular
 from ..names import DATA_FILE, EPOCH_FILE, epoch_temp
 from . import file as lmdb_file
 from .entry import Entry
-from .layout import EPOCH_BYTES
+from .layout import EPOCH_BYTES, own_keys_damaged
 from .lease import Lease
 
 # --------------------------------------------------------------------------- environment registry
@@ -321,7 +321,7 @@ def open_reader(path: str) -> Lease:
             # The data file itself is opened (py-lmdb refuses a folder it has open already, even
             # when the file in it was replaced). lock=False: readers of a finished store need no
             # lock file (and may lack write access); read-ahead off (see "read-ahead" above).
-            env = _open_for_reading(path, data_file)
+            env, reserved = _open_for_reading(path, data_file)
             if _file_key(data_file)[0] != key:  # replaced between the check and the open
                 env.close()
                 continue
@@ -330,6 +330,7 @@ def open_reader(path: str) -> Lease:
                 env.close()
                 continue
             entry = Entry(key, path, env, False, _span(key, size), size, fd)
+            entry.damaged = _damaged(entry, data_file, whole=not reserved)
             try:
                 entry.epoch_map, entry.epoch_view = _map_epoch(fd, head.psize)
             except (OSError, ValueError) as exc:
@@ -338,6 +339,28 @@ def open_reader(path: str) -> Lease:
             entry.cover()
             return _lease(entry)
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
+
+
+def _damaged(entry: Entry, data_file: str, *, whole: bool) -> tuple[Any, ...]:
+    """The damaged branch pages of the file ``entry`` opened (``file.damaged_branches``), or
+    with ``whole`` its damaged pages of every kind (``file.damaged_pages``: where the map has
+    no room past the file for the guard, NOTE [ Damaged branches ] in ``lease.py``); the entry
+    closed and a StoreDamagedError raised where the store's own keys lie under one."""
+    try:
+        if whole:
+            damaged = lmdb_file.damaged_pages(data_file)
+        else:
+            damaged = lmdb_file.damaged_branches(data_file)
+        own = own_keys_damaged(damaged)
+        if own is not None:
+            raise StoreDamagedError(
+                f"{entry.path}: damaged {own}: the store's metadata lies under it",
+                store=shlex.quote(entry.path),
+            )
+    except BaseException:
+        entry.close()
+        raise
+    return damaged
 
 
 READER_SETTINGS: dict[str, Any] = {
@@ -362,11 +385,13 @@ READER_MAP_SIZE = 1 << 40
 read stays inside their map, so they never have to remap it under other threads' reads."""
 
 
-def _open_for_reading(store: str, data_file: str) -> Any:
+def _open_for_reading(store: str, data_file: str) -> tuple[Any, bool]:
+    """The environment, and whether its map has :data:`READER_MAP_SIZE` of room (where a limit
+    on address space leaves none, it maps the file's own size)."""
     try:
-        return lmdb.open(data_file, map_size=READER_MAP_SIZE, **READER_SETTINGS)
+        return lmdb.open(data_file, map_size=READER_MAP_SIZE, **READER_SETTINGS), True
     except lmdb.Error:  # no room for the map (a limit on address space): the file's own size
-        return _lmdb_open(store, data_file, READER_SETTINGS)
+        return _lmdb_open(store, data_file, READER_SETTINGS), False
 
 
 def _lmdb_open(store: str, path: str, settings: dict[str, Any]) -> Any:
@@ -395,6 +420,12 @@ def open_writable(folder: str, map_size: int, *, durable: bool = False) -> Lease
                     "the datasets over it (dataset.close()) before writing to it"
                 )
             lmdb_file.check_file(data_file, for_lmdb=True)
+            damaged = lmdb_file.damaged_branches(data_file)
+            if damaged:  # (LMDB's writes go down the tree as its reads do)
+                raise StoreDamagedError(
+                    f"{folder}: damaged {damaged[0]}: fastdata writes nothing into a damaged store",
+                    store=shlex.quote(folder),
+                )
         # Batches are committed without fsync and the store is flushed once, before its metadata
         # is written: an fsync per batch costs a journal commit each and, measured, as much again
         # as the whole conversion. A killed process loses nothing committed (the page cache holds

@@ -123,6 +123,13 @@ def is_past_the_last(key: bytes, count: int) -> bool:
 _OWN_KEYS = frozenset({PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY})
 
 
+def own_keys_damaged(damaged: Sequence[Any]) -> Any:
+    """Of the damaged pages ``damaged`` (``pages.Damage``), the first under which one of the
+    store's own keys lies (its metadata, progress, labels, names): a store that cannot be
+    opened. None where none is."""
+    return next((d for d in damaged for k in _OWN_KEYS if d.covers(k)), None)
+
+
 def _own_key(key: bytes, records: int, skipped: int) -> bool:
     """Whether ``key`` is one fastdata writes in a store of ``records`` records (and headers)
     and ``skipped`` skipped entries."""

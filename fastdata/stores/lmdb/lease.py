@@ -78,6 +78,8 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
+        if entry.damaged:  # (the checked path names a key under a damaged branch)
+            return None
         before = epoch[0]
         out: bytes | None = None
         txn = self.env.begin(buffers=True)
@@ -102,6 +104,8 @@ class Lease:
         span = entry.span
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
+            return None
+        if entry.damaged:
             return None
         before = epoch[0]
         out: list[bytes] = []
@@ -133,6 +137,8 @@ class Lease:
         # The path of every raw read: a few comparisons per value beyond LMDB's own lookup and
         # copy. Values outside the file's bounds go through value(), which looks again.
         cold = self.cold_reads
+        if self.entry.damaged:
+            self.refuse_damaged(keys, where)
         started, in_memory, advising = cold.before(keys)
         get = txn.get
         try:
@@ -165,6 +171,14 @@ class Lease:
         cold.after(started, in_memory, advising, len(views), spanned)
         return out
 
+    def refuse_damaged(self, keys: Sequence[bytes], where: Callable[[int], str]) -> None:
+        """Raise the error of the first of ``keys`` that lies under a damaged branch (NOTE
+        [ Damaged branches ]), before LMDB is asked for it."""
+        for n, key in enumerate(keys):
+            damage = self.entry.under_damage(key)
+            if damage is not None:
+                raise _damage(where(n), f"it lies under damaged {damage}", self.entry)
+
     def ask_for(self, keys: Sequence[bytes]) -> None:
         """Ask for the pages of the values of ``keys`` that lie on pages of their own before
         reading them: a value of many pages (the labels, the names) then comes from the disk
@@ -182,6 +196,8 @@ class Lease:
             before = view[0] if view is not None else entry.epoch()
             try:
                 txn = self.env.begin(buffers=True)
+                if entry.damaged:
+                    txn = _Guarded(txn, self, where)
                 try:
                     out = fn(txn)
                 finally:
@@ -221,6 +237,42 @@ class Lease:
         elif not entry.writable and n > entry.size and not entry.grown():
             raise _damage(where, f"its value ({n} bytes) is larger than the file", entry)
         return bytes(raw)
+
+
+# NOTE [ Damaged branches ]
+# LMDB ends the process (an assertion, then abort) on some damaged branch pages met on its way
+# down the tree: a branch of one node. So the branch pages above the leaves are checked when a
+# file is opened (``pages.Tree.branches``, a few milliseconds: a tree's branches are a small
+# share of its pages), and the damaged ones kept on the entry with the keys under them:
+#   1. a store whose own keys (metadata, progress, labels, names) lie under one is not opened;
+#   2. a key under one is never looked up: its read raises that record's RecordError, and a
+#      transaction handed out (``Lease.read``) refuses it in ``get`` and refuses cursors (a
+#      cursor steps from leaf to leaf, across the damage);
+#   3. nothing is written into such a store (``env.open_writable``).
+# A sound file pays nothing on its reads: each check is skipped while ``entry.damaged`` is empty.
+# The leaves themselves are checked where they are read page by page (verify, the header scan).
+
+
+class _Guarded:
+    """A read transaction of a file with damaged branches: ``get`` refuses a key under one
+    (NOTE [ Damaged branches ], 2), ``cursor`` refuses outright."""
+
+    def __init__(self, txn: Any, lease: Lease, where: str) -> None:
+        self._txn, self._lease, self._where = txn, lease, where
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        self._lease.refuse_damaged([key], lambda _: f"{self._where}: key {key!r}")
+        return self._txn.get(key, default)
+
+    def cursor(self) -> Any:
+        damage = self._lease.entry.damaged[0]
+        raise StoreDamagedError(
+            f"{self._where}: its keys cannot be walked: damaged {damage}",
+            store=shlex.quote(self._lease.entry.path),
+        )
+
+    def abort(self) -> None:
+        self._txn.abort()
 
 
 def _damage(where: str, what: str, entry: Any = None) -> RecordError:

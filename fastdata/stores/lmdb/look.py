@@ -56,7 +56,9 @@ def read_skipped(lease: Lease, txn: Any, count: int, where: str) -> list[Skipped
     """The first ``count`` skipped-file entries (read in the caller's transaction)."""
     out = []
     for n in range(count):
-        raw = lease.value(txn.get(skipped_key(n)), f"{where}: skipped-file entry {n}")
+        named = f"{where}: skipped-file entry {n}"
+        lease.refuse_damaged([skipped_key(n)], lambda _: named)  # noqa: B023 (called at once)
+        raw = lease.value(txn.get(skipped_key(n)), named)
         try:
             item = json.loads(raw) if raw is not None else None
         except ValueError:

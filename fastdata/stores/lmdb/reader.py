@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shlex
@@ -235,25 +234,41 @@ class LMDBStore(LeasedReader):
     def iter_headers(
         self, stop: int | None = None, batch_size: int = 1024
     ) -> Iterator[RecordHeader]:
-        """The headers alone, walked with a cursor (they sort apart from the image bytes)."""
+        """The headers alone (they sort apart from the image bytes), read from the data file
+        page by page and every page checked (``pages.Tree``), not with LMDB's cursor: a
+        cursor steps from leaf to leaf, and LMDB ends the process on a page there that is not
+        a leaf (NOTE [ Damaged branches ] in ``lease.py``)."""
         n = len(self) if stop is None else stop
-        lease = self._env()
-
-        def batch(txn: Any, start: int) -> list[RecordHeader]:
-            out = []
-            cursor = txn.cursor()
-            found = cursor.set_key(header_key(start))
-            for i in range(start, min(n, start + batch_size)):
+        if n <= 0:
+            return
+        with lmdb_file.open_tree(self._file_path()) as tree:
+            i = 0
+            for run in tree.leaves(header_key(0), header_key(n)):
+                buf, starts, sizes = run.buf, run.starts.tolist(), run.sizes.tolist()
+                for j, (key, first) in enumerate(zip(run.keys, run.firsts.tolist(), strict=True)):
+                    if key != header_key(i):
+                        break
+                    at = starts[j]
+                    raw = buf[at : at + sizes[j]] if first < 0 else tree.value(run, j)
+                    if raw is None:
+                        break
+                    yield RecordHeader.from_json(raw, f"{self.path}: record {i}")
+                    i += 1
+                else:
+                    continue
+                break
+            if i < n:
                 where = f"{self.path}: record {i}"
-                if not found or bytes(cursor.key()) != header_key(i):
-                    raise RecordError(f"{where}: its header is missing", store=self.command_target)
-                raw = lease.value(cursor.value(), where) or b""
-                out.append(RecordHeader.from_json(raw, where))
-                found = cursor.next()
-            return out
+                damage = tree.covering(header_key(i))
+                what = f"lies under damaged {damage}" if damage is not None else "is missing"
+                raise RecordError(f"{where}: its header {what}", store=self.command_target)
 
-        for start in range(0, n, batch_size):
-            yield from lease.read(functools.partial(batch, start=start), self.path)
+    def _file_path(self) -> str:
+        """The data file this reader has open (the one it read its metadata from, even where
+        the store was replaced since), by a path that opens it again."""
+        fd = self._env().entry.fd
+        own = f"/proc/self/fd/{fd}"
+        return own if fd is not None and os.path.exists(own) else data_path(self.path)
 
     def record_names(self) -> PackedStrings:
         names = self.names_index()

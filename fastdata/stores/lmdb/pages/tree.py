@@ -22,6 +22,9 @@ STRETCH_BYTES = 1 << 20
 than this is read alone)."""
 DEEPEST = 64
 """A page reached deeper than this is taken for a loop."""
+BRANCHES_AT_ONCE = 1024
+"""Branch pages :meth:`Tree.branches` reads and checks side by side, at most (4 MiB of 4 KiB
+pages)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,53 @@ class Tree:
         if damage not in self._seen:  # (a page above the ranges of two walks is met by both)
             self._seen.add(damage)
             self.found.append(damage)
+
+    def branches(self) -> list[Damage]:
+        """Check every branch page above the leaves, a level at a time (the pages of a level
+        read and checked side by side), and give what is wrong (also in :attr:`found`), each
+        with the keys that live under it. What LMDB meets on its way down to any key, short of
+        the leaf: a branch that fails here (one node, say, on which LMDB ends the process)
+        must not be handed to it. The leaves are not read (a branch where the header's depth
+        says leaves lie is not looked at: the full walk names it)."""
+        head = self.head
+        if head.root == mdb.P_INVALID or head.depth < 2:
+            return []
+        level: list[Bounds] = [(head.root, 0, None, None)]
+        seen: set[int] = set()
+        levels = min(head.depth - 1, DEEPEST)
+        for depth in range(levels):
+            below: list[Bounds] = []
+            for at in range(0, len(level), BRANCHES_AT_ONCE):
+                part = level[at : at + BRANCHES_AT_ONCE]
+                below += self._branches(part, depth, seen, depth < levels - 1)
+            level = below
+        return self.found
+
+    def _branches(
+        self, level: list[Bounds], depth: int, seen: set[int], deeper: bool
+    ) -> list[Bounds]:
+        """:meth:`branches`' pages of one level (some of them), checked side by side; the
+        children of those that are sound branches (``deeper``: where more branches lie)."""
+        psize = self.head.psize
+        numbers = [c[0] for c in level]
+        if len(numbers) > 1:
+            advice.prefetch(self._fd, numbers, psize)
+        pages = [os.pread(self._fd, psize, n * psize) for n in numbers]
+        whole = np.array([len(page) == psize for page in pages])
+        buf = b"".join(page.ljust(psize, b"\0") for page in pages)
+        lows, highs = [c[2] for c in level], [c[3] for c in level]
+        last = self.head.last_page
+        checked = check_pages(buf, np.array(numbers), lows, highs, last, psize, whole)
+        below: list[Bounds] = []
+        for p, (number, _, lo, hi) in enumerate(level):
+            what = checked.reasons[p] or ("reached twice (a loop in the tree)" * (number in seen))
+            seen.add(number)
+            if what:
+                self._damaged(number, what, lo, hi)
+            elif deeper and checked.kinds[p] == mdb.P_BRANCH:  # (a leaf higher than the
+                # header's depth says ends its path there, as it ends LMDB's)
+                below += _children(checked, p, lo, hi, depth + 1)
+        return below
 
     def entries(
         self, low: bytes | None = None, high: bytes | None = None, *, values: bool = True
