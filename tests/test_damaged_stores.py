@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -1087,3 +1088,138 @@ def test_a_loop_in_the_tree_costs_the_records_under_it_not_the_export(tmp_path: 
     assert exported.returncode == 1 and "left out" in exported.stdout + exported.stderr
     written = sum(1 for p in out.rglob("*.jpg"))
     assert 2000 < written < 3000, exported.stderr
+
+
+def _leaves(data_file: Path) -> list[tuple[int, list[bytes]]]:
+    """The leaf pages of a sound file's tree, each with its keys, in key order."""
+    raw = data_file.read_bytes()
+    out: list[tuple[int, list[bytes]]] = []
+
+    def nodes(page: int) -> list[int]:
+        lower = struct.unpack_from("<H", raw, page * 4096 + 12)[0]
+        return list(struct.unpack_from(f"<{(lower - 16) // 2}H", raw, page * 4096 + 16))
+
+    def down(page: int) -> None:
+        flags = struct.unpack_from("<H", raw, page * 4096 + 10)[0]
+        if flags & 1:  # a branch: its children in order
+            for off in nodes(page):
+                lo, hi, top = struct.unpack_from("<HHH", raw, page * 4096 + off)
+                down(lo | (hi << 16) | (top << 32))
+            return
+        keys = []
+        for off in nodes(page):
+            ksize = struct.unpack_from("<H", raw, page * 4096 + off + 6)[0]
+            keys.append(raw[page * 4096 + off + 8 : page * 4096 + off + 8 + ksize])
+        out.append((page, keys))
+
+    down(check_file(str(data_file)).root)
+    return out
+
+
+def _read_every_record(store: Path) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys\nfrom fastdata import LMDBImageDataset\nfrom fastdata.errors import "
+        "RecordError\nds = LMDBImageDataset(sys.argv[1], output='bytes')\nbad = 0\n"
+        "for i in range(len(ds)):\n    try:\n        ds[i]\n    except RecordError:\n"
+        "        bad += 1\nprint('bad', bad, 'of', len(ds))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_branch_of_one_node_below_the_root_costs_its_records_not_the_process(
+    tmp_path: Path,
+) -> None:
+    """LMDB ends the process on a branch of one node met on its way down to a key. Below the
+    root, such a page is found when the file is opened: the records under it are damaged
+    (RecordError), the rest read, the advised export writes them, and an append is refused
+    before it writes anything."""
+    store = tiny_store(tmp_path, 3000)
+    data_file = store / "data.mdb"
+    head = check_file(str(data_file))
+    raw = data_file.read_bytes()
+    at = head.root * 4096
+    first = struct.unpack_from("<H", raw, at + 16)[0]
+    lo, hi, flags = struct.unpack_from("<HHH", raw, at + first)
+    inner = lo | (hi << 16) | (flags << 32)  # the root's first child: headers and records
+    one_node(data_file, inner)
+    read = _read_every_record(store)
+    assert read.returncode == 0, read.stderr  # (SIGABRT: -6)
+    bad = int(read.stdout.split()[1])
+    assert 0 < bad < 3000
+    out = tmp_path / "sound"
+    exported = cli("export", str(store), str(out), "--skip-damaged", "-q")
+    no_crash(exported)
+    assert exported.returncode == 1 and "left out" in exported.stdout + exported.stderr
+    assert sum(1 for _ in out.rglob("*.jpg")) == 3000 - bad
+    before = data_file.read_bytes()
+    appended = cli("convert", str(tmp_path / "src"), str(store), "--append", "-q")
+    no_crash(appended)
+    assert appended.returncode == 1 and f"damaged page {inner}" in appended.stderr
+    assert data_file.read_bytes() == before
+
+
+def test_a_header_leaf_that_is_no_leaf_is_an_error_of_the_scan_not_the_end_of_the_process(
+    tmp_path: Path,
+) -> None:
+    """LMDB's cursor, stepping from leaf to leaf, ends the process on a page there that is not
+    a leaf. The header scan (an append, a query) reads the pages itself and names it."""
+    store = tiny_store(tmp_path, 3000)
+    data_file = store / "data.mdb"
+    header_leaves = [p for p, keys in _leaves(data_file) if keys and keys[0].startswith(b"#0")]
+    page = header_leaves[1]
+    smash(data_file, page, 10, struct.pack("<H", 0))  # its flags: no kind of page
+    code = (
+        "import sys\nfrom fastdata import open_store\n"
+        "print(sum(1 for _ in open_store(sys.argv[1]).iter_headers()))\n"
+    )
+    scan = subprocess.run(
+        [sys.executable, "-c", code, str(store)], capture_output=True, text=True, timeout=120
+    )
+    assert scan.returncode == 1, scan.stderr  # (SIGABRT: -6)
+    assert f"lies under damaged page {page}" in scan.stderr
+    for args in (
+        ("convert", str(tmp_path / "src"), str(store), "--append", "-q"),
+        ("info", str(store), "--where", '{"label": 0}'),
+    ):
+        result = cli(*args)
+        no_crash(result)
+        assert result.returncode == 1 and f"damaged page {page}" in result.stderr
+
+
+def test_a_lying_value_size_under_a_limit_on_address_space_is_an_error_not_a_fault(
+    tmp_path: Path,
+) -> None:
+    """Where a limit on address space (``ulimit -v``) leaves the reader's map no room past the
+    file, nothing covers a value that claims to run past it: every page is checked when the
+    file is opened instead, and a value of 4 GiB in a small file is damage, named."""
+    import resource
+
+    from .test_hostile_input import write_store_with
+
+    store = tmp_path / "s.lmdb"
+    write_store_with(store, [jpeg_bytes(seed=i) + bytes(6000) for i in range(40)])
+    data_file = store / "data.mdb"
+    raw = data_file.read_bytes()
+    for page, _ in _leaves(data_file):
+        lower = struct.unpack_from("<H", raw, page * 4096 + 12)[0]
+        offsets = struct.unpack_from(f"<{(lower - 16) // 2}H", raw, page * 4096 + 16)
+        big = [o for o in offsets if struct.unpack_from("<H", raw, page * 4096 + o + 4)[0] & 1]
+        if big:
+            smash(data_file, page, big[0], struct.pack("<HH", 0xFFFF, 0xFFFF))
+            break
+    else:
+        raise AssertionError("no value on pages of its own")
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    for args in (("verify", str(store), "-q"), ("export", str(store), str(tmp_path / "o"),
+                                                 "--skip-damaged", "-q")):
+        result = subprocess.run(
+            [sys.executable, "-m", "fastdata", *args], capture_output=True, text=True,
+            timeout=120, preexec_fn=limited,
+        )
+        assert result.returncode == 1, (args, result.returncode, result.stderr)  # (SIGSEGV: -11)
+        assert "Traceback" not in result.stderr and "4294967295 bytes" in result.stderr
