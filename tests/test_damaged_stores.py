@@ -1223,3 +1223,25 @@ def test_a_lying_value_size_under_a_limit_on_address_space_is_an_error_not_a_fau
         )
         assert result.returncode == 1, (args, result.returncode, result.stderr)  # (SIGSEGV: -11)
         assert "Traceback" not in result.stderr and "4294967295 bytes" in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "words"), [(0x08, "as integers"), (0x02, "reversed")])
+def test_a_main_database_whose_keys_are_ordered_otherwise_is_damage_not_another_tool(
+    tmp_path: Path, flags: int, words: str
+) -> None:
+    """A store's main database compares its keys as bytes. Flags in its record that order them
+    otherwise (as integers, reversed) are damage to the meta page: named as such, not taken for
+    another tool's pickle store, and verify does not advise running verify."""
+    store = tiny_store(tmp_path, 30)
+    data_file = store / "data.mdb"
+    head = check_file(str(data_file))
+    for meta in (0, 1):  # (md_flags of the main database, in both meta pages)
+        smash(data_file, meta, 16 + 24 + 48 + 4, struct.pack("<H", flags))
+    for args in (("info", str(store)), ("verify", str(store), "-q")):
+        result = cli(*args)
+        no_crash(result)
+        assert result.returncode == 1 and f"compared {words}" in result.stderr, result.stderr
+        assert "pickle" not in result.stderr
+    verified = cli("verify", str(store), "-q")
+    assert "run `fastdata verify" not in verified.stderr and "convert it again" in verified.stderr
+    assert head.flags == 0

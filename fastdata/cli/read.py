@@ -169,7 +169,10 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     except StoreError as exc:
         # too damaged to open: say which pages are, when it is an LMDB file (the one error
         # funnel prints the message and exits with its code)
-        pages = [] if is_mongo_uri(store) else check_file(store)
+        try:
+            pages = [] if is_mongo_uri(store) else check_file(store)
+        except StoreError:  # (the file's header: the error said it already)
+            pages = []
         said = exc.without_hint(cli=True)  # (its hint would advise the command running)
         if isinstance(exc, StoreDamagedError):
             said += "; convert it again from its source (or copy it again, if it was a copy)"

@@ -60,6 +60,12 @@ def check_file(path: str, *, for_lmdb: bool = False) -> mdb.Header:
         raise Unreadable(str(exc.strerror or exc)) from None
     if info.st_size < head.used_bytes:
         raise Truncated(info.st_size, head.used_bytes)
+    if head.flags & (mdb.MDB_REVERSEKEY | mdb.MDB_INTEGERKEY):
+        order = "reversed" if head.flags & mdb.MDB_REVERSEKEY else "as integers"
+        raise mdb.FormatError(
+            f"its keys are compared {order} (flags {head.flags:#x} of the main database), not as "
+            "bytes, as every key of the tree is checked"
+        )
     if head.root != mdb.P_INVALID and not 2 <= head.root <= head.last_page:
         raise mdb.FormatError(f"root page {head.root} outside the file")
     if len(root) == head.psize:

@@ -24,6 +24,8 @@ P_INVALID = (1 << 64) - 1
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
 P_KINDS = P_BRANCH | P_LEAF | P_LEAF2 | P_OVERFLOW | P_META
 F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
+MDB_REVERSEKEY, MDB_INTEGERKEY = 0x02, 0x08
+"""A database's flags that change the order of its keys (``md_flags``)."""
 MIN_PSIZE, MAX_PSIZE = 512, 65536
 
 MDB_page = np.dtype(
@@ -112,6 +114,8 @@ class Header:
     depth: int
     entries: int
     version: int = MDB_DATA_VERSION
+    flags: int = 0
+    """The main database's ``md_flags``."""
 
     @property
     def used_bytes(self) -> int:
@@ -142,6 +146,7 @@ def read_meta(page: bytes) -> Header | None:
         depth=main[2],  # md_depth
         entries=main[6],  # md_entries
         version=mm_version,
+        flags=main[1],  # md_flags
     )
 
 
