@@ -272,7 +272,10 @@ class StoreReader(abc.ABC):
 
     @abc.abstractmethod
     def read_records(self, indices: Sequence[int]) -> list[Record]:
-        """Whole records (header and bytes) of the given indices, in the order asked."""
+        """Whole records (header and bytes) of the given indices, in the order asked, as
+        stored: the bytes are not checked against the size and CRC-32 their header keeps
+        (``records.bytes_problem`` does that; the datasets, ``export``, ``copy`` and
+        ``verify`` check every record they read)."""
 
     @contextmanager
     def sequential(self) -> Iterator[None]:
