@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fastdata import LMDBImageDataset, MongoImageDataset, convert
@@ -226,3 +227,72 @@ def test_info_counts_what_a_query_selects_and_refuses_a_bad_one_in_a_line(
         refused = cli("info", str(store), "--where", bad)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr and "lambda" not in refused.stderr
+
+
+def test_export_and_copy_move_a_selection_and_an_interrupted_copy_resumes_the_same_one(
+    stores: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    import shlex
+
+    from fastdata import open_store
+    from fastdata.errors import IncompleteStoreError
+
+    from .procs import cli
+
+    store, data = stores
+    query = {"fields.flag": True}
+    wanted = [r["path"] for r in data if r["flag"]]
+    out = tmp_path / "out"
+    exported = cli("export", str(store), str(out), "--where", json.dumps(query), "-q")
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.jpg")) == sorted(wanted)
+    # a copy of the selection, interrupted after its first commit: its resume names the query
+    dst = tmp_path / "c.lmdb"
+
+    def stop(done: int, total: int) -> None:
+        if done >= 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        copy_store(str(store), str(dst), where=query, batch_size=2, progress=stop)
+    with pytest.raises(IncompleteStoreError) as info:
+        open_store(str(dst))
+    resume = str(info.value).split("`")[1]
+    assert "--where" in resume
+    other = [w if w != json.dumps(query) else '{"fields.flag": false}' for w in shlex.split(resume)]
+    refused = cli(*other[1:])
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    finished = cli(*shlex.split(resume)[1:])  # as printed
+    assert finished.returncode == 0, finished.stderr
+    copied = open_store(str(dst))
+    assert [h.name for h in copied.iter_headers()] == wanted  # each once, in store order
+
+
+def test_a_loader_resumes_only_over_the_selection_it_saved(
+    stores: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    from fastdata import create_loader
+    from fastdata.errors import UsageError
+
+    store, _ = stores
+
+    def loader(where: Any) -> Any:
+        ds = LMDBImageDataset(store, output="bytes", where=where)
+        return create_loader(ds, 4, num_workers=0, collate_fn=list, device="cpu", seed=1)
+
+    first = loader({"fields.flag": True})
+    iterator = iter(first)
+    next(iterator)
+    state = json.loads(json.dumps(first.state_dict()))  # plain types only
+    assert state["dataset"]["selected"] == len(first.dataset)
+    same = loader({"fields.flag": True})
+    same.load_state_dict(state)
+    def plain(batches: Any) -> list[list[tuple[bytes, int]]]:
+        return [[(bytes(np.asarray(x)), int(y)) for x, y in batch] for batch in batches]
+
+    rest = plain(iterator)
+    assert len(rest) == 2 and plain(same) == rest  # the rest (of 3 whole batches), exactly
+    with pytest.raises(ValueError, match="cannot resume: the saved loader read store .* selection"):
+        loader({"fields.flag": False}).load_state_dict(state)
+    with pytest.raises(UsageError, match="the dataset is empty"):
+        loader({"label": 99})

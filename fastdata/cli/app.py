@@ -228,6 +228,35 @@ def store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 
 
+def where_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--where QUERY``: a query document as JSON (``what``: what it does to the command)."""
+    return click.option(
+        "--where",
+        "query",
+        metavar="QUERY",
+        help=f"{what}: a MongoDB query document as JSON, the same on every store "
+        """(docs/fields.md), e.g. '{"fields.boxes.3": {"$exists": true}}'.""",
+    )
+
+
+def parse_query(text: str | None) -> Any:
+    """``--where``'s JSON, parsed (None: not given); the query itself is checked against the
+    store's fields where it is run."""
+    import json
+
+    from ..errors import QueryError
+
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise QueryError(
+            f"--where {text!r} is not JSON ({exc}); give a query document, quoted for the "
+            """shell: --where '{"fields.score": {"$gt": 0.5}}'"""
+        ) from None
+
+
 class WorkerCount(click.ParamType):
     """``auto`` or a whole number of worker processes."""
 

@@ -18,9 +18,11 @@ from .app import (
     listing,
     mongo_options,
     open_given,
+    parse_query,
     progress_bar,
     quiet_option,
     store_options,
+    where_option,
 )
 
 
@@ -30,13 +32,7 @@ from .app import (
 @click.option(
     "--skipped", "list_skipped", is_flag=True, help="Also list the files the conversion left out."
 )
-@click.option(
-    "--where",
-    "query",
-    metavar="QUERY",
-    help="Also count the records a query selects: a MongoDB query document as JSON, the same "
-    'on every store (docs/fields.md), e.g. \'{"fields.boxes.3": {"$exists": true}}\'.',
-)
+@where_option("Also count the records a query selects")
 @store_options
 def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **options: Any) -> None:
     """Show a store's count, classes, sizes, repairs and format version.
@@ -51,7 +47,7 @@ def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **opt
     """
     from ..ops.info import store_info
 
-    where = parse_query(query) if query is not None else None
+    where = parse_query(query)
     facts = store_info(open_given(store, options), list_skipped=list_skipped, where=where)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -112,19 +108,6 @@ def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **opt
         listing("skipped files:", items or ["(none)"])
     elif facts["skipped"]:
         click.echo("(list the skipped files with --skipped)")
-
-
-def parse_query(text: str) -> Any:
-    """``--where``'s JSON, parsed (the query itself is checked against the store's fields)."""
-    from ..errors import QueryError
-
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise QueryError(
-            f"--where {text!r} is not JSON ({exc}); give a query document, quoted for the "
-            """shell: --where '{"fields.score": {"$gt": 0.5}}'"""
-        ) from None
 
 
 @cli.command()
@@ -244,6 +227,7 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     help="Also decode every image, as verify --decode does: one that does not decode is damaged "
     "(with --skip-damaged, left out).",
 )
+@where_option("Export only the records a query selects")
 @store_options
 @quiet_option
 def export(
@@ -254,6 +238,7 @@ def export(
     resume: bool,
     skip_damaged: bool,
     decode: bool,
+    query: str | None,
     quiet: bool,
     **options: Any,
 ) -> None:
@@ -266,10 +251,15 @@ def export(
     \b
     Example:
       fastdata export train.lmdb restored/
+      fastdata export train.lmdb crowded/ --where '{"fields.boxes.3": {"$exists": true}}'
     """
     from ..ops.export import export_store
+    from ..stores.view import StoreView
 
+    where = parse_query(query)
     reader = open_given(store, options)
+    if where is not None:
+        reader = StoreView(reader, where=where)
     try:
         with progress_bar("exporting", quiet) as progress:
             report = export_store(
@@ -289,7 +279,10 @@ def export(
             "--skip-damaged": skip_damaged,
             "--decode": decode,
         }
-        again = _export_again(store, outdir, [f for f, given in flags.items() if given], options)
+        given = [f for f, on in flags.items() if on]
+        if query is not None:
+            given += ["--where", query]
+        again = _export_again(store, outdir, given, options)
         click.echo(
             f"\ninterrupted; every file written so far is whole: run `{again}` to finish",
             err=True,

@@ -14,9 +14,11 @@ from .app import (
     cli,
     human_size,
     listing,
+    parse_query,
     quiet_option,
     timeout_option,
     verbose_given,
+    where_option,
     writing,
 )
 
@@ -182,6 +184,7 @@ def convert(
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted copy into DST.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at DST.")
+@where_option("Copy only the records a query selects")
 @allow_pickle_option
 @timeout_option
 @quiet_option
@@ -192,6 +195,7 @@ def copy(
     collection: str | None,
     resume: bool,
     overwrite: bool,
+    query: str | None,
     allow_pickle: bool,
     timeout: float | None,
     quiet: bool,
@@ -207,9 +211,11 @@ def copy(
     Example:
       fastdata copy train.lmdb mongodb://db1:27017/images -c train
       fastdata copy mongodb://db1:27017/images -c train /local/train.lmdb
+      fastdata copy train.lmdb crowded.lmdb --where '{"fields.boxes.3": {"$exists": true}}'
     """
     from ..ops.copy import copy_store
 
+    where = parse_query(query)
     with writing("copying", quiet, resume, overwrite) as progress:
         report = copy_store(
             src,
@@ -221,6 +227,7 @@ def copy(
             allow_pickle=allow_pickle,
             progress=progress,
             timeout_s=timeout,
+            where=where,
         )
     click.echo(f"{report.destination}: {report.count} records, {human_size(report.total_bytes)}")
     if report.resumed_from:

@@ -147,13 +147,18 @@ class Loader:
         self._skip = self._consumed = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: the epoch and the batches of it already handed out."""
-        return {
+        """Where the loader stands: the epoch and the batches of it already handed out, and
+        what its samples are (a store dataset's store and view: ``StoreReader.identity``)."""
+        state = {
             **self.sampler.state_dict(),
             "epoch": self.epoch,
             "batches": self._consumed,
             "batch_size": self.batch_size,
         }
+        identity = _identity(self.dataset)
+        if identity is not None:
+            state["dataset"] = identity
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of its epoch.
@@ -162,6 +167,12 @@ class Loader:
             ValueError: the state comes from a loader with another seed, batch size, rank
                 layout or dataset length, whose remaining batches would not be the same.
         """
+        saved, mine = state.get("dataset"), _identity(self.dataset)
+        if saved is not None and mine is not None and saved != mine:
+            raise ValueError(
+                f"cannot resume: the saved loader read {_said(saved)}, this one reads "
+                f"{_said(mine)}; resume over the same store and the same selection"
+            )
         if "batch_size" in state and state["batch_size"] != self.batch_size:
             raise ValueError(
                 f"cannot resume: the saved loader had batch_size={state['batch_size']}, this one "
@@ -177,6 +188,22 @@ class Loader:
             f"Loader({len(self.dataset)} samples, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers}, device={str(self.device)!r}, epoch={self.epoch})"
         )
+
+
+def _identity(dataset: Any) -> dict[str, Any] | None:
+    """A store dataset's :meth:`~fastdata.stores.reader.StoreReader.identity` (None for
+    another dataset)."""
+    reader = getattr(dataset, "reader", None)
+    identity = getattr(reader, "identity", None)
+    return identity() if callable(identity) else None
+
+
+def _said(identity: dict[str, Any]) -> str:
+    """A dataset's identity in words: ``store 1f2e... (5,000 records), view 9ab... (120)``."""
+    words = f"store {identity.get('store')} ({identity.get('records')} records)"
+    if "view" in identity:
+        words += f", the selection {identity['view']} ({identity.get('selected')} records)"
+    return words
 
 
 class _DeviceStep:
@@ -316,6 +343,15 @@ def create_loader(
         raise ValueError(
             "decode='device' needs an LMDBImageDataset or MongoImageDataset without a "
             "transform: the device follows the built-in pipelines' crops"
+        )
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        from ..errors import UsageError
+
+        where = getattr(getattr(dataset, "reader", None), "location", "the dataset")
+        raise UsageError(
+            f"{where}: the dataset is empty (a selection that matched no record?): the loader "
+            "would yield nothing, an epoch that looks like success; check its where=, classes= "
+            "or indices="
         )
     rank, world = _distributed(distributed)
     drop = train if drop_last is None else drop_last

@@ -145,6 +145,7 @@ def copy_store(
     progress: Callable[[int, int], None] | None = None,
     batch_size: int = COPY_BATCH,
     timeout_s: float | None = None,
+    where: Any = None,
 ) -> CopyReport:
     """Copy the store ``source`` into ``destination``, record for record.
 
@@ -158,7 +159,10 @@ def copy_store(
             one, the source's (``--collection`` names the one MongoDB side).
         overwrite: replace a store at ``destination`` (built aside; the old one stays whole
             until the copy is complete).
-        resume: continue an interrupted copy of the same source store.
+        resume: continue an interrupted copy of the same source store (and the same
+            selection).
+        where: copy only the records a query selects (:mod:`fastdata.query`, the same on every
+            store), in store order, or a predicate over their fields.
         allow_pickle: read a pickle-recipe LMDB source (only one you trust).
         progress: called as ``progress(done, total)``.
         batch_size: records per read from the source.
@@ -195,6 +199,16 @@ def copy_store(
         if isinstance(source, StoreReader)
         else open_store(source, collection=source_collection, allow_pickle=allow_pickle, **mongo)
     )
+    words = _source_words(reader)
+    if where is not None:
+        from ..stores.view import StoreView
+
+        reader = StoreView(reader, where=where)
+        if isinstance(where, dict):  # (a predicate has no words: a caller resumes by its call)
+            import json
+            import shlex
+
+            words += f" --where {shlex.quote(json.dumps(where))}"
     src_meta = reader.meta
     writer = open_writer(
         destination, collection=collection, default_collection=_name_of(reader), **mongo
@@ -203,8 +217,8 @@ def copy_store(
         raise UsageError(f"{writer.location}: the source and the destination are the same store")
     total = len(reader)
     fresh = Progress(
-        source=_source_words(reader),
-        fingerprint=f"store:{src_meta.id or reader.location}",
+        source=words,
+        fingerprint=f"store:{src_meta.id or reader.location}" + _selection(reader),
         total=total,
         skipped=reader.skipped_files(),
     )
@@ -245,6 +259,13 @@ def copy_store(
         resumed_from,
         total - resumed_from,
     )
+
+
+def _selection(reader: StoreReader) -> str:
+    """A view's records, as a copy's fingerprint names them ("": the whole store): a resume
+    with another selection is another copy, refused as one from another store is."""
+    view = reader.identity().get("view")
+    return f"/selection:{view}" if view else ""
 
 
 def _copied_meta(src: StoreMeta, state: Progress) -> StoreMeta:

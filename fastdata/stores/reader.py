@@ -349,6 +349,12 @@ class StoreReader(abc.ABC):
                 raise
         return np.asarray(found, dtype=np.int64)
 
+    def identity(self) -> dict[str, Any]:
+        """What a position in this reader's records means something for (a loader's saved
+        state): the store (its id, new for every conversion) and how many records it held when
+        this reader read them; a view adds which of them it holds."""
+        return {"store": self.meta.id or self.location, "records": len(self)}
+
     def check_indices(self, indices: Sequence[int]) -> list[int]:
         """Normalise negative indices and raise IndexError for any out of range."""
         n = len(self)

@@ -65,10 +65,11 @@ class StoreView(StoreReader):
             ``classes[k]``); None keeps every class with its label.
         indices: record indices to keep, in the order the view gives them (negative ones count
             from the end); None keeps every record of the kept classes, in store order.
-        where: keep only the records whose fields match, found once when the view is made (a
-            pickled view holds the records found, not ``where``): a predicate called with each
-            record's field values (a dict), or, on MongoDB, a query filter the server runs
-            (``{"fields.caption": {"$regex": "dog"}}``; see :meth:`StoreReader.matching`).
+        where: keep only the records that match, found once when the view is made (a pickled
+            view holds the records found, not ``where``): a query document, the same on every
+            backend (``{"fields.caption": {"$regex": "dog"}}``; :mod:`fastdata.query`), or a
+            predicate called with each record's field values (a dict); see
+            :meth:`StoreReader.matching`.
 
     Raises:
         ValueError: a class the store does not have, a class named twice.
@@ -172,10 +173,19 @@ class StoreView(StoreReader):
     def __len__(self) -> int:
         return len(self.records)
 
+    def identity(self) -> dict[str, Any]:
+        """The store's identity (as its reader's), and the view's: a digest of its records and
+        their labels (the same query, classes or indices on the same store give the same)."""
+        import hashlib
+
+        digest = hashlib.sha256(np.ascontiguousarray(self.records, "<i8").tobytes())
+        digest.update(np.ascontiguousarray(self.labels, "<i8").tobytes())
+        return {**self.base.identity(), "view": digest.hexdigest()[:16], "selected": len(self)}
+
     def matching(self, where: Any) -> np.ndarray:
-        """The view's records whose fields match ``where``: a predicate as in every reader; a
-        query filter is run by the store's backend (MongoDB's server) over the store, its
-        answer then narrowed to this view."""
+        """The view's records that match ``where`` (a query, or a predicate, as in every
+        reader): a query is run by the store's backend over the store, its answer then
+        narrowed to this view."""
         if callable(where):
             return super().matching(where)
         found = self.base.matching(where)
