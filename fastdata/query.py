@@ -51,6 +51,9 @@ OPERATORS = (
 )
 """Every operator a query may use, on every backend."""
 
+MOST_DEPTH = 100
+"""The deepest a query may nest (documents and lists), as a MongoDB server limits it."""
+
 RECORD_KEYS = ("_id", "name", "label", "size", "crc32", "format", "repaired", "fields")
 """The keys of a record's document a query may name (``fields.<name>`` for a field)."""
 
@@ -71,7 +74,7 @@ def check_query(query: Any, fields: Sequence[str], where: str = "") -> dict[str,
         QueryError: one line naming the operator, key or field, and what to use instead.
     """
     compile_query(query, fields, where)
-    return _plain(query)
+    return _plain(query)  # (not too deep: compile_query took it)
 
 
 def compile_query(query: Any, fields: Sequence[str] = (), where: str = "") -> Predicate:
@@ -81,7 +84,12 @@ def compile_query(query: Any, fields: Sequence[str] = (), where: str = "") -> Pr
     Raises:
         QueryError: as :func:`check_query`.
     """
-    return _Compiler(fields, where).filter(_plain(query))
+    try:
+        return _Compiler(fields, where).filter(_plain(query))
+    except RecursionError:
+        raise _Compiler(fields, where).error(
+            f"the query is nested deeper than {MOST_DEPTH} levels"
+        ) from None
 
 
 def record_document(index: int, header: Any) -> dict[str, Any]:
@@ -99,12 +107,18 @@ def record_document(index: int, header: Any) -> dict[str, Any]:
     }
 
 
-def _plain(value: Any) -> Any:
-    """The query with numpy scalars and tuples as the plain values a driver would send."""
+def _plain(value: Any, depth: int = 0) -> Any:
+    """The query with numpy scalars and tuples as the plain values a driver would send.
+
+    Raises:
+        RecursionError: nested deeper than :data:`MOST_DEPTH`.
+    """
+    if depth > MOST_DEPTH:
+        raise RecursionError
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v, depth + 1) for v in value]
     item = getattr(value, "item", None)
     if item is not None and type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:
         return item()

@@ -250,6 +250,10 @@ def parse_query(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
+    except RecursionError:
+        raise QueryError(
+            f"--where: the query is nested too deep ({len(text)} characters)"
+        ) from None
     except ValueError as exc:
         raise QueryError(
             f"--where {text!r} is not JSON ({exc}); give a query document, quoted for the "
