@@ -296,3 +296,39 @@ def test_a_loader_resumes_only_over_the_selection_it_saved(
         loader({"fields.flag": False}).load_state_dict(state)
     with pytest.raises(UsageError, match="the dataset is empty"):
         loader({"label": 99})
+
+
+@pytest.mark.mongo
+def test_an_index_spares_the_server_a_scan_and_a_scan_of_a_large_store_is_said_once(
+    stores: tuple[Path, list[dict[str, Any]]],
+    mongo_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fastdata.stores.mongo import reader as mongo_reader
+
+    from .mongo_server import database
+    from .procs import cli
+
+    store, _ = stores
+    copy_store(str(store), mongo_uri, collection="q")
+    monkeypatch.setattr(mongo_reader, "SCAN_WORTH_SAYING", 0)  # (40 records: "large")
+    query = {"fields.score": {"$gt": 2}}
+    with caplog.at_level("WARNING"):
+        MongoImageDataset(mongo_uri, "q", output="bytes").reader.matching(query)
+        MongoImageDataset(mongo_uri, "q", output="bytes").reader.matching(query)
+    said = [r.getMessage() for r in caplog.records if "read the whole collection" in r.message]
+    assert len(said) == 1 and "fastdata index" in said[0]  # once, with the command
+    command = said[0].split("`")[1].split()
+    made = cli(*command[1:])  # as printed
+    assert made.returncode == 0, made.stderr
+    assert "fields.score_1" in database(mongo_uri)["q"].index_information()
+    mongo_reader._SAID_SCANNED.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        MongoImageDataset(mongo_uri, "q", output="bytes").reader.matching(query)
+    assert not [r for r in caplog.records if "read the whole collection" in r.message]
+    refused = cli("index", str(store), "fields.score")
+    assert refused.returncode == 2 and "LMDB store has no server" in refused.stderr
+    unknown = cli("index", mongo_uri, "-c", "q", "fields.scroe")
+    assert unknown.returncode == 2 and "no field 'scroe'" in unknown.stderr

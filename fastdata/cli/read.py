@@ -112,6 +112,25 @@ def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **opt
 
 @cli.command()
 @click.argument("store")
+@click.argument("key")
+@store_options
+def index(store: str, key: str, **options: Any) -> None:
+    """Have a MongoDB store's server index KEY, so that queries on it (--where, where=) read
+    only what they select.
+
+    KEY is a key a query names: fields.NAME for a field, or label, name, size, format.
+
+    \b
+    Example:
+      fastdata index mongodb://db1:27017/images -c train fields.score
+    """
+    reader = open_given(store, options)
+    name = reader.create_index(key)
+    click.echo(f"{reader.location}: {key} is indexed ({name})")
+
+
+@cli.command()
+@click.argument("store")
 @click.option("--decode", is_flag=True, help="Also decode every image.")
 @click.option(
     "--workers",

@@ -349,6 +349,23 @@ class StoreReader(abc.ABC):
                 raise
         return np.asarray(found, dtype=np.int64)
 
+    def create_index(self, key: str) -> str:
+        """Have the backend's server index ``key`` (a record key a query names: ``label``,
+        ``fields.score``), so that a query on it reads only what it selects; the index's name.
+
+        Raises:
+            QueryError: a key no record of this store has.
+            UsageError: a backend without a server (LMDB: a query reads the headers).
+        """
+        from ..errors import UsageError
+        from ..query import check_query
+
+        check_query({key: {"$exists": True}}, self.meta.schema.names, self.location)
+        raise UsageError(
+            f"{self.location}: an LMDB store has no server to keep an index: a query reads every "
+            "record's header once, when its view is made (docs/fields.md)"
+        )
+
     def identity(self) -> dict[str, Any]:
         """What a position in this reader's records means something for (a loader's saved
         state): the store (its id, new for every conversion) and how many records it held when
