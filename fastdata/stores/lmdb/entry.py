@@ -37,14 +37,26 @@ class Entry:
     """Where the zeros covering the map past the file's end begin (NOTE [ Past the end of the
     file ] in ``guard.py``); 0: nothing is covered."""
     map_end: int = 0
-    damaged: tuple[Any, ...] = ()
-    """The branch pages above the leaves that failed their check when the file was opened
-    (``pages.Damage``, each with the keys under it): LMDB is never asked for a key under one
-    (NOTE [ Damaged branches ] in ``lease.py``). Empty in a sound file."""
+    leaves: Any = None
+    """The tree's pages that LMDB meets on its way to a key, checked (``leaves.Leaves``: the
+    branches when the file was opened, a leaf when a key under it is first wanted): LMDB is
+    never asked for a key under a damaged one (NOTE [ Damaged branches ] in ``lease.py``).
+    None in a writer's environment."""
 
-    def under_damage(self, key: bytes) -> Any:
-        """The damaged branch that ``key`` lies under, if any (None: LMDB may look it up)."""
-        return next((d for d in self.damaged if d.covers(key)), None)
+    def damage_of(self, keys: Any) -> list[Any]:
+        """For each of ``keys``, the damaged page LMDB would meet on its way to it (None:
+        none), as the tree is now (its checks begun again after an append)."""
+        leaves = self.leaves
+        if leaves is None:
+            return [None] * len(keys)
+        epoch = self.epoch()
+        if leaves.epoch != epoch:  # (an append wrote new branches and leaves)
+            from .leaves import Leaves
+
+            fresh = Leaves(leaves.data_file, epoch)
+            leaves.close()
+            self.leaves = leaves = fresh
+        return leaves.damage_of(keys)
 
     def epoch(self) -> int:
         """The append epoch now; -1 in a writer's environment."""
@@ -100,6 +112,9 @@ class Entry:
         return int(info["map_size"])
 
     def close(self) -> None:
+        if self.leaves is not None:
+            self.leaves.close()
+            self.leaves = None
         with suppress(lmdb.Error):
             self.env.close()
         if self.epoch_view is not None:

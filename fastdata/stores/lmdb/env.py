@@ -25,8 +25,9 @@ from ..files import open_regular
 from ..names import DATA_FILE, EPOCH_FILE, epoch_temp
 from . import file as lmdb_file
 from .entry import Entry
-from .layout import EPOCH_BYTES, own_keys_damaged
+from .layout import EPOCH_BYTES, OWN_KEYS
 from .lease import Lease
+from .leaves import Leaves
 
 # --------------------------------------------------------------------------- environment registry
 #
@@ -330,7 +331,7 @@ def open_reader(path: str) -> Lease:
                 env.close()
                 continue
             entry = Entry(key, path, env, False, _span(key, size), size, fd)
-            entry.damaged = _damaged(entry, data_file, whole=not reserved)
+            entry.leaves = _leaves(entry, data_file, whole=not reserved)
             try:
                 entry.epoch_map, entry.epoch_view = _map_epoch(fd, head.psize)
             except (OSError, ValueError) as exc:
@@ -341,26 +342,29 @@ def open_reader(path: str) -> Lease:
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
 
 
-def _damaged(entry: Entry, data_file: str, *, whole: bool) -> tuple[Any, ...]:
-    """The damaged branch pages of the file ``entry`` opened (``file.damaged_branches``), or
-    with ``whole`` its damaged pages of every kind (``file.damaged_pages``: where the map has
-    no room past the file for the guard, NOTE [ Damaged branches ] in ``lease.py``); the entry
-    closed and a StoreDamagedError raised where the store's own keys lie under one."""
+def _leaves(entry: Entry, data_file: str, *, whole: bool) -> Leaves:
+    """The checked tree of the file ``entry`` opened (``leaves.Leaves``: its branches checked,
+    and with ``whole`` every leaf too, where the map has no room past the file for the guard,
+    NOTE [ Damaged branches ] in ``lease.py``), read through the entry's own descriptor (the
+    file it mapped, whatever stands at its path later); the entry closed and a
+    StoreDamagedError raised where the store's own keys lie under a damaged page."""
+    own = f"/proc/self/fd/{entry.fd}"
     try:
+        leaves = Leaves(own if entry.fd is not None and os.path.exists(own) else data_file, 0)
+        leaves.epoch = entry.epoch()
         if whole:
-            damaged = lmdb_file.damaged_pages(data_file)
-        else:
-            damaged = lmdb_file.damaged_branches(data_file)
-        own = own_keys_damaged(damaged)
-        if own is not None:
+            leaves.check_all()
+        damage = next((d for d in leaves.damage_of(sorted(OWN_KEYS)) if d is not None), None)
+        if damage is not None:
+            leaves.close()
             raise StoreDamagedError(
-                f"{entry.path}: damaged {own}: the store's metadata lies under it",
+                f"{entry.path}: damaged {damage}: the store's metadata lies under it",
                 store=shlex.quote(entry.path),
             )
     except BaseException:
         entry.close()
         raise
-    return damaged
+    return leaves
 
 
 READER_SETTINGS: dict[str, Any] = {
@@ -420,8 +424,12 @@ def open_writable(folder: str, map_size: int, *, durable: bool = False) -> Lease
                     "the datasets over it (dataset.close()) before writing to it"
                 )
             lmdb_file.check_file(data_file, for_lmdb=True)
-            damaged = lmdb_file.damaged_branches(data_file)
-            if damaged:  # (LMDB's writes go down the tree as its reads do)
+            checked = Leaves(data_file, 0)  # (LMDB's writes go down the tree as its reads do,
+            try:  # and a store is completed only where every page of it is sound)
+                damaged = checked.check_all()
+            finally:
+                checked.close()
+            if damaged:
                 raise StoreDamagedError(
                     f"{folder}: damaged {damaged[0]}: fastdata writes nothing into a damaged store",
                     store=shlex.quote(folder),

@@ -120,14 +120,9 @@ def is_past_the_last(key: bytes, count: int) -> bool:
     return key[:1] == b"#" and key[1:2].isdigit() and key >= header_key(count)
 
 
-_OWN_KEYS = frozenset({PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY})
-
-
-def own_keys_damaged(damaged: Sequence[Any]) -> Any:
-    """Of the damaged pages ``damaged`` (``pages.Damage``), the first under which one of the
-    store's own keys lies (its metadata, progress, labels, names): a store that cannot be
-    opened. None where none is."""
-    return next((d for d in damaged for k in _OWN_KEYS if d.covers(k)), None)
+OWN_KEYS = frozenset({PROGRESS_KEY, LABELS_KEY, NAMES_KEY, LEN_KEY, KEYS_KEY, META_KEY})
+"""The keys of a store's own records (its metadata, progress, labels, names, length)."""
+_OWN_KEYS = OWN_KEYS
 
 
 def _own_key(key: bytes, records: int, skipped: int) -> bool:

@@ -78,8 +78,8 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.damaged:  # (the checked path names a key under a damaged branch)
-            return None
+        if entry.leaves is not None and not entry.leaves.all_sound:  # (the checked path
+            return None  # reads the leaves first, NOTE [ Damaged branches ])
         before = epoch[0]
         out: bytes | None = None
         txn = self.env.begin(buffers=True)
@@ -105,7 +105,7 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.damaged:
+        if entry.leaves is not None and not entry.leaves.all_sound:
             return None
         before = epoch[0]
         out: list[bytes] = []
@@ -137,7 +137,8 @@ class Lease:
         # The path of every raw read: a few comparisons per value beyond LMDB's own lookup and
         # copy. Values outside the file's bounds go through value(), which looks again.
         cold = self.cold_reads
-        if self.entry.damaged:
+        leaves = self.entry.leaves
+        if leaves is not None and not leaves.all_sound:
             self.refuse_damaged(keys, where)
         started, in_memory, advising = cold.before(keys)
         get = txn.get
@@ -174,10 +175,14 @@ class Lease:
     def refuse_damaged(self, keys: Sequence[bytes], where: Callable[[int], str]) -> None:
         """Raise the error of the first of ``keys`` that lies under a damaged branch (NOTE
         [ Damaged branches ]), before LMDB is asked for it."""
-        for n, key in enumerate(keys):
-            damage = self.entry.under_damage(key)
-            if damage is not None:
-                raise _damage(where(n), f"it lies under damaged {damage}", self.entry)
+        for n, damage in enumerate(self.entry.damage_of(keys)):
+            if damage is None:
+                continue
+            if damage.low is not None and damage.high == damage.low + b"\0":  # (its value)
+                raise _damage(
+                    where(n), f"its value is damaged: page {damage.page}, {damage.what}", self.entry
+                )
+            raise _damage(where(n), f"it lies under damaged {damage}", self.entry)
 
     def ask_for(self, keys: Sequence[bytes]) -> None:
         """Ask for the pages of the values of ``keys`` that lie on pages of their own before
@@ -196,7 +201,7 @@ class Lease:
             before = view[0] if view is not None else entry.epoch()
             try:
                 txn = self.env.begin(buffers=True)
-                if entry.damaged:
+                if entry.leaves is not None and not entry.leaves.all_sound:
                     txn = _Guarded(txn, self, where)
                 try:
                     out = fn(txn)
@@ -240,39 +245,50 @@ class Lease:
 
 
 # NOTE [ Damaged branches ]
-# LMDB ends the process (an assertion, then abort) on some damaged branch pages met on its way
-# down the tree: a branch of one node. So the branch pages above the leaves are checked when a
-# file is opened (``pages.Tree.branches``, a few milliseconds: a tree's branches are a small
-# share of its pages), and the damaged ones kept on the entry with the keys under them:
-#   1. a store whose own keys (metadata, progress, labels, names) lie under one is not opened;
-#   2. a key under one is never looked up: its read raises that record's RecordError, and a
-#      transaction handed out (``Lease.read``) refuses it in ``get`` and refuses cursors (a
-#      cursor steps from leaf to leaf, across the damage);
-#   3. nothing is written into such a store (``env.open_writable``).
-# A sound file pays nothing on its reads: each check is skipped while ``entry.damaged`` is empty.
-# The leaves themselves are checked where they are read page by page (verify, the header scan).
+# LMDB ends the process (an assertion, then abort) on some pages met on its way down the tree: a
+# branch of one node, a page that is not a leaf where its cursor steps, records marked as
+# duplicates. So LMDB is never sent to a page that fastdata has not checked (``leaves.Leaves``):
+#   1. the branches above the leaves are checked when a file is opened (a few milliseconds: a
+#      tree's branches are a small share of its pages); a leaf, when a key under it is first
+#      wanted (a page there that is a branch, the header's depth lying, is checked as one);
+#   2. a store whose own keys (metadata, progress, labels, names) lie under a damaged page is
+#      not opened; a key under one is never looked up: its read raises that record's
+#      RecordError, and a transaction handed out (``Lease.read``) refuses it in ``get``; a
+#      cursor (which steps from leaf to leaf) is given only once every leaf is checked;
+#   3. nothing is written into a store with a damaged page (``env.open_writable`` checks every
+#      page first); after an append (the append epoch moved), the checks begin again.
+# Once every leaf is read and found sound, a read pays one attribute's look (``all_sound``).
+# Where a limit on address space leaves the map no room past the file for the guard, every leaf
+# is checked when the file is opened (a lying value size is damage of its leaf).
 
 
 class _Guarded:
-    """A read transaction of a file with damaged branches: ``get`` refuses a key under one
-    (NOTE [ Damaged branches ], 2), ``cursor`` refuses outright."""
+    """A read transaction of a file not yet checked whole: ``get`` refuses a key under a
+    damaged page (NOTE [ Damaged branches ], 2), ``cursor`` checks every leaf first."""
 
     def __init__(self, txn: Any, lease: Lease, where: str) -> None:
         self._txn, self._lease, self._where = txn, lease, where
 
     def get(self, key: bytes, default: Any = None) -> Any:
         self._lease.refuse_damaged([key], lambda _: f"{self._where}: key {key!r}")
-        return self._txn.get(key, default)
+        return self._txn.get(key) if default is None else self._txn.get(key, default)
 
     def cursor(self) -> Any:
-        damage = self._lease.entry.damaged[0]
-        raise StoreDamagedError(
-            f"{self._where}: its keys cannot be walked: damaged {damage}",
-            store=shlex.quote(self._lease.entry.path),
-        )
+        entry = self._lease.entry
+        self._lease.refuse_damaged([], lambda _: self._where)  # (rebuilt after an append)
+        damaged = entry.leaves.check_all() if entry.leaves is not None else ()
+        if damaged:
+            raise StoreDamagedError(
+                f"{self._where}: its keys cannot be walked: damaged {damaged[0]}",
+                store=shlex.quote(entry.path),
+            )
+        return self._txn.cursor()
 
     def abort(self) -> None:
         self._txn.abort()
+
+    def __getattr__(self, name: str) -> Any:  # (the rest of a transaction, as it is)
+        return getattr(self._txn, name)
 
 
 def _damage(where: str, what: str, entry: Any = None) -> RecordError:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import format as mdb
 
+VALUE_ALONE = 3
+"""The first of the leaf checks (``_LEAF_WHY``) that concern one node's value alone."""
 NAMED = -2
 """The first overflow page :func:`check_pages` gives the node of a named database (another
 tool's sub-database: its record, not an entry)."""
@@ -104,6 +106,11 @@ class Checked:
     starts: np.ndarray
     sizes: np.ndarray
     values: np.ndarray
+
+    values_alone: dict[int, str] = field(default_factory=dict)
+    """Nodes of leaves whose value alone is damaged (its size past the page or the file, its
+    overflow pointer, flags of a sub-database), by node index: what is wrong. A leaf whose
+    nodes are all in order but these is sound for every other key."""
 
     def span(self, p: int) -> tuple[int, int]:
         """Page ``p``'s nodes, as a range of node indices."""
@@ -286,7 +293,17 @@ def check_pages(
             offsets = table[p, 8 : 8 + int(count[p])].tolist()
             reasons[p] = f"damaged (node {offsets.index(offsets[j[n]])}: {text})"
     values = np.where(nb, child, np.where(big, firsts, np.where(named, NAMED, -1)))
-    return Checked(reasons, kinds, ends, row, keys, klen, row * psize + start, size, values)
+    out = Checked(reasons, kinds, ends, row, keys, klen, row * psize + start, size, values)
+    # a leaf's node whose value alone is wrong (its size, its pages, its flags): LMDB meets it
+    # only where that key is read, not on its way to any other
+    alone = ~nb & (leaf_why >= VALUE_ALONE) & ~np.isin(row, row[~nb & np.isin(leaf_why, (1, 2))])
+    for n in np.flatnonzero(alone).tolist():
+        p, code = int(row[n]), int(leaf_why[n])
+        text = _LEAF_WHY[code].format(
+            off=0, ksize=int(ksize[n]), size=int(size[n]), nflags=int(nflags[n]), child=0
+        )
+        out.values_alone[n] = f"damaged (node {int(j[n])} of the page: {text})"
+    return out
 
 
 def check_overflow(

@@ -167,27 +167,41 @@ class Tree:
         read and checked side by side), and give what is wrong (also in :attr:`found`), each
         with the keys that live under it. What LMDB meets on its way down to any key, short of
         the leaf: a branch that fails here (one node, say, on which LMDB ends the process)
-        must not be handed to it. The leaves are not read (a branch where the header's depth
-        says leaves lie is not looked at: the full walk names it)."""
+        must not be handed to it. The leaves are not read: :attr:`routes` lists them, each with
+        its keys' bounds, for :meth:`check` to read when a key under one is first wanted (a
+        page there that is a branch, the header's depth lying, is checked then as one)."""
         head = self.head
-        if head.root == mdb.P_INVALID or head.depth < 2:
+        self.routes: list[Bounds] = []
+        """The pages the branches point to at the header's leaf level, unread."""
+        self.sound_leaves: set[int] = set()
+        """Leaves found sound (by :meth:`branches`, above the header's depth, or :meth:`check`)."""
+        self.leaf_routes: list[Bounds] = []
+        """The sound leaves :meth:`check` found, with their keys' bounds."""
+        if head.root == mdb.P_INVALID:
             return []
         level: list[Bounds] = [(head.root, 0, None, None)]
+        if head.depth < 2:
+            self.routes = level
+            return []
         seen: set[int] = set()
-        levels = min(head.depth - 1, DEEPEST)
-        for depth in range(levels):
-            below: list[Bounds] = []
-            for at in range(0, len(level), BRANCHES_AT_ONCE):
-                part = level[at : at + BRANCHES_AT_ONCE]
-                below += self._branches(part, depth, seen, depth < levels - 1)
-            level = below
+        for _ in range(min(head.depth - 1, DEEPEST)):
+            level = self.check(level, seen)
+        self.routes = sorted(level + self.leaf_routes, key=lambda c: c[2] or b"")
         return self.found
 
-    def _branches(
-        self, level: list[Bounds], depth: int, seen: set[int], deeper: bool
-    ) -> list[Bounds]:
-        """:meth:`branches`' pages of one level (some of them), checked side by side; the
-        children of those that are sound branches (``deeper``: where more branches lie)."""
+    def check(self, pages: list[Bounds], seen: set[int]) -> list[Bounds]:
+        """Read and check ``pages`` (each with its keys' bounds) side by side: the sound
+        leaves join :attr:`sound_leaves`, the damaged ones :attr:`found`; the children of
+        those that are sound branches (where leaves should be: the header's depth lies) are
+        given back, for a check of their own."""
+        below: list[Bounds] = []
+        for at in range(0, len(pages), BRANCHES_AT_ONCE):
+            below += self._checked_level(pages[at : at + BRANCHES_AT_ONCE], seen)
+        return below
+
+    def _checked_level(self, level: list[Bounds], seen: set[int]) -> list[Bounds]:
+        """Pages of one level of the tree, checked side by side; the children of the sound
+        branches among them."""
         psize = self.head.psize
         numbers = [c[0] for c in level]
         if len(numbers) > 1:
@@ -197,16 +211,33 @@ class Tree:
         buf = b"".join(page.ljust(psize, b"\0") for page in pages)
         lows, highs = [c[2] for c in level], [c[3] for c in level]
         last = self.head.last_page
-        checked = check_pages(buf, np.array(numbers), lows, highs, last, psize, whole)
+        # (a page's own number is not checked: LMDB never reads it, and what a page holds is
+        # what LMDB would meet there, whichever page it says it is)
+        own = np.frombuffer(buf, mdb.page_dtype(psize), count=len(numbers))["mp_pgno"]
+        checked = check_pages(buf, own.astype(np.int64), lows, highs, last, psize, whole)
         below: list[Bounds] = []
-        for p, (number, _, lo, hi) in enumerate(level):
-            what = checked.reasons[p] or ("reached twice (a loop in the tree)" * (number in seen))
+        alone: dict[int, list[int]] = {}
+        for n in checked.values_alone:
+            alone.setdefault(int(checked.row[n]), []).append(n)
+        for p, (number, depth, lo, hi) in enumerate(level):
+            what = checked.reasons[p]
+            if what and p in alone:  # (a leaf sound but for some values: they are damaged)
+                for n in alone[p]:
+                    key = checked.key_list(n, n + 1)[0]
+                    self._damaged(number, checked.values_alone[n], key, key + b"\0")
+                what = ""
+            if not what and number in seen:
+                what = "reached twice (a loop in the tree)"
+            if not what and depth >= DEEPEST:
+                what = "reached deeper than a tree goes (a loop in the tree)"
             seen.add(number)
             if what:
                 self._damaged(number, what, lo, hi)
-            elif deeper and checked.kinds[p] == mdb.P_BRANCH:  # (a leaf higher than the
-                # header's depth says ends its path there, as it ends LMDB's)
+            elif checked.kinds[p] == mdb.P_BRANCH:
                 below += _children(checked, p, lo, hi, depth + 1)
+            else:
+                self.sound_leaves.add(number)
+                self.leaf_routes.append((number, depth, lo, hi))
         return below
 
     def entries(

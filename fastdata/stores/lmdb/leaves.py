@@ -1,0 +1,94 @@
+"""The pages LMDB will meet on its way to a key, checked before it is sent there (NOTE
+[ Damaged branches ] in ``lease.py``): the branches above the leaves when a file is opened, each
+leaf when a key under it is first wanted."""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from .file import open_tree
+from .pages import Damage
+
+__all__ = ["Leaves"]
+
+
+class Leaves:
+    """A data file's tree as far as reads have needed it, checked: its damaged pages (each with
+    the keys under it), and which leaves are sound.
+
+    Built when the file is opened (the branches read and checked: a few milliseconds) and again
+    after an append (``epoch``: the append epoch it was built at), since an append writes new
+    branches and leaves. Thread-safe.
+
+    Raises:
+        StoreError: the file's header is damaged or the file is truncated.
+    """
+
+    def __init__(self, data_file: str, epoch: int) -> None:
+        self.data_file = data_file
+        self.epoch = epoch
+        self._lock = threading.Lock()
+        self._tree = open_tree(data_file)
+        try:
+            self.damaged: tuple[Damage, ...] = tuple(self._tree.branches())
+        except BaseException:
+            self._tree.close()
+            raise
+        self._seen: set[int] = set()
+        self._set_routes(self._tree.routes)
+
+    def _set_routes(self, routes: list[Any]) -> None:
+        self._routes = routes
+        self._lows = [r[2] or b"" for r in routes]
+        self._unread = {r[0] for r in routes} - self._seen
+        self.all_sound = not self._unread and not self._tree.found
+        """Every leaf is read and sound, and no page is damaged: no key needs looking at."""
+
+    def _checked(self, wanted: list[Any]) -> None:
+        """Read and check the pages of ``wanted`` routes; a branch among them (where a leaf
+        should be: the header's depth lies) gives way to its children, to be read in turn."""
+        below = self._tree.check(wanted, self._seen)
+        if below:
+            damaged = {d.page for d in self._tree.found}
+            sound = self._tree.sound_leaves
+            gone = {r[0] for r in wanted} - damaged - sound
+            kept = [r for r in self._routes if r[0] not in gone]
+            self._set_routes(sorted(kept + below, key=lambda r: r[2] or b""))
+        else:
+            self._unread -= {r[0] for r in wanted}
+            self.all_sound = not self._unread and not self._tree.found
+
+    def close(self) -> None:
+        self._tree.close()
+
+    def damage_of(self, keys: Sequence[bytes]) -> list[Damage | None]:
+        """For each of ``keys``, the damaged page LMDB would meet on its way to it (None: none),
+        the leaves it would land on read and checked first where they were not yet."""
+        with self._lock:
+            for _ in range(64):  # (a branch where a leaf should be is checked, then its children)
+                wanted: dict[int, Any] = {}
+                for key in keys if self._routes else ():  # (none: the root is damaged)
+                    route = self._routes[max(0, bisect_right(self._lows, key) - 1)]
+                    if route[0] in self._unread:
+                        wanted[route[0]] = route
+                if not wanted:
+                    break
+                self._checked(list(wanted.values()))
+            found = self._tree.found
+            if not found:
+                return [None] * len(keys)
+            return [next((d for d in reversed(found) if d.covers(k)), None) for k in keys]
+
+    def check_all(self) -> tuple[Damage, ...]:
+        """Read and check every leaf not read yet (what a walk of every key would meet, the
+        way LMDB's cursor steps from leaf to leaf); every damaged page found."""
+        with self._lock:
+            for _ in range(64):
+                wanted = [r for r in self._routes if r[0] in self._unread]
+                if not wanted:
+                    break
+                self._checked(wanted)
+            return tuple(self._tree.found)
