@@ -59,6 +59,8 @@ RECORD_KEYS = ("_id", "name", "label", "size", "crc32", "format", "repaired", "f
 
 Predicate = Callable[[Any], bool]
 _MISSING = object()
+_ABSENT = object()
+"""Where a path ends in a document without its key (``null`` matches it)."""
 
 
 WHERE = Phrase("--where", "where=")
@@ -203,8 +205,12 @@ class _Compiler:
         test = self.operators(value) if _is_operators(value) else self.equals(value)
         return lambda doc: test(_resolve(doc, path))
 
-    def operators(self, spec: Mapping[str, Any]) -> Callable[[list[Any]], bool]:
-        """An operator document (``{"$gt": 3, "$lt": 9}``): over the values a path reaches."""
+    def operators(
+        self, spec: Mapping[str, Any], expand: bool = True
+    ) -> Callable[[list[Any]], bool]:
+        """An operator document (``{"$gt": 3, "$lt": 9}``): over the values a path reaches
+        (``expand``: and the elements of those that are arrays, as a path's values are; not an
+        array's own elements under ``$elemMatch``)."""
         tests: list[Callable[[list[Any]], bool]] = []
         options = spec.get("$options")
         if options is not None and "$regex" not in spec:
@@ -216,50 +222,65 @@ class _Compiler:
                 raise self.error(
                     f"{op!r} beside operators: a condition is all operators or a value to equal"
                 )
-            tests.append(self.operator(op, arg, options))
+            tests.append(self.operator(op, arg, options, expand))
         if len(tests) == 1:
             return tests[0]
         return lambda found: all(t(found) for t in tests)
 
-    def operator(self, op: str, arg: Any, options: Any) -> Callable[[list[Any]], bool]:
+    def operator(
+        self, op: str, arg: Any, options: Any, expand: bool = True
+    ) -> Callable[[list[Any]], bool]:
+        spread = _expanded if expand else _present
         if op in ("$gte", "$lte") and arg is None:
-            return self.equals(None)  # (null is the least and the greatest null)
+            return self.equals(None, expand)  # (null is the least and the greatest null)
         if op in _COMPARE:
             _check_value(self, op, arg)
+            if isinstance(arg, list | Mapping):
+                raise self.error(
+                    f"{op} with an array or a document: MongoDB orders those by BSON's rules, "
+                    "which fastdata's queries do not follow; compare their elements or fields"
+                )
             compare = _COMPARE[op]
-            return lambda found: any(compare(v, arg) for v in _expanded(found))
+            return lambda found: any(compare(v, arg) for v in spread(found))
         if op == "$eq":
-            return self.equals(arg)
+            return self.equals(arg, expand)
         if op == "$ne":
-            equals = self.equals(arg)
+            equals = self.equals(arg, expand)
             return lambda found: not equals(found)
         if op in ("$in", "$nin"):
             if not isinstance(arg, list):
                 raise self.error(f"{op} takes a list")
-            some = [self.equals(a) for a in arg]
-
-            def within(found: list[Any]) -> bool:
-                return any(t(found) for t in some)
-
+            if any(isinstance(a, Mapping) and _is_operators(a) for a in arg):
+                raise self.error(f"{op} takes values, not operators")
+            within = self.among(arg, expand)
             return within if op == "$in" else (lambda found: not within(found))
         if op == "$exists":
-            want = bool(arg)
-            return lambda found: bool(found) == want
+            want = not (arg is None or arg is False or (type(arg) in (int, float) and arg == 0))
+            return lambda found: bool(_present(found)) == want
         if op == "$size":
             if isinstance(arg, bool) or not isinstance(arg, int | float) or arg != int(arg):
                 raise self.error("$size takes a whole number")
+            if arg < 0:
+                raise self.error("$size takes a whole number, not a negative one")
             n = int(arg)
-            return lambda found: any(type(v) is list and len(v) == n for v in found)
+            return lambda found: any(type(v) is list and len(v) == n for v in _present(found))
         if op == "$all":
             if not isinstance(arg, list):
                 raise self.error("$all takes a list")
             if not arg:
                 return lambda found: False
+            matches = [isinstance(a, Mapping) and list(a) == ["$elemMatch"] for a in arg]
+            if any(matches) and not all(matches):
+                raise self.error("$all takes values, or $elemMatch conditions, not both")
+            if any(
+                isinstance(a, Mapping) and _is_operators(a)
+                for a, m in zip(arg, matches, strict=True)
+                if not m
+            ):
+                raise self.error("$all takes values or $elemMatch conditions, not other operators")
             parts = [
-                self.operators(a)
-                if isinstance(a, Mapping) and list(a) == ["$elemMatch"]
-                else self.equals(a)
-                for a in arg
+                self.operators(a, expand) if m else self.equals(a, expand)
+                for a, m in zip(arg, matches, strict=True)
             ]
             return lambda found: all(p(found) for p in parts)
         if op == "$elemMatch":
@@ -267,46 +288,70 @@ class _Compiler:
                 raise self.error("$elemMatch takes a document")
             inner: Callable[[Any], bool]
             if _is_operators(arg) and not any(k in ("$and", "$or", "$nor") for k in arg):
-                values = self.operators(arg)
-                inner = lambda el: values([el])  # noqa: E731
+                values = self.operators(arg, expand=False)  # (an element: its own elements
+                inner = lambda el: values([el])  # noqa: E731 -- are not looked into)
+            elif not arg:  # (an element that is a document or an array)
+                inner = lambda el: isinstance(el, dict | list)  # noqa: E731
             else:
                 element = _Compiler(self.fields, self.where, inside=True).filter(arg)
                 inner = lambda el: isinstance(el, dict) and element(el)  # noqa: E731
-            return lambda found: any(type(v) is list and any(inner(el) for el in v) for v in found)
+            return lambda found: any(
+                type(v) is list and any(inner(el) for el in v) for v in _present(found)
+            )
         if op == "$not":
             if isinstance(arg, re.Pattern):
                 rx = self.regex(arg.pattern, arg.flags)
                 return lambda found: not rx(found)
             if not isinstance(arg, Mapping) or not _is_operators(arg) or not arg:
                 raise self.error("$not takes an operator document ({'$gt': 3}) or a regex")
-            test = self.operators(arg)
+            test = self.operators(arg, expand)
             return lambda found: not test(found)
         if op == "$regex":
             if isinstance(arg, re.Pattern):
-                return self.regex(arg.pattern, arg.flags)
+                return self.regex(arg.pattern, arg.flags | _flags(self, options), expand)
             if not isinstance(arg, str):
                 raise self.error("$regex takes a string")
-            return self.regex(arg, _flags(self, options))
+            return self.regex(arg, _flags(self, options), expand)
         raise self.unsupported(op)
 
-    def regex(self, pattern: str, flags: int) -> Callable[[list[Any]], bool]:
+    def regex(self, pattern: str, flags: int, expand: bool = True) -> Callable[[list[Any]], bool]:
+        """A pattern as MongoDB's (PCRE's) ``\\z`` and ``\\Z`` read it, in Python's ``re``."""
+        spread = _expanded if expand else _present
+        pcre = _PCRE_END.sub(
+            lambda m: m.group(1) + ("\\Z" if m.group(2) == "z" else "(?=\\n?\\Z)"), pattern
+        )
         try:
-            rx = re.compile(pattern, flags & (re.I | re.M | re.S | re.X))
+            rx = re.compile(pcre, flags & (re.I | re.M | re.S | re.X))
         except re.error as exc:
             raise self.error(f"$regex {pattern!r} does not compile ({exc})") from None
-        return lambda found: any(
-            type(v) is str and rx.search(v) is not None for v in _expanded(found)
-        )
+        return lambda found: any(type(v) is str and rx.search(v) is not None for v in spread(found))
 
-    def equals(self, value: Any) -> Callable[[list[Any]], bool]:
+    def equals(self, value: Any, expand: bool = True) -> Callable[[list[Any]], bool]:
         """Equality as MongoDB's: the value itself, or an element of an array; None also
-        where the path reaches nothing."""
+        where the path ends in a document without it."""
         _check_value(self, "$eq", value)
+        spread = _expanded if expand else _present
         if isinstance(value, re.Pattern):
-            return self.regex(value.pattern, value.flags)
+            return self.regex(value.pattern, value.flags, expand)
         if value is None:
-            return lambda found: not found or any(v is None for v in _expanded(found))
-        return lambda found: any(_same(v, value) for v in _expanded(found))
+            return lambda found: any(v is _ABSENT or v is None for v in spread(found, True))
+        return lambda found: any(_same(v, value) for v in spread(found))
+
+    def among(self, values: list[Any], expand: bool = True) -> Callable[[list[Any]], bool]:
+        """``$in``'s test: equal to one of ``values`` (plain numbers, strings, booleans and
+        null looked up in a set, by MongoDB's kind and value: ``1`` is ``1.0``, not ``true``)."""
+        spread = _expanded if expand else _present
+        plain = {(_kind(v), v) for v in values if _hashable(v)}
+        others = [self.equals(v, expand) for v in values if not _hashable(v)]
+        absent = (0, None) in plain
+
+        def within(found: list[Any]) -> bool:
+            for v in spread(found, absent):
+                if v is _ABSENT or (_hashable(v) and (_kind(v), v) in plain):
+                    return True
+            return any(t(found) for t in others)
+
+        return within
 
 
 def _is_operators(value: Any) -> bool:
@@ -330,6 +375,10 @@ def _check_value(compiler: _Compiler, op: str, value: Any) -> None:
     stack = [value]
     while stack:
         v = stack.pop()
+        if type(v) is int and not -(1 << 63) <= v < 1 << 63:
+            raise compiler.error(
+                f"{op} compares with {v}, beyond 64 bits: no record holds such an integer"
+            )
         if v is None or isinstance(v, str | bool | int | re.Pattern):
             continue
         if isinstance(v, float):
@@ -347,35 +396,71 @@ def _check_value(compiler: _Compiler, op: str, value: Any) -> None:
             )
 
 
-def _resolve(doc: Any, path: list[str]) -> list[Any]:
-    """The values ``path`` reaches in ``doc`` (none: it is missing), as MongoDB reaches them:
-    into documents by key, into arrays by index, and across an array's documents."""
+def _resolve(doc: Any, path: list[str], indexed: bool = False) -> list[Any]:
+    """The values ``path`` reaches in ``doc``, as MongoDB reaches them: into documents by key,
+    into arrays by index, and across an array's documents; :data:`_ABSENT` where it ends in a
+    document without the key, or in a value that is no document or array (what ``null``
+    matches too), nothing where it ends in an array of other values or an empty one. A value
+    reached by an array's index last is not looked into, should it be an array itself."""
     if not path:
-        return [] if doc is _MISSING else [doc]
+        return [_Indexed(doc) if indexed and type(doc) is list else doc]
     head, rest = path[0], path[1:]
     if isinstance(doc, dict):
-        return _resolve(doc[head], rest) if head in doc else []
+        value = doc.get(head, _MISSING)
+        return [_ABSENT] if value is _MISSING else _resolve(value, rest)
     if isinstance(doc, list):
         out: list[Any] = []
         if head.isdigit():
             i = int(head)
-            if i < len(doc):
-                out += _resolve(doc[i], rest)
+            out += _resolve(doc[i], rest, indexed=True) if i < len(doc) else [_ABSENT]
         for element in doc:
             if isinstance(element, dict):
                 out += _resolve(element, path)
         return out
-    return []
+    return [_ABSENT]
 
 
-def _expanded(found: list[Any]) -> list[Any]:
-    """The values reached, and the elements of those that are arrays."""
+class _Indexed:
+    """An array reached by an index (``fields.a.0`` of ``[[1, 2]]``): compared whole, its
+    elements not looked into."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: list[Any]) -> None:
+        self.value = value
+
+
+def _expanded(found: list[Any], absent: bool = False) -> list[Any]:
+    """The values reached, and the elements of those that are arrays (``absent``: with the
+    :data:`_ABSENT` marks of the documents without the key)."""
     out: list[Any] = []
     for v in found:
+        if v is _ABSENT:
+            if absent:
+                out.append(v)
+            continue
+        if type(v) is _Indexed:
+            out.append(v.value)
+            continue
         out.append(v)
         if type(v) is list:
             out.extend(v)
     return out
+
+
+def _present(found: list[Any], absent: bool = False) -> list[Any]:
+    """The values reached, themselves (``absent``: with the :data:`_ABSENT` marks)."""
+    return [v.value if type(v) is _Indexed else v for v in found if absent or v is not _ABSENT]
+
+
+def _hashable(v: Any) -> bool:
+    """A value ``$in`` looks up in a set: null, a string, a boolean, a number but NaN."""
+    return v is None or type(v) in (str, bool, int) or (type(v) is float and v == v)
+
+
+_PCRE_END = re.compile(r"((?:^|[^\\])(?:\\\\)*)\\([zZ])")
+"""PCRE's ``\\z`` (the very end) and ``\\Z`` (the end, or before a last newline), which
+Python's ``re`` spells ``\\Z`` and ``(?=\\n?\\Z)``."""
 
 
 def _kind(v: Any) -> int:

@@ -91,6 +91,18 @@ QUERIES: list[dict[str, Any]] = [
     {"$and": [{"label": {"$ne": 2}}, {"fields.flag": False}]},
     {"$nor": [{"label": 0}, {"fields.tags": 4}]},
     {"fields.score": {"$not": {"$gt": 2}}},
+    # null through arrays: a document without the key is missing, an array's numbers are not
+    {"fields.meta.a": None},
+    {"fields.meta.n.x": None},  # (a number has no field: missing)
+    {"fields.tags.5": None},  # (past an array's end: missing)
+    {"fields.tags.5": {"$exists": True}},
+    # an array's own elements are not looked into where they are arrays
+    {"fields.boxes": {"$elemMatch": {"$gt": 1}}},
+    {"fields.boxes": {"$elemMatch": {}}},
+    {"fields.boxes.0": 0.0},  # (the first box, reached by index: compared whole)
+    {"fields.boxes.0": [0.0, 2.0, 3.0, 5.0]},
+    {"fields.score": {"$in": [1, 2, True, "3", None]}},  # (1 is 1.0, not true, not "1")
+    {"fields.caption": {"$regex": "thing 1\\z"}},  # (PCRE's end of string)
 ]
 
 
@@ -173,6 +185,12 @@ def test_mongodbs_rules_hold_on_lmdb(stores: tuple[Path, list[dict[str, Any]]]) 
         ({"$or": []}, r"\$or takes a non-empty list"),
         ({"fields.score": {"$gt": object()}}, r"\$gt compares with object"),
         (["label", 1], r"a query is a document"),
+        ({"fields.score": {"$gt": [1]}}, r"\$gt with an array or a document"),
+        ({"fields.tags": {"$all": [1, {"$elemMatch": {"$gt": 0}}]}}, r"not both"),
+        ({"fields.tags": {"$all": [{"$gt": 0}]}}, r"not other operators"),
+        ({"fields.tags": {"$size": -1}}, r"not a negative one"),
+        ({"fields.tags": {"$in": [{"$gt": 1}]}}, r"\$in takes values, not operators"),
+        ({"fields.score": 2**64}, r"beyond 64 bits"),
     ],
 )
 def test_a_query_outside_the_language_is_refused_by_name_on_both_backends(
