@@ -317,11 +317,19 @@ def export(
             "note: converted back, the classes are numbered in sorted order (ImageFolder's), not "
             "in this store's order (appends added some at the end): its labels would change"
         )
+    elif where is not None and not report.manifest:
+        present = len(set(reader.labels.tolist()))
+        if present < len(reader.meta.classes):
+            click.echo(
+                f"note: the selection holds {present} of the store's {len(reader.meta.classes)} "
+                "classes; converted back, its labels are numbered among those alone"
+            )
     if report.kept:
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:
         listing(
-            f"left out {len(report.damaged)} damaged record(s) (checksum or fields check failed):",
+            f"left out {len(report.damaged)} damaged record(s) (their bytes, fields or pages; "
+            f"`fastdata verify {reader.command_target}` says which):",
             report.damaged,
         )
     if report.undecodable:
