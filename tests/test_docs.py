@@ -171,7 +171,7 @@ def test_the_mongodb_try_it_paragraph_runs_as_printed(tmp_path: Path) -> None:
     section = text.split("## Try it with MongoDB", 1)[1].split("\n## ", 1)[0]
     (block,) = blocks_of(section, "bash")
     lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
-    assert lines[0] == "pip install secantusdb"  # (installed here by the test extras)
+    assert lines[0] == "pip install --pre secantusdb"  # (installed here by the test extras)
     port = str(free_port())
     home = tmp_path / "home"
     make_image_folder(home / "sample-data" / "images", classes=3, per_class=30)  # 1 batch+

@@ -168,7 +168,7 @@ class Loader:
                 layout or dataset length, whose remaining batches would not be the same.
         """
         saved, mine = state.get("dataset"), _identity(self.dataset)
-        if saved is not None and mine is not None and saved != mine:
+        if saved is not None and mine is not None and not _same_samples(saved, mine, self.dataset):
             raise ValueError(
                 f"cannot resume: the saved loader read {_said(saved)}, this one reads "
                 f"{_said(mine)}; resume over the same store and the same selection"
@@ -196,6 +196,15 @@ def _identity(dataset: Any) -> dict[str, Any] | None:
     reader = getattr(dataset, "reader", None)
     identity = getattr(reader, "identity", None)
     return identity() if callable(identity) else None
+
+
+def _same_samples(saved: dict[str, Any], mine: dict[str, Any], dataset: Any) -> bool:
+    """Whether a loader that saved ``saved`` reads the samples this one does: the same store
+    (or one it grew into by appends: its first records are still those), and the same
+    selection of it (a view's digest; how many records each holds is the sampler's check)."""
+    meta = getattr(getattr(dataset, "reader", None), "meta", None)
+    lineage = {mine.get("store"), *getattr(meta, "appended_from", [])}
+    return saved.get("store") in lineage and saved.get("view") == mine.get("view")
 
 
 def _said(identity: dict[str, Any]) -> str:
