@@ -20,12 +20,22 @@ Anything else (``$where``, ``$expr``, ``$type``, ``$mod``, ``$text``...) is refu
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import Phrase, QueryError
+from .query_values import (
+    ABSENT,
+    COMPARE,
+    MISSING,
+    expanded,
+    hashable,
+    kind,
+    present,
+    resolve,
+    same,
+)
 
 __all__ = ["OPERATORS", "check_query", "compile_query", "record_document"]
 
@@ -58,9 +68,6 @@ RECORD_KEYS = ("_id", "name", "label", "size", "crc32", "format", "repaired", "f
 """The keys of a record's document a query may name (``fields.<name>`` for a field)."""
 
 Predicate = Callable[[Any], bool]
-_MISSING = object()
-_ABSENT = object()
-"""Where a path ends in a document without its key (``null`` matches it)."""
 
 
 WHERE = Phrase("--where", "where=")
@@ -105,7 +112,7 @@ def record_document(index: int, header: Any) -> dict[str, Any]:
         "crc32": header.crc32,
         "format": header.format,
         "repaired": header.repaired,
-        "fields": header.fields if header.fields is not None else _MISSING,
+        "fields": header.fields if header.fields is not None else MISSING,
     }
 
 
@@ -203,7 +210,7 @@ class _Compiler:
                 "equal"
             )
         test = self.operators(value) if _is_operators(value) else self.equals(value)
-        return lambda doc: test(_resolve(doc, path))
+        return lambda doc: test(resolve(doc, path))
 
     def operators(
         self, spec: Mapping[str, Any], expand: bool = True
@@ -230,17 +237,17 @@ class _Compiler:
     def operator(
         self, op: str, arg: Any, options: Any, expand: bool = True
     ) -> Callable[[list[Any]], bool]:
-        spread = _expanded if expand else _present
+        spread = expanded if expand else present
         if op in ("$gte", "$lte") and arg is None:
             return self.equals(None, expand)  # (null is the least and the greatest null)
-        if op in _COMPARE:
+        if op in COMPARE:
             _check_value(self, op, arg)
             if isinstance(arg, list | Mapping):
                 raise self.error(
                     f"{op} with an array or a document: MongoDB orders those by BSON's rules, "
                     "which fastdata's queries do not follow; compare their elements or fields"
                 )
-            compare = _COMPARE[op]
+            compare = COMPARE[op]
             return lambda found: any(compare(v, arg) for v in spread(found))
         if op == "$eq":
             return self.equals(arg, expand)
@@ -256,14 +263,14 @@ class _Compiler:
             return within if op == "$in" else (lambda found: not within(found))
         if op == "$exists":
             want = not (arg is None or arg is False or (type(arg) in (int, float) and arg == 0))
-            return lambda found: bool(_present(found)) == want
+            return lambda found: bool(present(found)) == want
         if op == "$size":
             if isinstance(arg, bool) or not isinstance(arg, int | float) or arg != int(arg):
                 raise self.error("$size takes a whole number")
             if arg < 0:
                 raise self.error("$size takes a whole number, not a negative one")
             n = int(arg)
-            return lambda found: any(type(v) is list and len(v) == n for v in _present(found))
+            return lambda found: any(type(v) is list and len(v) == n for v in present(found))
         if op == "$all":
             if not isinstance(arg, list):
                 raise self.error("$all takes a list")
@@ -296,7 +303,7 @@ class _Compiler:
                 element = _Compiler(self.fields, self.where, inside=True).filter(arg)
                 inner = lambda el: isinstance(el, dict) and element(el)  # noqa: E731
             return lambda found: any(
-                type(v) is list and any(inner(el) for el in v) for v in _present(found)
+                type(v) is list and any(inner(el) for el in v) for v in present(found)
             )
         if op == "$not":
             if isinstance(arg, re.Pattern):
@@ -316,7 +323,7 @@ class _Compiler:
 
     def regex(self, pattern: str, flags: int, expand: bool = True) -> Callable[[list[Any]], bool]:
         """A pattern as MongoDB's (PCRE's) ``\\z`` and ``\\Z`` read it, in Python's ``re``."""
-        spread = _expanded if expand else _present
+        spread = expanded if expand else present
         pcre = _PCRE_END.sub(
             lambda m: m.group(1) + ("\\Z" if m.group(2) == "z" else "(?=\\n?\\Z)"), pattern
         )
@@ -330,24 +337,24 @@ class _Compiler:
         """Equality as MongoDB's: the value itself, or an element of an array; None also
         where the path ends in a document without it."""
         _check_value(self, "$eq", value)
-        spread = _expanded if expand else _present
+        spread = expanded if expand else present
         if isinstance(value, re.Pattern):
             return self.regex(value.pattern, value.flags, expand)
         if value is None:
-            return lambda found: any(v is _ABSENT or v is None for v in spread(found, True))
-        return lambda found: any(_same(v, value) for v in spread(found))
+            return lambda found: any(v is ABSENT or v is None for v in spread(found, True))
+        return lambda found: any(same(v, value) for v in spread(found))
 
     def among(self, values: list[Any], expand: bool = True) -> Callable[[list[Any]], bool]:
         """``$in``'s test: equal to one of ``values`` (plain numbers, strings, booleans and
         null looked up in a set, by MongoDB's kind and value: ``1`` is ``1.0``, not ``true``)."""
-        spread = _expanded if expand else _present
-        plain = {(_kind(v), v) for v in values if _hashable(v)}
-        others = [self.equals(v, expand) for v in values if not _hashable(v)]
+        spread = expanded if expand else present
+        plain = {(kind(v), v) for v in values if hashable(v)}
+        others = [self.equals(v, expand) for v in values if not hashable(v)]
         absent = (0, None) in plain
 
         def within(found: list[Any]) -> bool:
             for v in spread(found, absent):
-                if v is _ABSENT or (_hashable(v) and (_kind(v), v) in plain):
+                if v is ABSENT or (hashable(v) and (kind(v), v) in plain):
                     return True
             return any(t(found) for t in others)
 
@@ -396,123 +403,6 @@ def _check_value(compiler: _Compiler, op: str, value: Any) -> None:
             )
 
 
-def _resolve(doc: Any, path: list[str], indexed: bool = False) -> list[Any]:
-    """The values ``path`` reaches in ``doc``, as MongoDB reaches them: into documents by key,
-    into arrays by index, and across an array's documents; :data:`_ABSENT` where it ends in a
-    document without the key, or in a value that is no document or array (what ``null``
-    matches too), nothing where it ends in an array of other values or an empty one. A value
-    reached by an array's index last is not looked into, should it be an array itself."""
-    if not path:
-        return [_Indexed(doc) if indexed and type(doc) is list else doc]
-    head, rest = path[0], path[1:]
-    if isinstance(doc, dict):
-        value = doc.get(head, _MISSING)
-        return [_ABSENT] if value is _MISSING else _resolve(value, rest)
-    if isinstance(doc, list):
-        out: list[Any] = []
-        if head.isdigit():
-            i = int(head)
-            out += _resolve(doc[i], rest, indexed=True) if i < len(doc) else [_ABSENT]
-        for element in doc:
-            if isinstance(element, dict):
-                out += _resolve(element, path)
-        return out
-    return [_ABSENT]
-
-
-class _Indexed:
-    """An array reached by an index (``fields.a.0`` of ``[[1, 2]]``): compared whole, its
-    elements not looked into."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: list[Any]) -> None:
-        self.value = value
-
-
-def _expanded(found: list[Any], absent: bool = False) -> list[Any]:
-    """The values reached, and the elements of those that are arrays (``absent``: with the
-    :data:`_ABSENT` marks of the documents without the key)."""
-    out: list[Any] = []
-    for v in found:
-        if v is _ABSENT:
-            if absent:
-                out.append(v)
-            continue
-        if type(v) is _Indexed:
-            out.append(v.value)
-            continue
-        out.append(v)
-        if type(v) is list:
-            out.extend(v)
-    return out
-
-
-def _present(found: list[Any], absent: bool = False) -> list[Any]:
-    """The values reached, themselves (``absent``: with the :data:`_ABSENT` marks)."""
-    return [v.value if type(v) is _Indexed else v for v in found if absent or v is not _ABSENT]
-
-
-def _hashable(v: Any) -> bool:
-    """A value ``$in`` looks up in a set: null, a string, a boolean, a number but NaN."""
-    return v is None or type(v) in (str, bool, int) or (type(v) is float and v == v)
-
-
 _PCRE_END = re.compile(r"((?:^|[^\\])(?:\\\\)*)\\([zZ])")
 """PCRE's ``\\z`` (the very end) and ``\\Z`` (the end, or before a last newline), which
 Python's ``re`` spells ``\\Z`` and ``(?=\\n?\\Z)``."""
-
-
-def _kind(v: Any) -> int:
-    """MongoDB's type bracket of a value: values compare only within one."""
-    if v is None:
-        return 0
-    if isinstance(v, bool):
-        return 3
-    if isinstance(v, int | float):
-        return 1
-    if isinstance(v, str):
-        return 2
-    if isinstance(v, dict):
-        return 4
-    if isinstance(v, list):
-        return 5
-    return 6
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equality as MongoDB's: numbers by value (NaN equals NaN), documents key by key in order,
-    arrays element by element; values of different kinds never."""
-    ka = _kind(a)
-    if ka != _kind(b):
-        return False
-    if ka == 1:
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if ka == 4:
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if ka == 5:
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
-
-
-def _order(a: Any, b: Any, test: Callable[[int], bool]) -> bool:
-    """``test`` of the comparison of ``a`` with ``b`` (-1, 0, 1), false where their kinds
-    differ, as MongoDB's ``$gt``, ``$lt``... (no order across types in a query)."""
-    ka = _kind(a)
-    if ka != _kind(b) or ka in (4, 6):
-        return False
-    if ka == 0:
-        return test(0)
-    if ka == 1 and (math.isnan(a) or math.isnan(b)):
-        return math.isnan(a) and math.isnan(b) and test(0)
-    if ka == 5:
-        return False  # (an array is compared element by element, by _expanded)
-    return test((a > b) - (a < b))
-
-
-_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    "$gt": lambda v, q: _order(v, q, lambda c: c > 0),
-    "$gte": lambda v, q: _order(v, q, lambda c: c >= 0),
-    "$lt": lambda v, q: _order(v, q, lambda c: c < 0),
-    "$lte": lambda v, q: _order(v, q, lambda c: c <= 0),
-}

@@ -323,14 +323,14 @@ def test_an_index_spares_the_server_a_scan_and_a_scan_of_a_large_store_is_said_o
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from fastdata.stores.mongo import reader as mongo_reader
+    from fastdata.stores.mongo import queries as mongo_queries
 
     from .mongo_server import database
     from .procs import cli
 
     store, _ = stores
     copy_store(str(store), mongo_uri, collection="q")
-    monkeypatch.setattr(mongo_reader, "SCAN_WORTH_SAYING", 0)  # (40 records: "large")
+    monkeypatch.setattr(mongo_queries, "SCAN_WORTH_SAYING", 0)  # (40 records: "large")
     query = {"fields.score": {"$gt": 2}}
     with caplog.at_level("WARNING"):
         MongoImageDataset(mongo_uri, "q", output="bytes").reader.matching(query)
@@ -341,7 +341,7 @@ def test_an_index_spares_the_server_a_scan_and_a_scan_of_a_large_store_is_said_o
     made = cli(*command[1:])  # as printed
     assert made.returncode == 0, made.stderr
     assert "fields.score_1" in database(mongo_uri)["q"].index_information()
-    mongo_reader._SAID_SCANNED.clear()
+    mongo_queries.SAID_SCANNED.clear()
     caplog.clear()
     with caplog.at_level("WARNING"):
         MongoImageDataset(mongo_uri, "q", output="bytes").reader.matching(query)

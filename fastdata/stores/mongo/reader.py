@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from ..existing import incomplete_error
 from ..names import META_COLLECTION, aside_collection, aside_owner_collection, bucket, progress_id
 from ..reader import StoreReader, append_note
 from ..uri import command_words
+from . import queries
 from .claim import live_claim
 from .connection import MongoTarget, gridfs_of
 from .layout import (
@@ -41,44 +41,6 @@ from .layout import (
     names_from_bson,
     skipped_ids,
 )
-
-log = logging.getLogger(__name__)
-
-SCAN_WORTH_SAYING = 100_000
-"""Records from which a query answered by reading the whole collection is worth a warning."""
-_SAID_SCANNED: set[tuple[str, tuple[str, ...]]] = set()
-
-
-def _query_keys(query: Any) -> set[str]:
-    """The record keys a (checked) query names."""
-    out: set[str] = set()
-    stack = [query]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            for key, value in item.items():
-                if key in ("$and", "$or", "$nor"):
-                    stack.append(value)
-                elif not key.startswith("$"):
-                    out.add(key)
-    return out
-
-
-def _indexed(plan: Any, keys: set[str]) -> bool:
-    """Whether a query plan (``explain``'s ``winningPlan``) reads an index on one of ``keys``."""
-    stack = [plan]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            pattern = item.get("keyPattern")
-            if isinstance(pattern, dict) and keys & set(pattern):
-                return True
-            stack.extend(item.values())
-    return False
 
 
 class MongoStore(MongoTarget, StoreReader):
@@ -392,34 +354,11 @@ class MongoStore(MongoTarget, StoreReader):
         # a store replaced since it was opened: its records are not these (a document of another
         # store found above is named; the metadata says so where the query found none)
         self._run("reading the metadata", lambda: self._check_still_here(self._conn.db()))
-        if n >= SCAN_WORTH_SAYING:
-            self._say_if_scanned(query, where)
+        if n >= queries.SCAN_WORTH_SAYING:
+            words = command_words(self.uri, self.collection)
+            coll = self._conn.db()[self.collection]
+            queries.say_if_scanned(self.location, coll, n, words, query, where)
         return np.unique(np.asarray([int(i) for i in found if type(i) is int], dtype=np.int64))
-
-    def _say_if_scanned(self, query: dict[str, Any], where: dict[str, Any]) -> None:
-        """Log, once per set of keys, that the server answered a query by reading the whole
-        collection (its plan uses no index on a key of the query: a COLLSCAN, or a scan of the
-        ``_id`` range every query of a store has), and the index that would spare it that."""
-        keys = sorted(_query_keys(where))
-        said = (self.collection, tuple(keys))
-        if said in _SAID_SCANNED or not keys:
-            return
-        try:
-            plan = self._conn.db()[self.collection].find(query, {"_id": 1}).explain()
-        except Exception:  # (a server that does not explain: nothing to say)
-            return
-        if not _indexed(plan.get("queryPlanner", {}).get("winningPlan", {}), set(keys)):
-            _SAID_SCANNED.add(said)
-            where_ = command_words(self.uri, self.collection)
-            log.warning(
-                "%s: the server read the whole collection (%d records) for a query on %s; "
-                "`fastdata index %s %s` creates the index it needs",
-                self.location,
-                len(self),
-                ", ".join(keys),
-                where_,
-                keys[0],
-            )
 
     def create_index(self, key: str) -> str:
         """The server's index on ``key`` (``fields.score``, ``label``), made if it is missing
