@@ -78,8 +78,8 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.leaves is not None and not entry.leaves.all_sound:  # (the checked path
-            return None  # reads the leaves first, NOTE [ Damaged branches ])
+        if entry.leaves is not None and not entry.leaves.records_sound:  # (the checked
+            return None  # path reads the leaves first, NOTE [ Damaged branches ])
         before = epoch[0]
         out: bytes | None = None
         txn = self.env.begin(buffers=True)
@@ -105,7 +105,7 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.leaves is not None and not entry.leaves.all_sound:
+        if entry.leaves is not None and not entry.leaves.records_sound:
             return None
         before = epoch[0]
         out: list[bytes] = []
@@ -137,10 +137,12 @@ class Lease:
         # The path of every raw read: a few comparisons per value beyond LMDB's own lookup and
         # copy. Values outside the file's bounds go through value(), which looks again.
         cold = self.cold_reads
+        # (the cold-read advice first: it reads the pages down to the values with pread, so the
+        # leaves' check below finds them in memory, NOTE [ Read-ahead ] in readahead.py)
+        started, in_memory, advising = cold.before(keys)
         leaves = self.entry.leaves
         if leaves is not None and not leaves.all_sound:
             self.refuse_damaged(keys, where)
-        started, in_memory, advising = cold.before(keys)
         get = txn.get
         try:
             views = [get(k) for k in keys]

@@ -44,8 +44,16 @@ class Leaves:
         self._routes = routes
         self._lows = [r[2] or b"" for r in routes]
         self._unread = {r[0] for r in routes} - self._seen
-        self.all_sound = not self._unread and not self._tree.found
+        self._records = {r[0] for r in routes if _overlaps(r, RECORDS)}
+        self._sound()
+
+    def _sound(self) -> None:
+        damaged = bool(self._tree.found)
+        self.all_sound = not self._unread and not damaged
         """Every leaf is read and sound, and no page is damaged: no key needs looking at."""
+        self.records_sound = not damaged and not (self._records & self._unread)
+        """Every leaf that holds records' keys or headers is read and sound, and no page is
+        damaged: a record's read needs no look (the shortest paths, ``Lease.value_at``)."""
 
     def _checked(self, wanted: list[Any]) -> None:
         """Read and check the pages of ``wanted`` routes; a branch among them (where a leaf
@@ -59,7 +67,7 @@ class Leaves:
             self._set_routes(sorted(kept + below, key=lambda r: r[2] or b""))
         else:
             self._unread -= {r[0] for r in wanted}
-            self.all_sound = not self._unread and not self._tree.found
+            self._sound()
 
     def close(self) -> None:
         self._tree.close()
@@ -92,3 +100,15 @@ class Leaves:
                     break
                 self._checked(wanted)
             return tuple(self._tree.found)
+
+
+RECORDS = (b"#0", b":")
+"""The keys of records and their headers (``#`` and ten digits, ten digits) lie in this
+range: between them only the digits' keys and the headers' sort."""
+
+
+def _overlaps(route: Any, span: tuple[bytes, bytes]) -> bool:
+    """Whether the keys of ``route`` (its bounds: low, or None from the first; high, or None to
+    the last) meet ``span`` (``[a, b)``)."""
+    low, high = route[2], route[3]
+    return (low is None or low < span[1]) and (high is None or high > span[0])
