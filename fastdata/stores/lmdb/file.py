@@ -9,7 +9,6 @@ import shlex
 
 from ...errors import StoreDamagedError, StoreError
 from .pages import (
-    Damage,
     FormatError,
     Header,
     NotRegular,
@@ -63,32 +62,6 @@ def open_tree(path: str, *, limit: int = 100) -> Tree:
         return Tree(path, limit=limit)
     except FormatError as exc:
         raise file_error(path, exc) from None
-
-
-def damaged_branches(path: str) -> tuple[Damage, ...]:
-    """The branch pages above the leaves of the data file at ``path`` that fail their check
-    (:meth:`.pages.Tree.branches`), each with the keys under it: what LMDB must not be sent
-    down (it ends the process on some of them).
-
-    Raises:
-        StoreError: the file's header is damaged or the file is truncated.
-    """
-    with open_tree(path) as tree:
-        return tuple(tree.branches())
-
-
-def damaged_pages(path: str) -> tuple[Damage, ...]:
-    """Every damaged page of the data file at ``path`` that a walk of its keys meets (branches
-    and leaves, and a leaf's values that would lie past the file), each with the keys under it:
-    where nothing past the file's end may be touched (a map with no room for the guard).
-
-    Raises:
-        StoreError: the file's header is damaged or the file is truncated.
-    """
-    with open_tree(path) as tree:
-        for _ in tree.leaves():
-            pass
-        return tuple(tree.found)
 
 
 def walk(path: str, *, limit: int = 100) -> list[str]:
