@@ -43,7 +43,7 @@ class Entry:
     never asked for a key under a damaged one (NOTE [ Damaged branches ] in ``lease.py``).
     None in a writer's environment."""
 
-    def damage_of(self, keys: Any) -> list[Any]:
+    def damage_of(self, keys: Any, more: int = 0) -> list[Any]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None:
         none), as the tree is now (its checks begun again after an append)."""
         leaves = self.leaves
@@ -56,7 +56,7 @@ class Entry:
             fresh = Leaves(leaves.data_file, epoch)
             leaves.close()
             self.leaves = leaves = fresh
-        return leaves.damage_of(keys)
+        return leaves.damage_of(keys, more)
 
     def epoch(self) -> int:
         """The append epoch now; -1 in a writer's environment."""

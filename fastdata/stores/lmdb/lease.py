@@ -22,6 +22,9 @@ from .readahead import ColdReads
 __all__ = ["READ_ATTEMPTS", "Lease"]
 
 T = TypeVar("T")
+LEAVES_AT_ONCE = 255
+"""Leaves not read yet that a read of a store in memory checks beside the ones it needs (one
+call for 256 costs about what one for a single leaf does)."""
 READ_ATTEMPTS = 64
 """Reads begun again at most this often when appends keep beginning while they read."""
 
@@ -78,7 +81,7 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.leaves is not None and not entry.leaves.records_sound:  # (the checked
+        if entry.leaves is not None and not entry.leaves.values_sound:  # (the checked
             return None  # path reads the leaves first, NOTE [ Damaged branches ])
         before = epoch[0]
         out: bytes | None = None
@@ -177,7 +180,9 @@ class Lease:
     def refuse_damaged(self, keys: Sequence[bytes], where: Callable[[int], str]) -> None:
         """Raise the error of the first of ``keys`` that lies under a damaged branch (NOTE
         [ Damaged branches ]), before LMDB is asked for it."""
-        for n, damage in enumerate(self.entry.damage_of(keys)):
+        cold = self.cold_reads  # (a store in memory: its leaves checked a few hundred at a time)
+        more = LEAVES_AT_ONCE if not cold.announce_left and cold.scan_until is None else 0
+        for n, damage in enumerate(self.entry.damage_of(keys, more)):
             if damage is None:
                 continue
             if damage.low is not None and damage.high == damage.low + b"\0":  # (its value)

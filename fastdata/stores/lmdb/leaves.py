@@ -44,16 +44,20 @@ class Leaves:
         self._routes = routes
         self._lows = [r[2] or b"" for r in routes]
         self._unread = {r[0] for r in routes} - self._seen
-        self._records = {r[0] for r in routes if _overlaps(r, RECORDS)}
+        self._values = {r[0] for r in routes if _overlaps(r, VALUES)}
+        self._headers = {r[0] for r in routes if _overlaps(r, HEADERS)}
         self._sound()
 
     def _sound(self) -> None:
         damaged = bool(self._tree.found)
         self.all_sound = not self._unread and not damaged
         """Every leaf is read and sound, and no page is damaged: no key needs looking at."""
-        self.records_sound = not damaged and not (self._records & self._unread)
-        """Every leaf that holds records' keys or headers is read and sound, and no page is
-        damaged: a record's read needs no look (the shortest paths, ``Lease.value_at``)."""
+        self.values_sound = not damaged and not (self._values & self._unread)
+        """Every leaf that holds records' values is read and sound, and no page is damaged: a
+        read of a record's bytes needs no look (the shortest path, ``Lease.value_at``)."""
+        self.records_sound = self.values_sound and not (self._headers & self._unread)
+        """The same of the leaves of the records' values and of their headers (a checked read's
+        shortest path, ``Lease.values_at``)."""
 
     def _checked(self, wanted: list[Any]) -> None:
         """Read and check the pages of ``wanted`` routes; a branch among them (where a leaf
@@ -72,9 +76,11 @@ class Leaves:
     def close(self) -> None:
         self._tree.close()
 
-    def damage_of(self, keys: Sequence[bytes]) -> list[Damage | None]:
+    def damage_of(self, keys: Sequence[bytes], more: int = 0) -> list[Damage | None]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None: none),
-        the leaves it would land on read and checked first where they were not yet."""
+        the leaves it would land on read and checked first where they were not yet; with
+        ``more``, as many other leaves not read yet beside them, checked side by side (on a
+        store in memory: a few calls then check every leaf, where one a leaf costs as much)."""
         with self._lock:
             for _ in range(64):  # (a branch where a leaf should be is checked, then its children)
                 wanted: dict[int, Any] = {}
@@ -84,6 +90,10 @@ class Leaves:
                         wanted[route[0]] = route
                 if not wanted:
                     break
+                if more:
+                    extra = [r for r in self._routes if r[0] in self._unread][: more + len(wanted)]
+                    wanted.update((r[0], r) for r in extra)
+                    more = 0
                 self._checked(list(wanted.values()))
             found = self._tree.found
             if not found:
@@ -102,9 +112,9 @@ class Leaves:
             return tuple(self._tree.found)
 
 
-RECORDS = (b"#0", b":")
-"""The keys of records and their headers (``#`` and ten digits, ten digits) lie in this
-range: between them only the digits' keys and the headers' sort."""
+VALUES, HEADERS = (b"0", b":"), (b"#0", b"#:")
+"""The ranges of the keys of records' values (ten digits) and of their headers (``#`` and ten
+digits)."""
 
 
 def _overlaps(route: Any, span: tuple[bytes, bytes]) -> bool:
