@@ -45,7 +45,8 @@ class Entry:
 
     def damage_of(self, keys: Any, more: int = 0) -> list[Any]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None:
-        none), as the tree is now (its checks begun again after an append)."""
+        none), as the tree is now (its checks begun again after an append); ``more``: other
+        leaves not read yet to check beside them, of those in memory."""
         leaves = self.leaves
         if leaves is None:
             return [None] * len(keys)
@@ -56,7 +57,8 @@ class Entry:
             fresh = Leaves(leaves.data_file, epoch)
             leaves.close()
             self.leaves = leaves = fresh
-        return leaves.damage_of(keys, more)
+        mapped = self.span[0] if self.span is not None else None
+        return leaves.damage_of(keys, more, mapped)
 
     def epoch(self) -> int:
         """The append epoch now; -1 in a writer's environment."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from .file import open_tree
 from .pages import Damage
+from .pages.advice import resident
 
 __all__ = ["Leaves"]
 
@@ -76,11 +77,15 @@ class Leaves:
     def close(self) -> None:
         self._tree.close()
 
-    def damage_of(self, keys: Sequence[bytes], more: int = 0) -> list[Damage | None]:
+    def damage_of(
+        self, keys: Sequence[bytes], more: int = 0, mapped: int | None = None
+    ) -> list[Damage | None]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None: none),
         the leaves it would land on read and checked first where they were not yet; with
-        ``more``, as many other leaves not read yet beside them, checked side by side (on a
-        store in memory: a few calls then check every leaf, where one a leaf costs as much)."""
+        ``more``, as many other leaves not read yet beside them, checked side by side, of
+        those in memory (``mapped``: where this process maps the file's first byte, to ask the
+        kernel: a few calls then check every leaf of a store in memory, where one a leaf costs
+        as much; none is read from the disk for it)."""
         with self._lock:
             for _ in range(64):  # (a branch where a leaf should be is checked, then its children)
                 wanted: dict[int, Any] = {}
@@ -90,9 +95,15 @@ class Leaves:
                         wanted[route[0]] = route
                 if not wanted:
                     break
-                if more:
-                    extra = [r for r in self._routes if r[0] in self._unread][: more + len(wanted)]
-                    wanted.update((r[0], r) for r in extra)
+                if more and mapped is not None:
+                    psize = self._tree.head.psize
+                    for r in self._routes:
+                        if more <= 0:
+                            break
+                        fresh = r[0] in self._unread and r[0] not in wanted
+                        if fresh and resident(mapped + r[0] * psize):
+                            wanted[r[0]] = r
+                            more -= 1
                     more = 0
                 self._checked(list(wanted.values()))
             found = self._tree.found
