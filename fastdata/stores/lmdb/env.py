@@ -331,13 +331,13 @@ def open_reader(path: str) -> Lease:
                 env.close()
                 continue
             entry = Entry(key, path, env, False, _span(key, size), size, fd)
-            entry.leaves = _leaves(entry, data_file, whole=not reserved)
             try:
                 entry.epoch_map, entry.epoch_view = _map_epoch(fd, head.psize)
             except (OSError, ValueError) as exc:
                 entry.close()
                 raise StoreError(f"{data_file}: cannot map its first page: {exc}") from None
             entry.cover()
+            entry.leaves = _leaves(entry, data_file, whole=not reserved)  # (at this epoch)
             return _lease(entry)
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
 

@@ -33,6 +33,7 @@ class Leaves:
         self.epoch = epoch
         self._lock = threading.Lock()
         self._tree = open_tree(data_file)
+        self._tree.random_access()  # (a leaf at a time, where reads want one: no read-ahead)
         try:
             self.damaged: tuple[Damage, ...] = tuple(self._tree.branches())
         except BaseException:
@@ -47,16 +48,26 @@ class Leaves:
         self._unread = {r[0] for r in routes} - self._seen
         self._values = {r[0] for r in routes if _overlaps(r, VALUES)}
         self._headers = {r[0] for r in routes if _overlaps(r, HEADERS)}
+        self._values_unread = len(self._values & self._unread)
+        self._headers_unread = len(self._headers & self._unread)
+        self._sound()
+
+    def _read(self, pages: set[int]) -> None:
+        """``pages`` were read and checked (each sound, or damaged and listed)."""
+        pages &= self._unread
+        self._unread -= pages
+        self._values_unread -= len(pages & self._values)
+        self._headers_unread -= len(pages & self._headers)
         self._sound()
 
     def _sound(self) -> None:
         damaged = bool(self._tree.found)
         self.all_sound = not self._unread and not damaged
         """Every leaf is read and sound, and no page is damaged: no key needs looking at."""
-        self.values_sound = not damaged and not (self._values & self._unread)
+        self.values_sound = not damaged and not self._values_unread
         """Every leaf that holds records' values is read and sound, and no page is damaged: a
         read of a record's bytes needs no look (the shortest path, ``Lease.value_at``)."""
-        self.records_sound = self.values_sound and not (self._headers & self._unread)
+        self.records_sound = self.values_sound and not self._headers_unread
         """The same of the leaves of the records' values and of their headers (a checked read's
         shortest path, ``Lease.values_at``)."""
 
@@ -71,8 +82,7 @@ class Leaves:
             kept = [r for r in self._routes if r[0] not in gone]
             self._set_routes(sorted(kept + below, key=lambda r: r[2] or b""))
         else:
-            self._unread -= {r[0] for r in wanted}
-            self._sound()
+            self._read({r[0] for r in wanted})
 
     def close(self) -> None:
         self._tree.close()
@@ -95,15 +105,15 @@ class Leaves:
                         wanted[route[0]] = route
                 if not wanted:
                     break
-                if more and mapped is not None:
-                    psize = self._tree.head.psize
-                    for r in self._routes:
-                        if more <= 0:
-                            break
+                if more and mapped is not None:  # (the leaves after the first wanted, in key
+                    psize = self._tree.head.psize  # order, those the kernel holds: a few looks)
+                    at = bisect_right(self._lows, min(keys)) if keys else 0
+                    for r in self._routes[at : at + 2 * more]:
                         fresh = r[0] in self._unread and r[0] not in wanted
                         if fresh and resident(mapped + r[0] * psize):
                             wanted[r[0]] = r
-                            more -= 1
+                        elif fresh:
+                            break  # (one the kernel does not hold: a store read from the disk)
                     more = 0
                 self._checked(list(wanted.values()))
             found = self._tree.found

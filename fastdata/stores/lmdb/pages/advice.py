@@ -38,6 +38,13 @@ def ask(fd: int, offset: int, n: int) -> None:
             offset += ASK_MOST
 
 
+def random_access(fd: int) -> None:
+    """Ask the kernel not to read ahead of what is read through ``fd`` (POSIX_FADV_RANDOM)."""
+    if hasattr(os, "posix_fadvise"):
+        with suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+
 def prefetch(fd: int, pages: list[int], psize: int) -> None:
     """Ask for pages now, in runs, while a walk goes on: one page at a time, a cold file's walk
     waits for the disk once per page. What is asked for is at most about twice the pages

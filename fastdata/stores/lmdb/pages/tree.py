@@ -123,6 +123,11 @@ class Tree:
         self._ahead: advice.ReadAhead | None = None
         self._reached = 0
 
+    def random_access(self) -> None:
+        """Pages will be read here and there: the kernel's read-ahead is asked not to read
+        beyond each (advice only)."""
+        advice.random_access(self._fd)
+
     def __enter__(self) -> Tree:
         return self
 
