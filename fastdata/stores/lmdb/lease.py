@@ -144,7 +144,7 @@ class Lease:
         # leaves' check below finds them in memory, NOTE [ Read-ahead ] in readahead.py)
         started, in_memory, advising = cold.before(keys)
         leaves = self.entry.leaves
-        if leaves is not None and not leaves.all_sound:
+        if leaves is not None and not leaves.known_sound(keys):
             self.refuse_damaged(keys, where)
         get = txn.get
         try:
@@ -277,7 +277,9 @@ class _Guarded:
         self._txn, self._lease, self._where = txn, lease, where
 
     def get(self, key: bytes, default: Any = None) -> Any:
-        self._lease.refuse_damaged([key], lambda _: f"{self._where}: key {key!r}")
+        leaves = self._lease.entry.leaves
+        if leaves is not None and not leaves.known_sound((key,)):
+            self._lease.refuse_damaged([key], lambda _: f"{self._where}: key {key!r}")
         return self._txn.get(key) if default is None else self._txn.get(key, default)
 
     def cursor(self) -> Any:
