@@ -1326,3 +1326,54 @@ def test_a_copy_resumed_into_a_damaged_half_is_refused_before_anything_is_writte
     assert data_file.read_bytes() == before
     with pytest.raises(Exception, match="incomplete|damaged"):
         open_store(str(dst))
+
+
+STALE_AFTER_APPEND = """
+import struct, subprocess, sys
+from pathlib import Path
+from fastdata import LMDBImageDataset
+store, src = sys.argv[1], sys.argv[2]
+ds = LMDBImageDataset(store, output="bytes", check=False)
+for i in range(len(ds)):
+    ds[i]  # every leaf of the records checked: the shortest read path from here on
+last = len(ds) - 1
+from PIL import Image
+for i in range(3):  # new images: the append writes the last leaves anew
+    Image.new("RGB", (16, 16), (i, 9, 9)).save(f"{src}/c/new{i}.jpg")
+appended = subprocess.run([sys.executable, "-m", "fastdata", "convert", src, store, "--append",
+                           "-q"], capture_output=True, text=True)
+assert appended.returncode == 0, appended.stderr
+# the leaf that holds the last record now (the append wrote it anew): made a branch of one node
+data = Path(store) / "data.mdb"
+raw = data.read_bytes()
+head = max((0, 1), key=lambda n: struct.unpack_from("<Q", raw, n * 4096 + 16 + 24 + 96 + 8)[0])
+page = struct.unpack_from("<Q", raw, head * 4096 + 16 + 24 + 48 + 40)[0]
+key = b"%010d" % last  # (a record the process read before the append)
+while struct.unpack_from("<H", raw, page * 4096 + 10)[0] & 1:  # down the branches
+    lower = struct.unpack_from("<H", raw, page * 4096 + 12)[0]
+    offs = struct.unpack_from(f"<{(lower - 16) // 2}H", raw, page * 4096 + 16)
+    child = None
+    for j, off in enumerate(offs):
+        lo, hi, top, ks = struct.unpack_from("<HHHH", raw, page * 4096 + off)
+        k = raw[page * 4096 + off + 8 : page * 4096 + off + 8 + ks]
+        if j == 0 or k <= key:
+            child = lo | (hi << 16) | (top << 32)
+    page = child
+with open(data, "r+b") as f:
+    f.seek(page * 4096 + 10)
+    f.write(struct.pack("<HH", 1, 18))
+try:
+    ds[last]
+except Exception as exc:
+    print(type(exc).__name__)
+"""
+
+
+def test_reads_after_an_append_check_the_pages_the_append_wrote(tmp_path: Path) -> None:
+    """A process that had checked every leaf of its records reads on after an append: the
+    append wrote new leaves, and they are checked before LMDB is sent to them (a leaf damaged
+    since is that record's error, not the end of the process)."""
+    store = tiny_store(tmp_path, 300)
+    result = run_script(STALE_AFTER_APPEND, store, tmp_path / "src")
+    assert result.returncode == 0, result.stderr  # (SIGABRT: -6)
+    assert "RecordError" in result.stdout, result.stdout + result.stderr

@@ -81,8 +81,9 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.leaves is not None and not entry.leaves.values_sound:  # (the checked
-            return None  # path reads the leaves first, NOTE [ Damaged branches ])
+        leaves = entry.leaves  # (the checked path reads the leaves first, NOTE [ Damaged
+        if leaves is not None and (not leaves.values_sound or leaves.epoch != epoch[0]):
+            return None  # branches ]; after an append, it checks them again)
         before = epoch[0]
         out: bytes | None = None
         txn = self.env.begin(buffers=True)
@@ -108,7 +109,8 @@ class Lease:
         cold = self.cold_reads
         if epoch is None or span is None or cold.announce_left or cold.scan_until is not None:
             return None
-        if entry.leaves is not None and not entry.leaves.records_sound:
+        leaves = entry.leaves
+        if leaves is not None and (not leaves.records_sound or leaves.epoch != epoch[0]):
             return None
         before = epoch[0]
         out: list[bytes] = []
@@ -144,7 +146,9 @@ class Lease:
         # leaves' check below finds them in memory, NOTE [ Read-ahead ] in readahead.py)
         started, in_memory, advising = cold.before(keys)
         leaves = self.entry.leaves
-        if leaves is not None and not leaves.known_sound(keys):
+        if leaves is not None and not (
+            leaves.epoch == self.entry.epoch() and leaves.known_sound(keys)
+        ):
             self.refuse_damaged(keys, where)
         get = txn.get
         try:
@@ -208,7 +212,8 @@ class Lease:
             before = view[0] if view is not None else entry.epoch()
             try:
                 txn = self.env.begin(buffers=True)
-                if entry.leaves is not None and not entry.leaves.all_sound:
+                leaves = entry.leaves  # (after an append, its checks begin again)
+                if leaves is not None and (not leaves.all_sound or leaves.epoch != before):
                     txn = _Guarded(txn, self, where)
                 try:
                     out = fn(txn)
@@ -277,8 +282,11 @@ class _Guarded:
         self._txn, self._lease, self._where = txn, lease, where
 
     def get(self, key: bytes, default: Any = None) -> Any:
-        leaves = self._lease.entry.leaves
-        if leaves is not None and not leaves.known_sound((key,)):
+        entry = self._lease.entry
+        leaves = entry.leaves
+        if leaves is not None and not (
+            leaves.epoch == entry.epoch() and leaves.known_sound((key,))
+        ):
             self._lease.refuse_damaged([key], lambda _: f"{self._where}: key {key!r}")
         return self._txn.get(key) if default is None else self._txn.get(key, default)
 

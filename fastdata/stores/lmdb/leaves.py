@@ -94,7 +94,7 @@ class Leaves:
         if self.all_sound:
             return True
         if self.records_sound:
-            return all(b"#0" <= k < b":" for k in keys)
+            return all(b"0" <= k < b":" or b"#0" <= k < b"#:" for k in keys)
         if self.values_sound:
             return all(b"0" <= k < b":" for k in keys)
         return False
