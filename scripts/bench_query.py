@@ -96,6 +96,7 @@ def main() -> None:
             by_code = len(reader.matching(lambda f: f["score"] > cut))
             times["predicate"].append(time.perf_counter() - t)
             assert by_code == selected
+            reader.close()  # (py-lmdb opens a file once a process)
             times["bare"].append(bare_scan(store))
         median = {k: statistics.median(v) for k, v in times.items()}
         print(f"selecting {selected:,} of {args.rows:,} records (score > {cut}), median of "
