@@ -150,7 +150,7 @@ class Lease:
             leaves.epoch == self.entry.epoch() and leaves.known_sound(keys)
         ):
             self.refuse_damaged(keys, where)
-        get = txn.get
+        get = txn.checked_get if type(txn) is _Guarded else txn.get  # (the keys: just checked)
         try:
             views = [get(k) for k in keys]
         except DAMAGED_PAGE:  # (under one of them: that record is damaged; unless the file
@@ -184,9 +184,10 @@ class Lease:
     def refuse_damaged(self, keys: Sequence[bytes], where: Callable[[int], str]) -> None:
         """Raise the error of the first of ``keys`` that lies under a damaged branch (NOTE
         [ Damaged branches ]), before LMDB is asked for it."""
-        cold = self.cold_reads  # (a store in memory: its leaves checked a few hundred at a time)
-        more = LEAVES_AT_ONCE if not cold.announce_left and cold.scan_until is None else 0
-        for n, damage in enumerate(self.entry.damage_of(keys, more)):
+        cold = self.cold_reads  # (a store in memory, or a scan: its leaves checked a few
+        scan = cold.scan_until is not None  # hundred at a time)
+        more = LEAVES_AT_ONCE if scan or not cold.announce_left else 0
+        for n, damage in enumerate(self.entry.damage_of(keys, more, scan)):
             if damage is None:
                 continue
             if damage.low is not None and damage.high == damage.low + b"\0":  # (its value)
@@ -303,6 +304,11 @@ class _Guarded:
 
     def abort(self) -> None:
         self._txn.abort()
+
+    @property
+    def checked_get(self) -> Any:
+        """The transaction's own ``get``, for keys the caller has just checked."""
+        return self._txn.get
 
     def __getattr__(self, name: str) -> Any:  # (the rest of a transaction, as it is)
         return getattr(self._txn, name)

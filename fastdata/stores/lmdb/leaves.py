@@ -100,14 +100,15 @@ class Leaves:
         return False
 
     def damage_of(
-        self, keys: Sequence[bytes], more: int = 0, mapped: int | None = None
+        self, keys: Sequence[bytes], more: int = 0, mapped: int | None = None, ahead: bool = False
     ) -> list[Damage | None]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None: none),
         the leaves it would land on read and checked first where they were not yet; with
         ``more``, as many other leaves not read yet beside them, checked side by side, of
         those in memory (``mapped``: where this process maps the file's first byte, to ask the
         kernel: a few calls then check every leaf of a store in memory, where one a leaf costs
-        as much; none is read from the disk for it)."""
+        as much; none is read from the disk for it); ``ahead`` (a scan in key order), the
+        leaves after them, whether in memory or not: the scan reads them next."""
         with self._lock:
             for _ in range(64):  # (a branch where a leaf should be is checked, then its children)
                 wanted: dict[int, Any] = {}
@@ -117,12 +118,13 @@ class Leaves:
                         wanted[route[0]] = route
                 if not wanted:
                     break
-                if more and mapped is not None:  # (the leaves after the first wanted, in key
-                    psize = self._tree.head.psize  # order, those the kernel holds: a few looks)
-                    at = bisect_right(self._lows, min(keys)) if keys else 0
+                if more and (mapped is not None or ahead):  # (the leaves after the first
+                    psize = self._tree.head.psize  # wanted, in key order, those the kernel
+                    at = bisect_right(self._lows, min(keys)) if keys else 0  # holds: a few looks)
+                    base = mapped or 0
                     for r in self._routes[at : at + 2 * more]:
                         fresh = r[0] in self._unread and r[0] not in wanted
-                        if fresh and resident(mapped + r[0] * psize):
+                        if fresh and (ahead or resident(base + r[0] * psize)):
                             wanted[r[0]] = r
                         elif fresh:
                             break  # (one the kernel does not hold: a store read from the disk)
