@@ -1068,18 +1068,24 @@ def test_a_branch_of_one_node_is_damage_not_the_end_of_the_process(tmp_path: Pat
         assert result.returncode == 1 and f"page {head.root}" in result.stderr
 
 
+def _first_child_of_root(data_file: Path) -> int:
+    """The page number of the first child of a sound file's root (a branch, in a tree three
+    deep)."""
+    raw = data_file.read_bytes()
+    at = check_file(str(data_file)).root * 4096
+    first = struct.unpack_from("<H", raw, at + 16)[0]
+    lo, hi, flags = struct.unpack_from("<HHH", raw, at + first)
+    return lo | (hi << 16) | (flags << 32)
+
+
 def test_a_loop_in_the_tree_costs_the_records_under_it_not_the_export(tmp_path: Path) -> None:
     """A branch whose child is the branch itself: LMDB's lookup goes down it until its cursor
     is full (MDB_CURSOR_FULL). That is the damage of the records under it: the export that
     verify advises leaves them out and writes the rest, not nothing."""
     store = tiny_store(tmp_path, 3000)
     data_file = store / "data.mdb"
-    head = check_file(str(data_file))
     raw = data_file.read_bytes()
-    at = head.root * 4096
-    first = struct.unpack_from("<H", raw, at + 16)[0]
-    lo, hi, flags = struct.unpack_from("<HHH", raw, at + first)
-    inner = lo | (hi << 16) | (flags << 32)  # the root's first child, a branch
+    inner = _first_child_of_root(data_file)  # a branch
     second = struct.unpack_from("<H", raw, inner * 4096 + 18)[0]
     smash(data_file, inner, second, struct.pack("<HHH", inner & 0xFFFF, inner >> 16, 0))
     verified = cli("verify", str(store), "-q")
@@ -1140,12 +1146,7 @@ def test_a_branch_of_one_node_below_the_root_costs_its_records_not_the_process(
     before it writes anything."""
     store = tiny_store(tmp_path, 3000)
     data_file = store / "data.mdb"
-    head = check_file(str(data_file))
-    raw = data_file.read_bytes()
-    at = head.root * 4096
-    first = struct.unpack_from("<H", raw, at + 16)[0]
-    lo, hi, flags = struct.unpack_from("<HHH", raw, at + first)
-    inner = lo | (hi << 16) | (flags << 32)  # the root's first child: headers and records
+    inner = _first_child_of_root(data_file)  # a branch over headers and records
     one_node(data_file, inner)
     read = _read_every_record(store)
     assert read.returncode == 0, read.stderr  # (SIGABRT: -6)
@@ -1265,13 +1266,8 @@ def test_pages_lmdb_meets_below_the_branches_are_checked_before_it_meets_them(
     store = tiny_store(tmp_path, 3000)
     data_file = store / "data.mdb"
     pristine = data_file.read_bytes()
-    head = check_file(str(data_file))
     leaves = [(p, keys) for p, keys in _leaves(data_file) if keys and keys[0][:1].isdigit()]
-    raw = pristine
-    at = head.root * 4096
-    first = struct.unpack_from("<H", raw, at + 16)[0]
-    lo, hi, flags = struct.unpack_from("<HHH", raw, at + first)
-    inner = lo | (hi << 16) | (flags << 32)
+    inner = _first_child_of_root(data_file)
     leaf = leaves[len(leaves) // 2][0]
 
     def lying_depth() -> None:  # the header says 1 level; a branch of 1 node lies below

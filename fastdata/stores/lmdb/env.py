@@ -350,8 +350,8 @@ def _leaves(entry: Entry, data_file: str, *, whole: bool) -> Leaves:
     StoreDamagedError raised where the store's own keys lie under a damaged page."""
     own = f"/proc/self/fd/{entry.fd}"
     try:
-        leaves = Leaves(own if entry.fd is not None and os.path.exists(own) else data_file, 0)
-        leaves.epoch = entry.epoch()
+        path = own if entry.fd is not None and os.path.exists(own) else data_file
+        leaves = Leaves(path, entry.epoch())
         if whole:
             leaves.check_all()
         damage = next((d for d in leaves.damage_of(sorted(OWN_KEYS)) if d is not None), None)
