@@ -22,7 +22,7 @@ from .errors import CorruptImageError, RecordError, UsageError
 from .images.decode import decode_numpy, decode_pil
 from .images.pipelines import Pipeline
 from .records import bytes_problem
-from .sample_fields import FieldValues, field_reader
+from .sample_fields import FieldBatch, FieldValues, field_reader
 from .stores.reader import StoreReader
 from .stores.view import StoreView
 
@@ -258,9 +258,21 @@ class ImageStoreDataset(Dataset):
             out.append((image, label if target_transform is None else target_transform(label)))
         return out
 
-    def _samples_with_fields(self, indices: Sequence[Any], seeds: list[int | None]) -> list[Any]:
-        """Samples with their fields: the records read whole (headers and bytes) in one round
-        trip."""
+    def _samples_with_fields(self, indices: Sequence[Any], seeds: list[int | None]) -> Any:
+        """Samples with their fields: from the store's columns where it keeps them (a
+        :class:`~fastdata.sample_fields.FieldBatch`, which a collate function batches without
+        making a value per sample), otherwise the records read whole (headers and bytes) in
+        one round trip."""
+        columns = self.reader.field_batch(indices, self.fields) if self.fields else None
+        if columns is not None:
+            images, targets = [], []
+            transform, target_transform = self.transform, self.target_transform
+            samples = self.reader.read_samples(indices, check=self._checked)
+            for i, seed, (data, label) in zip(indices, seeds, samples, strict=True):
+                image = self._decode(data, int(i), seed)
+                images.append(image if transform is None else transform(image))
+                targets.append(label if target_transform is None else target_transform(label))
+            return FieldBatch(images, targets, columns, self.field_schema, self.as_dict)
         schema = self.reader.meta.schema
         readers = [(n, field_reader(schema.get(n))) for n in self.fields]
         read_by = self.field_schema

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..sample_fields import FieldBatch
 from .slots import batch_buffer, finish
 
 __all__ = ["EncodedBatch", "collate_encoded", "fast_collate"]
@@ -45,6 +46,14 @@ def fast_collate(batch: Sequence[Any], *, schema: Any = None, pad: bool = False)
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
+    if isinstance(batch, FieldBatch):  # (read from columns: batched as arrays)
+        chw, labels, owner = _images(
+            list(zip(batch.images, batch.targets, strict=True)), not batch.as_dict
+        )
+        fields = {name: _tensor(v) for name, v in batch.arrays(pad).items()}
+        if batch.as_dict:
+            return {"image": chw, "target": labels, **fields}
+        return finish(chw, labels, owner, fields)
     first_sample = batch[0]
     as_dict = isinstance(first_sample, dict)
     if as_dict:
@@ -53,18 +62,7 @@ def fast_collate(batch: Sequence[Any], *, schema: Any = None, pad: bool = False)
         pairs = [(s[0], s[1]) for s in batch]
     else:
         pairs = batch  # type: ignore[assignment]
-    images = [_hwc(image) for image, _ in pairs]
-    first = images[0]
-    out, owner = batch_buffer((len(images), *first.shape), slots=not as_dict)
-    for i, image in enumerate(images):
-        if image.shape != first.shape:
-            raise ValueError(
-                f"images of one batch must have one size: {tuple(first.shape)} and "
-                f"{tuple(image.shape)} (H x W x C); resize or crop them first"
-            )
-        out[i].copy_(image)
-    labels = torch.as_tensor([int(label) for _, label in pairs], dtype=torch.int64)
-    chw = out.permute(0, 3, 1, 2)
+    chw, labels, owner = _images(pairs, not as_dict)
     if as_dict:
         if schema is None:
             schema = getattr(first_sample, "schema", None)
@@ -76,6 +74,35 @@ def fast_collate(batch: Sequence[Any], *, schema: Any = None, pad: bool = False)
         fields = collate_fields([s[2] for s in batch], schema, pad)
         return finish(chw, labels, owner, fields)
     return finish(chw, labels, owner)
+
+
+def _images(
+    pairs: Sequence[tuple[Any, Any]], slots: bool
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """The images of ``(image, label)`` pairs as one uint8 N x C x H x W batch (channels last
+    in memory), the labels as int64, and the owner of the batch's buffer."""
+    images = [_hwc(image) for image, _ in pairs]
+    first = images[0]
+    out, owner = batch_buffer((len(images), *first.shape), slots=slots)
+    for i, image in enumerate(images):
+        if image.shape != first.shape:
+            raise ValueError(
+                f"images of one batch must have one size: {tuple(first.shape)} and "
+                f"{tuple(image.shape)} (H x W x C); resize or crop them first"
+            )
+        out[i].copy_(image)
+    labels = torch.as_tensor([int(label) for _, label in pairs], dtype=torch.int64)
+    return out.permute(0, 3, 1, 2), labels, owner
+
+
+def _tensor(value: Any) -> Any:
+    """A field's batched value as ``collate_fields`` gives it: arrays as tensors (one, or a
+    list of them), strings and JSON as they are."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if value and isinstance(value[0], np.ndarray):
+        return [torch.from_numpy(v) for v in value]
+    return value
 
 
 def collate_fields(

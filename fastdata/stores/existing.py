@@ -6,6 +6,7 @@ on from there."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import IncompleteStoreError, Phrase, option
 from ..records import Progress, StoreMeta
@@ -106,3 +107,32 @@ def exists_message(location: str, found: Existing, copy: bool) -> tuple[str | Ph
             " to start over",
         )
     return (f"{location}: {found.other}; pass ", OVERWRITE, " to replace it")
+
+
+def refuse_unfinished(writer: Any, found: Existing, doing: str) -> None:
+    """Refuse to work on a store in place (``doing`` what) unless ``found`` is a complete
+    store with nothing unfinished in the way, naming the command that finishes it.
+
+    Raises:
+        StoreNotFoundError: no complete store there.
+        StoreError: an interrupted conversion, replacement or append, or another tool's data.
+    """
+    from ..errors import StoreError, StoreNotFoundError
+
+    target = writer.command_target
+    if found.meta is None:
+        if found.progress is not None:
+            raise StoreError(
+                f"{writer.location}: holds an interrupted conversion, not a complete store; "
+                f"finish it first with `{found.progress.resume_command(target)}`"
+            )
+        if found.other:
+            raise StoreError(f"{writer.location}: {found.other}; not a fastdata store")
+        raise StoreNotFoundError(f"{writer.location}: no store here")
+    unfinished = found.appending or found.aside
+    if unfinished is not None:
+        what = "an append" if found.appending is not None else "a replacement"
+        raise StoreError(
+            f"{writer.location}: {what} of this store was interrupted; finish it first with "
+            f"`{unfinished.resume_command(target)}`, then go on {doing}"
+        )

@@ -18,6 +18,8 @@ from ..records import Progress, Record, RecordHeader, SkippedFile, StoreMeta, na
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..columns import BatchColumn, Column
+
 __all__ = [
     "Foreign",
     "MemoryReader",
@@ -330,7 +332,14 @@ class StoreReader(abc.ABC):
         from ..query import compile_query, record_document
 
         if isinstance(where, Mapping) or not callable(where):
-            test = compile_query(where, self.meta.schema.names, self.location)
+            from ..query import check_query
+            from ..query_columns import column_mask
+
+            query = check_query(where, self.meta.schema.names, self.location)
+            mask = column_mask(query, len(self), self.labels, self.field_column)
+            if mask is not None:  # (the store's columns answered it)
+                return np.flatnonzero(mask).astype(np.int64)
+            test = compile_query(query, self.meta.schema.names, self.location)
             return np.fromiter(
                 (i for i, h in enumerate(self.iter_headers()) if test(record_document(i, h))),
                 np.int64,
@@ -348,6 +357,24 @@ class StoreReader(abc.ABC):
                 )
                 raise
         return np.asarray(found, dtype=np.int64)
+
+    def field_column(self, name: str) -> Column | None:
+        """Field ``name``'s values for every record as one column (:mod:`fastdata.columns`),
+        where the store keeps them; None where it does not (each record's header holds them)."""
+        return None
+
+    def field_batch(
+        self, indices: Sequence[int], names: Sequence[str]
+    ) -> dict[str, BatchColumn] | None:
+        """The values of fields ``names`` of records ``indices``, a column per field, read from
+        the store's columns; None where it keeps none for one of them."""
+        import numpy as np
+
+        columns = {name: self.field_column(name) for name in names}
+        if not columns or any(c is None for c in columns.values()):
+            return None
+        idx = np.asarray(self.check_indices(indices), dtype=np.int64)
+        return {name: c.gather(idx) for name, c in columns.items() if c is not None}
 
     def create_index(self, key: str) -> str:
         """Have the backend's server index ``key`` (a record key a query names: ``label``,

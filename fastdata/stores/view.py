@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..records import Record, SkippedFile, StoreMeta
 from .reader import StoreReader
+
+if TYPE_CHECKING:
+    from ..columns import BatchColumn
 
 __all__ = ["StoreView"]
 
@@ -204,6 +207,11 @@ class StoreView(StoreReader):
 
     def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
         return self.base.read_data(self._map(indices)[1], check=check)
+
+    def field_batch(
+        self, indices: Sequence[int], names: Sequence[str]
+    ) -> dict[str, BatchColumn] | None:
+        return self.base.field_batch(self._map(indices)[1], names)
 
     @property
     def command_target(self) -> str:

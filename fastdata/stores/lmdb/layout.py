@@ -28,6 +28,9 @@ PROGRESS_KEY = b"#progress"
 SKIPPED_PREFIX = b"#skipped/"
 LEN_KEY = b"__len__"
 KEYS_KEY = b"__keys__"
+COLUMNS_KEY = b"__columns__"
+"""The index of the store's columns (``fastdata.columns.ColumnIndex``), where it has them."""
+COLUMN_PREFIX = COLUMNS_KEY + b"/"
 # The files and folders of a store folder are named in stores/names.py (and only there).
 EPOCH_BYTES = 4096
 INITIAL_MAP_SIZE = 1 << 30
@@ -41,6 +44,12 @@ def header_key(index: int) -> bytes:
     which writes at the speed of a plain file append.
     """
     return b"#" + record_key(index)
+
+
+def column_key(field: str, block: int) -> bytes:
+    """The key of block ``block`` of ``field``'s column (a field's name is ASCII, without
+    ``/``: ``fields.check_name``)."""
+    return b"%s%s/%06d" % (COLUMN_PREFIX, field.encode("ascii"), block)
 
 
 def skipped_key(n: int) -> bytes:
@@ -128,7 +137,7 @@ _OWN_KEYS = OWN_KEYS
 def _own_key(key: bytes, records: int, skipped: int) -> bool:
     """Whether ``key`` is one fastdata writes in a store of ``records`` records (and headers)
     and ``skipped`` skipped entries."""
-    if key in _OWN_KEYS:
+    if key in _OWN_KEYS or key == COLUMNS_KEY or key.startswith(COLUMN_PREFIX):
         return True
     number, bound = key, records
     if key.startswith(SKIPPED_PREFIX):
@@ -189,7 +198,22 @@ def _held(txn: Any, entries: int) -> int:
     """LMDB's count of keys less the skipped entries and the store's own keys: the records and
     headers, by that count."""
     fixed = sum(txn.get(k) is not None for k in _OWN_KEYS)
-    return entries - _skipped_keys(txn) - fixed
+    return entries - _skipped_keys(txn) - fixed - column_keys(txn)
+
+
+def column_keys(txn: Any) -> int:
+    """The keys of the store's columns (their index and their blocks), counted one by one (a
+    few per field and 65,536 records)."""
+    if txn.get(COLUMNS_KEY) is None:
+        return 0
+    cursor = txn.cursor()
+    n = 0
+    if cursor.set_range(COLUMNS_KEY):
+        for key in cursor.iternext(keys=True, values=False):
+            if not bytes(key).startswith(COLUMNS_KEY):
+                break
+            n += 1
+    return n
 
 
 def _skipped_keys(txn: Any) -> int:

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ...columns import Column
 from ...errors import (
     IncompleteStoreError,
     RecordError,
@@ -28,6 +29,7 @@ from ...records import (
 )
 from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, append_note, scan_item
 from . import file as lmdb_file
+from .columns import read_column
 from .env import data_path, open_reader
 from .layout import (
     FOREIGN_KEYS_NAMED,
@@ -229,7 +231,24 @@ class LMDBStore(LeasedReader):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_meta"] = state["_labels"] = None  # read again where it is unpickled
+        state["_columns"] = {}  # (read again where they are needed: a fork shares them)
         return state
+
+    def field_column(self, name: str) -> Column | None:
+        """Field ``name``'s column, read once in this process (every block checked), and kept:
+        memory of its values' size (8 bytes a number, a string's bytes and 8), which worker
+        processes forked after it was read share."""
+        cache: dict[str, Column | None] = self.__dict__.setdefault("_columns", {})
+        if name not in cache:
+            field = self.meta.schema.get(name)
+            lease = self._env()
+            column = None
+            if field is not None:
+                column = read_column(lease, name, len(self), self.path, self.command_target)
+                if column is not None and column.field != field:
+                    column = None  # (built by another schema: not this store's)
+            cache[name] = column
+        return cache[name]
 
     def iter_headers(
         self, stop: int | None = None, batch_size: int = 1024

@@ -40,8 +40,10 @@ from ..names import (
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from . import file as lmdb_file
+from .columns import finish_columns
 from .env import bump_epoch, ensure_epoch, open_reader, open_writable, reading
 from .layout import (
+    COLUMNS_KEY,
     INITIAL_MAP_SIZE,
     KEYS_KEY,
     LABELS_KEY,
@@ -306,6 +308,42 @@ class LMDBWriter(StoreWriter):
     def open_reader(self) -> StoreReader:
         return LMDBStore(self.path)
 
+    def build_columns(self) -> StoreMeta:
+        """Build the complete store's columns again from its records' headers, in place (a
+        store written before fastdata kept them, or whose columns are damaged), as an append
+        writes: readers read on, and see the new columns once they are whole. Its records,
+        metadata and id do not change. Use inside ``with``: the lock is released on leaving.
+
+        Raises:
+            StoreNotFoundError, StoreError: no complete store here, an interrupted conversion,
+                replacement or append in the way (named, with the command that finishes it).
+            StoreLockedError: another writer holds the store.
+        """
+        from ..existing import refuse_unfinished
+
+        found = self._lock_and_look()
+        refuse_unfinished(self, found, "building its columns")
+        assert found.meta is not None
+        self._lease = open_writable(self.path, self._map_size, durable=True)
+        self._pin_readers()
+        target = self.path
+        self._commit(lambda txn: txn.delete(COLUMNS_KEY))  # (readers read the headers meanwhile)
+        columns, stale = finish_columns(
+            self._lease.env, self._commit, found.meta.schema, found.meta.count, target
+        )
+        try:
+            self._lease.env.sync(True)
+        except lmdb.Error as exc:
+            raise _write_failed(target, exc) from None
+
+        def fill(txn: Any) -> None:
+            for key in stale:
+                txn.delete(key)
+            txn.cursor().putmulti(columns)
+
+        self._commit(fill)
+        return found.meta
+
     def _promote(self) -> None:
         self._close_env()
         source = data_file(self._aside_path)
@@ -373,6 +411,10 @@ class LMDBWriter(StoreWriter):
         meta, labels, skipped, names = done.meta, done.labels, done.skipped, done.names
         assert self._lease is not None, "start() opens the store"
         skipped_items = skipped_entries(skipped, self._take_skipped(skipped))
+        # the columns' blocks no reader reads yet are written now, before the sync
+        columns, old_columns = finish_columns(
+            self._lease.env, self._commit, meta.schema, meta.count, self._target()
+        )
         try:
             self._lease.env.sync(True)  # every record on disk before the metadata says it's whole
         except lmdb.Error as exc:
@@ -385,6 +427,7 @@ class LMDBWriter(StoreWriter):
         names_value = names if whole else None
 
         stale = [skipped_key(n) for n in range(len(skipped), self._skipped_stale)]
+        stale += old_columns
 
         def fill(txn: Any) -> None:
             txn.cursor().putmulti(skipped_items)
@@ -397,6 +440,7 @@ class LMDBWriter(StoreWriter):
             txn.put(LABELS_KEY, label_bytes)
             txn.put(LEN_KEY, str(count).encode("ascii"))
             txn.put(KEYS_KEY, keys)
+            txn.cursor().putmulti(columns)
             txn.put(META_KEY, meta.to_json())
 
         self._commit(fill)

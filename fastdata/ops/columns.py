@@ -1,0 +1,61 @@
+"""``fastdata columns``: build an LMDB store's columns (:mod:`fastdata.columns`) again from its
+records, in place: for a store written before fastdata kept them, or whose columns ``verify``
+found damaged."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ..errors import StoreError, UsageError
+
+
+@dataclass(frozen=True)
+class ColumnsReport:
+    """What :func:`build_columns` built: the store, its records, each field's column (its
+    values' bytes), and how long it took."""
+
+    location: str
+    count: int
+    fields: dict[str, int]
+    seconds: float
+
+
+def build_columns(store: str | os.PathLike[str]) -> ColumnsReport:
+    """Build the columns of the LMDB store at ``store`` from its records' headers (the source of
+    truth), in place, while readers read on; then read every column back, each block checked
+    against its checksum, before reporting. A store without fields has none to build.
+
+    Raises:
+        UsageError: a MongoDB store (its server runs queries: ``fastdata index``).
+        StoreError: no complete store there, or something unfinished in the way (named, with
+            the command that finishes it); a record whose fields cannot be read.
+        StoreLockedError: another writer holds the store.
+    """
+    from ..stores.lmdb.reader import LMDBStore
+    from ..stores.lmdb.writer import LMDBWriter
+    from ..stores.uri import is_mongo_uri
+
+    if is_mongo_uri(store):
+        raise UsageError(
+            f"{store}: a MongoDB store keeps no columns: its server runs queries; have it "
+            "index a key a query names with `fastdata index URI -c COLLECTION KEY`"
+        )
+    started = time.perf_counter()
+    writer = LMDBWriter(store)
+    with writer:
+        meta = writer.build_columns()
+    reader = LMDBStore(store)
+    try:
+        sizes = {}
+        for field in meta.schema.fields:
+            column = reader.field_column(field.name)
+            if column is None or len(column) != meta.count:
+                raise StoreError(f"{store}: the column of {field.name!r} did not read back whole")
+            sizes[field.name] = column.values.nbytes + (
+                column.offsets.nbytes if column.offsets is not None else 0
+            )
+    finally:
+        reader.close()
+    return ColumnsReport(os.fspath(store), meta.count, sizes, time.perf_counter() - started)

@@ -1,0 +1,168 @@
+"""An LMDB store's columns (:mod:`fastdata.columns`): written by the writer as it finishes a
+store (built from the records' headers, the blocks an append left whole kept), read by a reader
+one field at a time, every block checked against the index it was read with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...columns import BLOCK, Column, ColumnIndex, build_block
+from ...errors import StoreDamagedError, StoreError
+from ...fields import Schema
+from ...records.header import checksum, decode_json
+from .layout import COLUMN_PREFIX, COLUMNS_KEY, column_key, header_key
+from .lease import Lease
+
+Commit = Callable[[Callable[[Any], None]], None]
+
+
+def finish_columns(
+    env: Any, commit: Commit, schema: Schema, count: int, where: str
+) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """Build the columns of a store of ``count`` records as the writer finishes it: the items
+    to write with its metadata (the blocks a reader of the store as it was may read, and the
+    index), and the keys to delete there. Blocks no reader can be reading (past those the
+    columns held) are written now, a transaction each, so that memory holds one block at a
+    time. A store without fields has no columns (those it had are deleted).
+
+    Raises:
+        StoreError: a record whose header or fields cannot be read (named).
+    """
+    with env.begin() as txn:
+        raw = txn.get(COLUMNS_KEY)
+        existing = _column_keys(txn)
+    old = None
+    if raw is not None:
+        try:
+            old = ColumnIndex.from_json(raw, where)
+        except StoreError:
+            old = None
+    if not schema or not count:
+        return [], existing + ([COLUMNS_KEY] if raw is not None else [])
+    usable = old is not None and old.fields == schema.fields and old.block == BLOCK
+    if raw is not None and not (usable and old is not None and old.count <= count):
+        commit(lambda txn: txn.delete(COLUMNS_KEY))  # (no reader reads the columns it named)
+        old, usable = None, False
+    keep = old.count // BLOCK if usable and old is not None else 0
+    read_by_readers = len(next(iter(old.blocks.values()), [])) if old is not None else 0
+    blocks: dict[str, list[tuple[int, int]]] = {
+        f.name: list(old.blocks[f.name][:keep]) if old is not None else [] for f in schema.fields
+    }
+    final: list[tuple[bytes, bytes]] = []
+    total = -(-count // BLOCK)
+    for b in range(keep, total):
+        lo, hi = b * BLOCK, min(count, (b + 1) * BLOCK)
+        values = _field_values(env, schema, lo, hi, where)
+        items = []
+        for field in schema.fields:
+            try:
+                data = build_block(field, values[field.name])
+            except ValueError as exc:
+                raise StoreError(
+                    f"{where}: field {field.name!r} of records {lo}..{hi - 1}: {exc}; run "
+                    "`fastdata verify STORE` to find the record"
+                ) from None
+            blocks[field.name].append((checksum(data), len(data)))
+            items.append((column_key(field.name, b), data))
+        if b < read_by_readers:
+            final.extend(items)
+        else:
+            commit(lambda txn, items=items: txn.cursor().putmulti(items))  # type: ignore[misc]
+    wanted = {column_key(f.name, b) for f in schema.fields for b in range(total)}
+    final.append((COLUMNS_KEY, ColumnIndex(count, schema.fields, blocks, BLOCK).to_json()))
+    return final, [k for k in existing if k not in wanted]
+
+
+def _column_keys(txn: Any) -> list[bytes]:
+    cursor = txn.cursor()
+    out = []
+    if cursor.set_range(COLUMN_PREFIX):
+        for key in cursor.iternext(keys=True, values=False):
+            if not bytes(key).startswith(COLUMN_PREFIX):
+                break
+            out.append(bytes(key))
+    return out
+
+
+def _field_values(env: Any, schema: Schema, lo: int, hi: int, where: str) -> dict[str, list[Any]]:
+    """Each field's values in the headers of records ``lo .. hi-1``."""
+    names = schema.names
+    out: dict[str, list[Any]] = {name: [] for name in names}
+    columns = [out[name] for name in names]
+    with env.begin(buffers=True) as txn:
+        cursor = txn.cursor()
+        i = lo
+        if cursor.set_range(header_key(lo)):
+            for key, raw in cursor.iternext():
+                if i >= hi or bytes(key) != header_key(i):
+                    break
+                try:
+                    values = decode_json(str(raw, "utf-8"))["fields"]
+                    for name, column in zip(names, columns, strict=True):
+                        column.append(values[name])
+                except (ValueError, KeyError, TypeError, RecursionError):
+                    raise StoreError(
+                        f"{where}: record {i}: its header or its fields cannot be read; run "
+                        "`fastdata verify STORE`"
+                    ) from None
+                i += 1
+        if i < hi:
+            raise StoreError(f"{where}: record {i}: its header is missing; run `fastdata verify`")
+    return out
+
+
+def read_index(lease: Lease, where: str) -> tuple[bytes, ColumnIndex] | None:
+    """The store's column index (its bytes, and read), or None where it has none."""
+    raw = lease.values([COLUMNS_KEY], lambda _: f"{where}: the columns' index")[0]
+    if raw is None:
+        return None
+    return raw, ColumnIndex.from_json(raw, where)
+
+
+def read_column(lease: Lease, name: str, count: int, where: str, target: str) -> Column | None:
+    """Field ``name``'s column for the first ``count`` records, every block read checked
+    against its checksum; None where the store has no columns or they cover fewer records
+    (written before an append that did not build them).
+
+    Raises:
+        StoreDamagedError: a block that is not the one the index names (the field and the
+            records named, and the command that builds the columns again).
+    """
+    for _ in range(8):  # (an append may write the index between the two reads: read again)
+        found = read_index(lease, where)
+        if found is None:
+            return None
+        raw, index = found
+        field = index.field(name)
+        if field is None or index.count < count:
+            return None
+        total = -(-count // index.block)
+        keys = [COLUMNS_KEY] + [column_key(name, b) for b in range(total)]
+        got = lease.values(keys, lambda n: f"{where}: column {name!r}, block {n - 1}")
+        if got[0] != raw:
+            continue
+        blocks: list[bytes] = []
+        for b, data in enumerate(got[1:]):
+            crc, size = index.blocks[name][b]
+            lo = b * index.block
+            if data is None or len(data) != size or checksum(data) != crc:
+                what = "missing" if data is None else "not the one its index names"
+                raise StoreDamagedError(
+                    f"{where}: the column of field {name!r} for records {lo}.."
+                    f"{lo + index.block_count(b) - 1} is {what}; build the columns again from "
+                    f"the records with `fastdata columns {target}`",
+                    store=target,
+                )
+            blocks.append(data)
+        counts = [index.block_count(b) for b in range(total)]
+        try:
+            column = Column.from_blocks(field, blocks, counts)
+        except ValueError as exc:
+            raise StoreDamagedError(
+                f"{where}: the column of field {name!r} is damaged ({exc}); build the columns "
+                f"again with `fastdata columns {target}`",
+                store=target,
+            ) from None
+        return column.first(count)
+    raise StoreError(f"{where}: appends kept changing the columns while they were read")
