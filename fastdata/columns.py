@@ -252,6 +252,14 @@ class Column:
         offsets = self.offsets[: count + 1]
         return Column(self.field, self.values[: offsets[-1]], offsets)
 
+    def encoded(self, lo: int, hi: int) -> bytes:
+        """Records ``lo .. hi-1`` as a block holds them (what :func:`build_block` gives for
+        their values)."""
+        if self.offsets is None:
+            return self.values[lo:hi].tobytes()
+        lengths = np.diff(self.offsets[lo : hi + 1]).astype(_LENGTH)
+        return lengths.tobytes() + self.values[self.offsets[lo] : self.offsets[hi]].tobytes()
+
     def gather(self, indices: np.ndarray) -> BatchColumn:
         """The values of records ``indices`` (checked in range by the caller), as a batch."""
         if self.offsets is None:

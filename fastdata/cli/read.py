@@ -81,6 +81,15 @@ def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **opt
         click.echo(f"fields:     {len(schema)}{where}")
         for f in schema.fields:
             click.echo(f"  {f.name:<16} {f.spec.split(':', 1)[1]}")
+        cover = facts.get("columns")
+        if cover is not None and cover == facts["count"]:
+            click.echo("columns:    every field (queries and batches of fields read them)")
+        elif cover is not None:
+            target = shlex.quote(os.path.abspath(store))
+            click.echo(
+                f"columns:    over {cover:,} of {facts['count']:,} records: queries and fields "
+                f"read each record's header; build them with `fastdata columns {target}`"
+            )
     if not facts.get("labelled", True):
         click.echo("classes:    none (the manifest gave no labels: every target is -1)")
         counts = {}

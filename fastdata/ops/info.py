@@ -50,6 +50,7 @@ def store_info(
         "decoder": decoder_name(),
         "checksum_implementation": CHECKSUM_IMPLEMENTATION,
     }
+    facts["columns"] = reader.columns_cover()
     facts["interrupted"] = reader.interrupted()
     if where is not None:
         chosen = reader.matching(where)

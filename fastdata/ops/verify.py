@@ -414,6 +414,10 @@ def _check_invariants(
     if held is not None:
         report.broken.append(f"the records are 0 .. count-1, each once: {held}")
     try:
+        report.broken.extend(reader.columns_problems())
+    except FastdataError as exc:
+        report.broken.append(f"its columns cannot be read: {exc.without_hint()}")
+    try:
         report.foreign.extend(reader.foreign_content())
     except FastdataError as exc:
         report.broken.append(f"its keys cannot be counted: {exc.without_hint()}")

@@ -358,6 +358,17 @@ class StoreReader(abc.ABC):
                 raise
         return np.asarray(found, dtype=np.int64)
 
+    def columns_cover(self) -> int | None:
+        """How many of the records the store's columns cover (all of them: reads and queries
+        go by the columns; fewer: by the records' headers); None where the backend keeps no
+        columns or the store has no fields."""
+        return None
+
+    def columns_problems(self) -> list[str]:
+        """What is wrong with the store's columns (each said with the command that builds them
+        again); none where it keeps none."""
+        return []
+
     def field_column(self, name: str) -> Column | None:
         """Field ``name``'s values for every record as one column (:mod:`fastdata.columns`),
         where the store keeps them; None where it does not (each record's header holds them)."""
@@ -389,8 +400,9 @@ class StoreReader(abc.ABC):
 
         check_query({key: {"$exists": True}}, self.meta.schema.names, self.location)
         raise UsageError(
-            f"{self.location}: an LMDB store has no server to keep an index: a query reads every "
-            "record's header once, when its view is made (docs/fields.md)"
+            f"{self.location}: an LMDB store has no server to keep an index: it keeps every "
+            "field as a column, which a query reads (`fastdata info` says whether it has them; "
+            "`fastdata columns STORE` builds them; docs/fields.md)"
         )
 
     def identity(self) -> dict[str, Any]:

@@ -4,13 +4,13 @@ one field at a time, every block checked against the index it was read with."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...columns import BLOCK, Column, ColumnIndex, build_block
 from ...errors import StoreDamagedError, StoreError
 from ...fields import Schema
-from ...records.header import checksum, decode_json
+from ...records.header import RecordHeader, checksum, decode_json
 from .layout import COLUMN_PREFIX, COLUMNS_KEY, column_key, header_key
 from .lease import Lease
 
@@ -166,3 +166,74 @@ def read_column(lease: Lease, name: str, count: int, where: str, target: str) ->
             ) from None
         return column.first(count)
     raise StoreError(f"{where}: appends kept changing the columns while they were read")
+
+
+def columns_problems(
+    lease: Lease,
+    schema: Schema,
+    count: int,
+    headers: Iterable[RecordHeader],
+    column: Callable[[str], Column | None],
+    where: str,
+    target: str,
+) -> list[str]:
+    """What is wrong with the store's columns, each said once with the command that builds
+    them again: an index or a block that is damaged, or a value that is not the one its
+    record's header holds (the header is the source of truth). A store without columns, or
+    with columns written before an append that did not build them, has none (``info`` says
+    so: reads go by the headers)."""
+    rebuild = f"build them again from the records with `fastdata columns {target}`"
+    try:
+        found = read_index(lease, where)
+    except StoreError as exc:
+        return [f"its columns: {exc.without_hint()}"]
+    if found is None or found[1].count < count:
+        return []
+    index = found[1]
+    if index.fields != schema.fields:
+        return [f"its columns were built for other fields than the store's; {rebuild}"]
+    problems, columns = [], {}
+    for field in schema.fields:
+        try:
+            columns[field.name] = column(field.name)
+        except StoreError as exc:
+            problems.append(f"its columns: {exc.without_hint()}")
+    block: list[RecordHeader] = []
+    start = 0
+    for i, header in enumerate(headers):
+        block.append(header)
+        if len(block) == index.block or i == count - 1:
+            problems += _block_problems(block, start, columns, rebuild)
+            start, block = i + 1, []
+    return problems
+
+
+def _block_problems(
+    headers: list[RecordHeader], lo: int, columns: dict[str, Column | None], rebuild: str
+) -> list[str]:
+    """The first record of ``headers`` (records ``lo ..``) whose value in each column is not
+    its header's."""
+    out = []
+    for name, column in columns.items():
+        if column is None:
+            continue
+        values = [h.fields.get(name) if h.fields is not None else None for h in headers]
+        hi = lo + len(headers)
+        try:
+            want = build_block(column.field, values)
+        except ValueError:
+            continue  # (a record whose fields are damaged: the records' check names it)
+        if want == column.encoded(lo, hi):
+            continue
+        for j, value in enumerate(values):
+            try:
+                one = build_block(column.field, [value])
+            except ValueError:
+                continue
+            if one != column.encoded(lo + j, lo + j + 1):
+                out.append(
+                    f"the column of field {name!r} does not hold record {lo + j}'s value "
+                    f"({headers[j].name}: its header, the source of truth, does); {rebuild}"
+                )
+                break
+    return out

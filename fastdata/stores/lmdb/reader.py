@@ -29,7 +29,7 @@ from ...records import (
 )
 from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, append_note, scan_item
 from . import file as lmdb_file
-from .columns import read_column
+from .columns import columns_problems, read_column, read_index
 from .env import data_path, open_reader
 from .layout import (
     FOREIGN_KEYS_NAMED,
@@ -233,6 +233,31 @@ class LMDBStore(LeasedReader):
         state["_meta"] = state["_labels"] = None  # read again where it is unpickled
         state["_columns"] = {}  # (read again where they are needed: a fork shares them)
         return state
+
+    def columns_problems(self) -> list[str]:
+        lease = self._env()
+
+        def headers() -> Iterator[RecordHeader]:
+            try:
+                yield from self.iter_headers()
+            except RecordError:
+                return  # (a damaged header: the records' check names it)
+
+        return columns_problems(
+            lease,
+            self.meta.schema,
+            len(self),
+            headers(),
+            self.field_column,
+            self.path,
+            self.command_target,
+        )
+
+    def columns_cover(self) -> int | None:
+        if not self.meta.schema:
+            return None
+        found = read_index(self._env(), self.path)
+        return 0 if found is None else min(found[1].count, len(self))
 
     def field_column(self, name: str) -> Column | None:
         """Field ``name``'s column, read once in this process (every block checked), and kept:
