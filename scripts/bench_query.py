@@ -3,13 +3,15 @@
 
 Converts a manifest of N rows of tiny JPEGs, each with a score (a float), 5 boxes and a caption,
 then selects the records whose score is above a threshold (1% of them), interleaved over
-rounds: with the query document (``where={"fields.score": {"$gt": ...}}``), with the same
+rounds: with the query document (``where={"fields.score": {"$gt": ...}}``) over the store's
+columns, the same query over each record's header (a store without columns), the same
 selection as a Python predicate, and, as the floor any selection that reads every record once
 is measured against, a bare ``lmdb`` cursor reading every key and value of the store once.
-Then ``create_loader`` over the selection against over the whole store, images per second.
+Then the time from opening the store to the first batch of a loader over the selection, and
+``create_loader`` over the selection against over the whole store, images per second.
 
     python scripts/bench_query.py                 # 100,000 rows
-    python scripts/bench_query.py --rows 20000 --rounds 5
+    python scripts/bench_query.py --rows 1000000 --rounds 3
 """
 
 from __future__ import annotations
@@ -85,13 +87,20 @@ def main() -> None:
         print(f"{args.rows:,} rows converted in {spent:.1f} s")
         cut = 0.99
         query = {"fields.score": {"$gt": cut}}
-        times: dict[str, list[float]] = {"query": [], "predicate": [], "bare": []}
+        times: dict[str, list[float]] = {"query": [], "headers": [], "predicate": [], "bare": []}
         selected = 0
         for _ in range(args.rounds):
             reader = LMDBImageDataset(store, output="bytes").reader
             t = time.perf_counter()
             selected = len(reader.matching(query))
             times["query"].append(time.perf_counter() - t)
+            reader.close()
+            reader = LMDBImageDataset(store, output="bytes").reader
+            reader.field_column = lambda name: None  # type: ignore[method-assign]
+            t = time.perf_counter()
+            by_headers = len(reader.matching(query))
+            times["headers"].append(time.perf_counter() - t)
+            assert by_headers == selected
             t = time.perf_counter()
             by_code = len(reader.matching(lambda f: f["score"] > cut))
             times["predicate"].append(time.perf_counter() - t)
@@ -99,18 +108,49 @@ def main() -> None:
             reader.close()  # (py-lmdb opens a file once a process)
             times["bare"].append(bare_scan(store))
         median = {k: statistics.median(v) for k, v in times.items()}
-        print(f"selecting {selected:,} of {args.rows:,} records (score > {cut}), median of "
-              f"{args.rounds}:")
-        for name in ("query", "predicate", "bare"):
+        print(
+            f"selecting {selected:,} of {args.rows:,} records (score > {cut}), median of "
+            f"{args.rounds}:"
+        )
+        said = {
+            "query": "query (columns)",
+            "headers": "query (headers)",
+            "predicate": "predicate",
+            "bare": "bare lmdb scan",
+        }
+        for name in ("query", "headers", "predicate", "bare"):
             per = median[name] / args.rows * 1e6
-            print(f"  {name:<10} {median[name]:7.3f} s  ({per:.2f} us a record)")
-        print(f"  query / bare lmdb scan of every value: {median['query'] / median['bare']:.1f}x "
-              "the time (target: <= 1.0x)")
+            print(f"  {said[name]:<16} {median[name]:7.3f} s  ({per:.3f} us a record)")
+        print(
+            f"  query over the columns / bare lmdb scan of every value: "
+            f"{median['query'] / median['bare']:.3f} of the time (target: <= 1.0)"
+        )
+        print(
+            f"  query over the columns / over the headers: "
+            f"{median['query'] / median['headers']:.3f} of the time"
+        )
+
+        firsts = []
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            ds = LMDBImageDataset(store, where=query)
+            loader = create_loader(
+                ds, 64, train=False, image_size=32, num_workers=2, device="cpu", drop_last=False
+            )
+            next(iter(loader))
+            firsts.append(time.perf_counter() - t)
+            ds.close()
+            del loader
+        print(
+            f"open the store, select, start a loader (2 workers) and take its first batch: "
+            f"{statistics.median(firsts):.2f} s (target: <= 1 s)"
+        )
 
         def rate(where: object) -> float:
             ds = LMDBImageDataset(store, where=where)
-            loader = create_loader(ds, 64, train=False, image_size=32, num_workers=2,
-                                   device="cpu", drop_last=False)
+            loader = create_loader(
+                ds, 64, train=False, image_size=32, num_workers=2, device="cpu", drop_last=False
+            )
             t, images = time.perf_counter(), 0
             while time.perf_counter() - t < args.seconds:
                 for images_, _ in loader:
@@ -120,8 +160,10 @@ def main() -> None:
             return images / (time.perf_counter() - t)
 
         whole, picked = rate(None), rate(query)
-        print(f"create_loader, 2 workers: over the selection {picked:,.0f} img/s, over the whole "
-              f"store {whole:,.0f} img/s: {picked / whole:.2f} (target >= 0.9)")
+        print(
+            f"create_loader, 2 workers: over the selection {picked:,.0f} img/s, over the whole "
+            f"store {whole:,.0f} img/s: {picked / whole:.2f} (target >= 0.9)"
+        )
 
 
 if __name__ == "__main__":

@@ -110,7 +110,11 @@ def main() -> None:
             f"{'/ read':>8}"
         )
         for name, values in times.items():
-            label = f"verify, {processes} process{'' if processes == 1 else 'es'}" if name == "verify" else name
+            label = (
+                f"verify, {processes} process{'' if processes == 1 else 'es'}"
+                if name == "verify"
+                else name
+            )
             if name == "read":
                 label = "reading the file once"
             median = statistics.median(values)

@@ -18,6 +18,7 @@ from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database
 from .procs import HOLDING_CONVERT, KILLED_CONVERT, cli, run_script, script, wait_for
 
+
 def folder(root: Path, classes: dict[str, range], seed: int = 0) -> Path:
     for cls, numbers in classes.items():
         for i in numbers:

@@ -150,7 +150,9 @@ def test_a_field_only_some_rows_have_is_refused_and_ints_widen_to_floats(tmp_pat
     # most rows giving it: the rows without it are named, and the flag that lists them
     few = [{**r, "note": "n"} for r in rows]
     del few[0]["note"]
-    with pytest.raises(SourceError, match="'note' is in 3 of 4 rows .line 1 has none.*fields='note:str'"):
+    with pytest.raises(
+        SourceError, match="'note' is in 3 of 4 rows .line 1 has none.*fields='note:str'"
+    ):
         convert(write_jsonl(tmp_path / "few.jsonl", few), tmp_path / "few.lmdb")
     assert not (tmp_path / "s.lmdb").exists()
     report = convert(manifest, tmp_path / "s.lmdb", fields="note")
@@ -464,7 +466,9 @@ def test_an_append_reads_the_source_with_the_stores_fields(tmp_path: Path) -> No
     report = convert(manifest, tmp_path / "n.lmdb", append=True)
     assert report.count == 4 and not report.changed and not report.gone
     (skipped,) = report.skipped
-    assert "line 4" in skipped.reason and "0.5 is a float where the field is an int" in skipped.reason
+    assert (
+        "line 4" in skipped.reason and "0.5 is a float where the field is an int" in skipped.reason
+    )
     n = LMDBImageDataset(tmp_path / "n.lmdb", output="bytes", fields="*")
     assert [v["n"] for _, _, v in n.__getitems__(range(4))] == [0, 1, 2, 4]
     assert all(type(v["n"]) is int for _, _, v in n.__getitems__(range(4)))
@@ -691,14 +695,22 @@ def test_a_fields_type_is_the_one_most_rows_give(tmp_path: Path) -> None:
     # holds stay ints whatever one float row says
     odd: list[dict[str, Any]] = [
         {"path": "img/0.jpg", "xs": [[1, 2]], "flags": [1, 0], "id": 2**60},
-        *({"path": f"img/{i}.jpg", "xs": [i, 2, 3], "flags": [True], "id": 2**60 + i} for i in (1, 2, 3)),
+        *(
+            {"path": f"img/{i}.jpg", "xs": [i, 2, 3], "flags": [True], "id": 2**60 + i}
+            for i in (1, 2, 3)
+        ),
         {"path": "img/4.jpg", "xs": [], "flags": [False], "id": 1.5},
     ]
     report = convert(write_jsonl(tmp_path / "o.jsonl", odd), tmp_path / "o.lmdb")
     assert report.fields == ["xs:int[-1]", "flags:bool[-1]", "id:int"]
-    assert report.count == 3 and sorted(s.reason[:6] for s in report.skipped) == ["line 1", "line 5"]
+    assert report.count == 3 and sorted(s.reason[:6] for s in report.skipped) == [
+        "line 1",
+        "line 5",
+    ]
     # null is a value of json fields only: a key null in every row is one; an object or null
-    nulls = [{"path": f"img/{i}.jpg", "note": None, "ann": {"k": i} if i else None} for i in range(2)]
+    nulls = [
+        {"path": f"img/{i}.jpg", "note": None, "ann": {"k": i} if i else None} for i in range(2)
+    ]
     report = convert(write_jsonl(tmp_path / "n.jsonl", nulls), tmp_path / "n.lmdb")
     assert report.count == 2 and report.fields == ["note:json", "ann:json"]
     ds = LMDBImageDataset(tmp_path / "n.lmdb", output="bytes", fields="*")

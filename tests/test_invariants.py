@@ -240,7 +240,9 @@ def test_refused_commands_leave_nothing_behind(
     assert list(db[META_COLLECTION].find({})) == []  # no claim, no progress left
 
 
-def test_a_resume_with_nothing_to_resume_says_what_to_run(good_folder: Path, tmp_path: Path) -> None:
+def test_a_resume_with_nothing_to_resume_says_what_to_run(
+    good_folder: Path, tmp_path: Path
+) -> None:
     with pytest.raises(UsageError, match="run the same call without resume=True"):
         convert(good_folder, tmp_path / "n.lmdb", resume=True)
     assert not (tmp_path / "n.lmdb").exists()

@@ -86,9 +86,7 @@ def test_one_file_named_two_ways_is_one_record(data: Path, tmp_path: Path) -> No
     assert all("the same file as line" in s.reason for s in report.skipped)
 
 
-def test_the_store_may_sit_beside_the_manifest(
-    data: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_store_may_sit_beside_the_manifest(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (data / "labels.csv").write_text("path,label\nimg/00.jpg,cat\nimg/01.jpg,dog\n")
     monkeypatch.chdir(data)
     result = cli("convert", "labels.csv", "labels.lmdb", "-q")
@@ -167,8 +165,13 @@ def test_a_class_list_that_leaves_out_used_classes_is_refused_unless_asked(
     assert "leaves out 2 class(es) the manifest uses: 'd' (3 rows), 'c' (2 rows)" in result.stderr
     assert not (tmp_path / "r.lmdb").exists()
     dropped = cli(
-        "convert", str(csv), str(tmp_path / "d.lmdb"), "--classes", str(listing),
-        "--drop-unlisted-classes", "-q",
+        "convert",
+        str(csv),
+        str(tmp_path / "d.lmdb"),
+        "--classes",
+        str(listing),
+        "--drop-unlisted-classes",
+        "-q",
     )
     assert dropped.returncode == 0, dropped.stderr
     assert len(open_store(tmp_path / "d.lmdb")) == 2 and "unknown class 'd'" in dropped.stdout

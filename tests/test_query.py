@@ -305,6 +305,7 @@ def test_a_loader_resumes_only_over_the_selection_it_saved(
     assert state["dataset"]["selected"] == len(first.dataset)
     same = loader({"fields.flag": True})
     same.load_state_dict(state)
+
     def plain(batches: Any) -> list[list[tuple[bytes, int]]]:
         return [[(bytes(np.asarray(x)), int(y)) for x, y in batch] for batch in batches]
 

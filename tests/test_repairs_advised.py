@@ -134,9 +134,7 @@ def test_export_decode_refuses_an_undecodable_record_unless_told_to_skip(tmp_pat
     convert(folder(tmp_path / "src", ("cat",), bad="cat/bad.jpg"), store)
     with pytest.raises(RecordError, match=r"cat/bad.jpg\) does not decode.*skip_damaged=True"):
         export_store(open_store(store), tmp_path / "out", decode=True)
-    report = export_store(
-        open_store(store), tmp_path / "out2", decode=True, skip_damaged=True
-    )
+    report = export_store(open_store(store), tmp_path / "out2", decode=True, skip_damaged=True)
     assert report.files == 3 and [u.split(":")[0] for u in report.undecodable] == ["cat/bad.jpg"]
     plain = cli("export", str(store), str(tmp_path / "out3"), "--skip-damaged", "-q")
     assert plain.returncode == 0  # (without --decode, what is whole is copied: its checksum holds)

@@ -307,7 +307,9 @@ def test_a_store_being_written_is_said_to_be_written_not_stopped(
     first.send_signal(signal.SIGKILL)
     first.communicate()
     stopped = cli("info", str(dst))
-    assert "its conversion stopped after" in stopped.stderr and "being written" not in stopped.stderr
+    assert (
+        "its conversion stopped after" in stopped.stderr and "being written" not in stopped.stderr
+    )
     assert "--resume" in stopped.stderr
 
 

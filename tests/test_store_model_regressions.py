@@ -186,6 +186,7 @@ def test_a_store_folder_that_holds_a_folder_named_data_mdb_is_refused_without_a_
     convert(a, store)
     assert len(open_store(store)) == 3 and not (store / ".replacement").exists()
 
+
 def test_an_append_to_a_store_whose_folder_holds_a_folder_named_readers_epoch_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -202,6 +203,7 @@ def test_an_append_to_a_store_whose_folder_holds_a_folder_named_readers_epoch_is
     convert(folder(tmp_path / "Aplus", {"a": 3, "b": 2}), store, append=True)
     assert len(open_store(store)) == 5
 
+
 @pytest.mark.mongo
 def test_a_store_named_like_a_gridfs_bucket_of_another_survives_its_writer(
     tmp_path: Path, mongo_uri: str
@@ -215,6 +217,7 @@ def test_a_store_named_like_a_gridfs_bucket_of_another_survives_its_writer(
     assert database(mongo_uri).list_collection_names() == []
     convert(a, mongo_uri, collection="c")
     assert len(open_store(mongo_uri, collection="c")) == 3
+
 
 @pytest.mark.mongo
 def test_a_store_named_like_another_stores_writer_claim_survives_its_writer(
@@ -230,6 +233,7 @@ def test_a_store_named_like_another_stores_writer_claim_survives_its_writer(
     assert database(mongo_uri).list_collection_names() == []
     convert(a, mongo_uri, collection="c")
     assert len(open_store(mongo_uri, collection="c")) == 3
+
 
 @pytest.mark.mongo
 @pytest.mark.parametrize("name", ["system.x", "$x"])

@@ -205,4 +205,3 @@ def test_a_decode_that_raises_stopiteration_is_an_error_not_the_end_of_the_epoch
         for batch in PrefetchLoader(image_batches(n=5), device="cpu", decode=decode):
             seen.append(batch)
     assert len(seen) == 2
-

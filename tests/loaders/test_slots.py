@@ -75,6 +75,7 @@ def _drop_inherited_batches() -> None:
     # what happens when a forked child lets go of the batches it inherited; walking every object
     # touches torch's deprecated `reduce_op` alias, whose FutureWarning is not ours
     warnings.simplefilter("ignore", FutureWarning)
+
     def is_finalizer(o: object) -> bool:
         try:
             return isinstance(o, weakref.finalize)

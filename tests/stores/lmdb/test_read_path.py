@@ -211,7 +211,10 @@ def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
     assert lease.cold_reads.announce_left == readahead.COLD_BATCHES
     monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", 10**12)
     assert ds.__getitems__(batch)[1][0] == bytes([47]) * 900  # announced: all in memory
-    assert lease.cold_reads.announce_left == 0 and lease.cold_reads.announce_run == readahead.COLD_BATCHES
+    assert (
+        lease.cold_reads.announce_left == 0
+        and lease.cold_reads.announce_run == readahead.COLD_BATCHES
+    )
 
 
 def test_large_values_are_announced_while_they_come_from_the_disk_and_no_longer(
