@@ -171,8 +171,12 @@ class ImageStoreDataset(Dataset):
         """The :class:`fastdata.fields.Schema` of the fields read with each sample."""
         from .fields import Schema
 
-        schema = self.reader.meta.schema
-        return Schema([f for f in schema.fields if f.name in self.fields])
+        cached = self.__dict__.get("_field_schema")
+        if cached is None:
+            schema = self.reader.meta.schema
+            cached = Schema([f for f in schema.fields if f.name in self.fields])
+            self.__dict__["_field_schema"] = cached
+        return cached
 
     # -- ImageFolder-compatible attributes
 
@@ -265,13 +269,16 @@ class ImageStoreDataset(Dataset):
         one round trip."""
         columns = self.reader.field_batch(indices, self.fields) if self.fields else None
         if columns is not None:
-            images, targets = [], []
-            transform, target_transform = self.transform, self.target_transform
             samples = self.reader.read_samples(indices, check=self._checked)
-            for i, seed, (data, label) in zip(indices, seeds, samples, strict=True):
-                image = self._decode(data, int(i), seed)
-                images.append(image if transform is None else transform(image))
-                targets.append(label if target_transform is None else target_transform(label))
+            if self.output == "bytes" and self._plain:  # (nothing to apply)
+                images, targets = [d for d, _ in samples], [t for _, t in samples]
+            else:
+                images, targets = [], []
+                transform, target_transform = self.transform, self.target_transform
+                for i, seed, (data, label) in zip(indices, seeds, samples, strict=True):
+                    image = self._decode(data, int(i), seed)
+                    images.append(image if transform is None else transform(image))
+                    targets.append(label if target_transform is None else target_transform(label))
             return FieldBatch(images, targets, columns, self.field_schema, self.as_dict)
         schema = self.reader.meta.schema
         readers = [(n, field_reader(schema.get(n))) for n in self.fields]

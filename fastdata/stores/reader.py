@@ -384,7 +384,10 @@ class StoreReader(abc.ABC):
         columns = {name: self.field_column(name) for name in names}
         if not columns or any(c is None for c in columns.values()):
             return None
-        idx = np.asarray(self.check_indices(indices), dtype=np.int64)
+        n = len(self)
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx) and (idx.min() < 0 or idx.max() >= n):
+            idx = np.asarray(self.check_indices(indices), dtype=np.int64)  # (or IndexError)
         return {name: c.gather(idx) for name, c in columns.items() if c is not None}
 
     def create_index(self, key: str) -> str:
