@@ -35,6 +35,9 @@ from .errors import (
     ReservedNameError as ReservedNameError,
 )
 from .errors import (
+    ResumeError as ResumeError,
+)
+from .errors import (
     SourceError as SourceError,
 )
 from .errors import (

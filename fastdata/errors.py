@@ -26,6 +26,7 @@ __all__ = [
     "QueryError",
     "RecordError",
     "ReservedNameError",
+    "ResumeError",
     "SourceError",
     "StoreError",
     "StoreExistsError",
@@ -114,6 +115,13 @@ class QueryError(UsageError, ValueError):
     """A query (``where=``, ``--where``) the query language does not take: an operator outside
     :data:`fastdata.query.OPERATORS`, a key no record has, a field the store does not have, or
     a malformed condition. Raised before any record is read; exits with code 2."""
+
+
+class ResumeError(UsageError, ValueError):
+    """A loader's saved state (``Loader.load_state_dict``) that cannot continue here: from
+    another store, selection, seed or order, from a later fastdata, or edited or cut short. The
+    message names what differs and the way out (the matching store, or the saved epoch from
+    its beginning: ``restart_epoch=True``, ``--restart-epoch``); exits with code 2."""
 
 
 class ReservedNameError(UsageError):

@@ -13,9 +13,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
+from ..errors import ResumeError
 from .collate import collate_encoded, fast_collate
 from .device import default_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
+from .position import (
+    RESTART,
+    Position,
+    change_note,
+    dataset_identity,
+    make_state,
+    read_state,
+    refuse_other,
+    same_samples,
+)
 from .prefetch import PrefetchLoader
 from .sampler import EpochSampler
 from .tuning import pick_workers
@@ -67,9 +78,13 @@ class Loader:
     """What :func:`create_loader` returns: iterate it for device batches, epoch after epoch.
 
     Every ``for`` loop over it is one epoch; the epoch number advances by itself (reshuffling,
-    also across ranks) without a call to ``set_epoch``. ``state_dict()`` taken between batches and
-    given to ``load_state_dict()`` of a new loader (same dataset, batch size, seed and ranks)
-    makes its next epoch exactly the batches not yet seen.
+    also across ranks) without a call to ``set_epoch``. Its position is global
+    (:mod:`fastdata.loaders.position`): ``state_dict()`` taken by rank 0 between batches, given
+    to ``load_state_dict()`` of a new loader on every rank, with any world size, worker count or
+    batch size, makes its next iteration exactly the samples of the epoch not yet delivered by
+    any rank, each once, split evenly over the new ranks (torchdata's ``StatefulDataLoader``
+    protocol). A dataset that grew by an append since finishes the saved epoch over the samples
+    it began with; the new ones join from the next.
     """
 
     def __init__(
@@ -87,8 +102,12 @@ class Loader:
         self.seed = seed
         self.worker_rates = worker_rates or {}
         self.epoch = 0
-        self._skip = 0  # batches of self.epoch already consumed
-        self._consumed = 0
+        self._resume: Position | None = None  # where the next iteration begins, if not at 0
+        self._iterating = False
+        self._consumed = 0  # batches of this iteration handed out
+        self.resume_note = ""
+        """What the last ``load_state_dict`` continues, said for a person (``resuming epoch 3
+        on 2 ranks instead of 4: 61,440 samples left, 30,720 each``)."""
         self._finalizer = weakref.finalize(self, _shut_down, dataloader)
 
     @property
@@ -128,91 +147,104 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (from its beginning)."""
-        self.epoch, self._skip, self._consumed = epoch, 0, 0
+        self.epoch, self._resume, self._consumed = epoch, None, 0
+
+    def _place(self) -> None:
+        """The sampler where the next iteration begins."""
+        if self._resume is None:
+            self.sampler.set_epoch(self.epoch)
+        else:
+            saved = self._resume
+            self.sampler.resume(saved.epoch, saved.position, saved.samples)
 
     def __len__(self) -> int:
-        """Batches in the next (or current) epoch for this rank."""
-        per_rank = self.sampler.per_rank() - self._skip * self.batch_size
+        """Batches in the next (or current) iteration for this rank."""
+        if not self._iterating:
+            self._place()
+        per_rank = self.sampler.per_rank()
         if self.dataloader.drop_last:
             return per_rank // self.batch_size
         return -(-per_rank // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        self.sampler.load_state_dict({"epoch": self.epoch}, start=self._skip * self.batch_size)
-        self._consumed = self._skip
-        for batch in self.device_loader:
-            self._consumed += 1
-            yield batch
+        self._place()
+        self._resume, self._consumed, self._iterating = None, 0, True
+        finished = False
+        try:
+            for batch in self.device_loader:
+                self._consumed += 1
+                yield batch
+            finished = True
+        finally:
+            if not finished:  # (left early: the next iteration goes on from here)
+                self._resume = self.position()
+            self._iterating = False
         self.epoch += 1
-        self._skip = self._consumed = 0
+        self._consumed = 0
+
+    def position(self) -> Position:
+        """Where the loader stands: the epoch, and the samples of its order that the ranks
+        together have been handed (a batch counts once this loader has yielded it)."""
+        if self._iterating:
+            epoch, samples = self.sampler.epoch, self.sampler.samples
+            at = self.sampler.delivered(self._consumed * self.batch_size)
+        elif self._resume is not None:
+            saved = self._resume
+            epoch, at, samples = saved.epoch, saved.position, saved.samples
+        else:
+            epoch, at, samples = self.epoch, 0, len(self.dataset)
+        return Position(
+            epoch=epoch,
+            position=at,
+            samples=samples,
+            seed=self.seed,
+            shuffle=self.sampler.shuffle,
+            world_size=self.sampler.world_size,
+            batch_size=self.batch_size,
+            dataset=dataset_identity(self.dataset),
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: the epoch and the batches of it already handed out, and
-        what its samples are (a store dataset's store and view: ``StoreReader.identity``)."""
-        state = {
-            **self.sampler.state_dict(),
-            "epoch": self.epoch,
-            "batches": self._consumed,
-            "batch_size": self.batch_size,
-        }
-        identity = _identity(self.dataset)
-        if identity is not None:
-            state["dataset"] = identity
-        return state
+        """The loader's position as plain JSON types (under a kilobyte, whatever the epoch's
+        length): what ``load_state_dict`` of a loader of any shape continues from."""
+        return make_state(self.position())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields the rest of its epoch.
+    def load_state_dict(self, state: dict[str, Any], *, restart_epoch: bool = False) -> None:
+        """Continue from ``state`` (rank 0's, given to every rank): the next iteration yields
+        this rank's share of the rest of its epoch; with ``restart_epoch``, the saved epoch
+        from its beginning (over the dataset as it is), whatever else differs.
 
         Raises:
-            ValueError: the state comes from a loader with another seed, batch size, rank
-                layout or dataset length, whose remaining batches would not be the same.
+            ResumeError: a state of another store, selection, seed or order, of a later
+                fastdata, or edited or cut short: named, with the way out.
         """
-        saved, mine = state.get("dataset"), _identity(self.dataset)
-        if saved is not None and mine is not None and not _same_samples(saved, mine, self.dataset):
-            raise ValueError(
-                f"cannot resume: the saved loader read {_said(saved)}, this one reads "
-                f"{_said(mine)}; resume over the same store and the same selection"
+        saved = read_state(state)
+        if restart_epoch:
+            self.set_epoch(saved.epoch)
+            self.resume_note = f"starting epoch {saved.epoch} again from its beginning"
+            return
+        mine = dataset_identity(self.dataset)
+        same = (
+            saved.dataset is None or mine is None or same_samples(saved.dataset, mine, self.dataset)
+        )
+        refuse_other(saved, self.seed, self.sampler.shuffle, mine, same)
+        if saved.samples > len(self.dataset):
+            raise ResumeError(
+                f"cannot resume: the saved epoch has {saved.samples:,} samples and this dataset "
+                f"{len(self.dataset):,}; resume over the dataset it saved, or start the epoch "
+                "again with ",
+                RESTART,
             )
-        if "batch_size" in state and state["batch_size"] != self.batch_size:
-            raise ValueError(
-                f"cannot resume: the saved loader had batch_size={state['batch_size']}, this one "
-                f"has {self.batch_size}; create the loader with the same settings"
-            )
-        batches = int(state["batches"])
-        self.sampler.load_state_dict(state, start=batches * self.batch_size)
-        self.epoch = int(state["epoch"])
-        self._skip = self._consumed = batches
+        self.epoch, self._resume, self._consumed = saved.epoch, saved, 0
+        self.resume_note = change_note(
+            saved, self.sampler.world_size, self.batch_size, len(self.dataset)
+        )
 
     def __repr__(self) -> str:
         return (
             f"Loader({len(self.dataset)} samples, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers}, device={str(self.device)!r}, epoch={self.epoch})"
         )
-
-
-def _identity(dataset: Any) -> dict[str, Any] | None:
-    """A store dataset's :meth:`~fastdata.stores.reader.StoreReader.identity` (None for
-    another dataset)."""
-    reader = getattr(dataset, "reader", None)
-    identity = getattr(reader, "identity", None)
-    return identity() if callable(identity) else None
-
-
-def _same_samples(saved: dict[str, Any], mine: dict[str, Any], dataset: Any) -> bool:
-    """Whether a loader that saved ``saved`` reads the samples this one does: the same store
-    (or one it grew into by appends: its first records are still those), and the same
-    selection of it (a view's digest; how many records each holds is the sampler's check)."""
-    meta = getattr(getattr(dataset, "reader", None), "meta", None)
-    lineage = {mine.get("store"), *getattr(meta, "appended_from", [])}
-    return saved.get("store") in lineage and saved.get("view") == mine.get("view")
-
-
-def _said(identity: dict[str, Any]) -> str:
-    """A dataset's identity in words: ``store 1f2e... (5,000 records), view 9ab... (120)``."""
-    words = f"store {identity.get('store')} ({identity.get('records')} records)"
-    if "view" in identity:
-        words += f", the selection {identity['view']} ({identity.get('selected')} records)"
-    return words
 
 
 class _DeviceStep:

@@ -25,12 +25,18 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class EpochSampler(Sampler[Any]):
-    """Every rank's share of one epoch, in an order fixed by ``seed`` and the epoch.
+    """Every rank's share of one epoch, in an order fixed by ``seed`` and the epoch, from a
+    global position in it.
 
-    All ranks draw the same permutation of ``0 .. n-1``; it is padded by repeating its start until
-    it divides evenly by ``world_size`` (or cut, with ``drop_last``), and rank ``r`` takes every
-    ``world_size``-th index from ``r``. Ranks therefore see disjoint samples that together cover
-    the epoch, the same number each.
+    All ranks draw the same permutation of the epoch's samples (``0 .. samples-1``: the dataset's
+    length when the epoch began). Of its rest (from ``position``, the samples the ranks together
+    have delivered), rank ``r`` takes every ``world_size``-th from ``r``: after ``k`` batches of
+    ``b`` on every rank, the ranks together have delivered exactly the next ``k * b *
+    world_size`` of the order, whatever the world size, batch size or worker count, so a
+    position saved on one shape of job continues on any other. The rest is padded by repeating
+    its start until it divides evenly by ``world_size`` (each rank the same number of steps; at
+    most ``world_size - 1`` samples of the epoch's last step come twice), or cut with
+    ``drop_last`` (at most ``world_size - 1`` left out).
 
     Args:
         n: dataset length.
@@ -63,35 +69,60 @@ class EpochSampler(Sampler[Any]):
         self.drop_last = drop_last
         self.with_seeds = with_seeds
         self.epoch = 0
-        self.start = 0  # samples of this rank's share to skip (a resumed epoch)
+        self.position = 0
+        """Samples of this epoch's order the ranks together delivered before this iteration."""
+        self.epoch_samples: int | None = None
+        """The length of the epoch being resumed, where the dataset grew since it began (None:
+        the dataset's)."""
+
+    @property
+    def samples(self) -> int:
+        """The samples of the current epoch (the dataset's length when it began)."""
+        return self.n if self.epoch_samples is None else self.epoch_samples
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        """Start epoch ``epoch`` from its beginning, over the dataset as it is."""
+        self.epoch, self.position, self.epoch_samples = epoch, 0, None
+
+    def resume(self, epoch: int, position: int, samples: int) -> None:
+        """Continue epoch ``epoch`` of ``samples`` samples from global ``position``."""
+        if not 0 <= position <= samples <= self.n:
+            raise ValueError(f"position {position} of {samples} samples, of a dataset of {self.n}")
+        self.epoch, self.position = epoch, position
+        self.epoch_samples = None if samples == self.n else samples
+
+    def rest(self) -> int:
+        """Samples of the epoch not delivered yet, by all ranks."""
+        return self.samples - self.position
 
     def per_rank(self) -> int:
         if self.drop_last:
-            return self.n // self.world_size
-        return -(-self.n // self.world_size)
+            return self.rest() // self.world_size
+        return -(-self.rest() // self.world_size)
 
-    def indices(self) -> np.ndarray:
-        """This rank's indices for the current epoch, all of them (ignoring ``start``), as one
-        array: 4 bytes a sample (8 past 2**31 samples), not a list of Python ints."""
-        wide = self.n >= 1 << 31
+    def order(self) -> np.ndarray:
+        """The epoch's whole order, as one array: 4 bytes a sample (8 past 2**31 samples), not a
+        list of Python ints."""
+        n = self.samples
+        wide = n >= 1 << 31
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(sample_seed(self.seed, self.epoch, -1) & 0xFFFFFFFFFFFF)
             # the same order whatever the index type; int32 is built twice as fast
             kind = torch.int64 if wide else torch.int32
-            order = torch.randperm(self.n, generator=g, dtype=kind).numpy()
-        else:
-            order = np.arange(self.n, dtype=np.int64 if wide else np.int32)
+            return torch.randperm(n, generator=g, dtype=kind).numpy()
+        return np.arange(n, dtype=np.int64 if wide else np.int32)
+
+    def indices(self) -> np.ndarray:
+        """This rank's indices for the rest of the current epoch, as one array."""
+        rest = self.order()[self.position :]
         total = self.per_rank() * self.world_size
-        if total > len(order):
-            order = np.tile(order, -(-total // max(1, len(order))))
-        return order[:total][self.rank :: self.world_size]
+        if total > len(rest):
+            rest = np.tile(rest, -(-total // max(1, len(rest))))
+        return rest[:total][self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[Any]:
-        mine = self.indices()[self.start :]
+        mine = self.indices()
         if not self.with_seeds:
             return (int(i) for i in mine)
         seed, epoch = self.seed, self.epoch
@@ -99,33 +130,9 @@ class EpochSampler(Sampler[Any]):
         return ((int(i), sample_seed(seed, epoch, int(i))) for i in mine)
 
     def __len__(self) -> int:
-        return max(0, self.per_rank() - self.start)
+        return max(0, self.per_rank())
 
-    # -- resuming
-
-    def state_dict(self) -> dict[str, Any]:
-        """What fixes the order: the epoch, the seed, the rank layout and the dataset length."""
-        return {
-            "epoch": self.epoch,
-            "seed": self.seed,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "samples": self.n,
-        }
-
-    def load_state_dict(self, state: dict[str, Any], *, start: int = 0) -> None:
-        """Continue the epoch of ``state`` from this rank's sample ``start``.
-
-        Raises:
-            ValueError: ``state`` has another seed, rank layout or dataset length: the rest of
-                its epoch would be other samples.
-        """
-        mine = self.state_dict()
-        for key in ("seed", "world_size", "rank", "samples"):
-            if key in state and state[key] != mine[key]:
-                raise ValueError(
-                    f"cannot resume: the saved loader had {key}={state[key]}, this one has "
-                    f"{mine[key]}; create the loader with the same settings"
-                )
-        self.epoch = int(state["epoch"])
-        self.start = start
+    def delivered(self, per_rank: int) -> int:
+        """The global position once every rank has delivered ``per_rank`` more samples of this
+        iteration (the padding of the last step not counted)."""
+        return min(self.samples, self.position + per_rank * self.world_size)

@@ -82,7 +82,7 @@ def test_resume_yields_exactly_the_unseen_rest(store: Path) -> None:
         if len(seen) == 3:
             break
     state = interrupted.state_dict()
-    assert state["epoch"] == 0 and state["batches"] == 3
+    assert state["epoch"] == 0 and state["position"] == 3 * 6
 
     resumed = make(store, num_workers=2)
     resumed.load_state_dict(json.loads(json.dumps(state)))  # survives a checkpoint file

@@ -46,8 +46,15 @@ class Leaves:
         self._routes = routes
         self._lows = [r[2] or b"" for r in routes]
         self._unread = {r[0] for r in routes} - self._seen
-        self._values = {r[0] for r in routes if _overlaps(r, VALUES)}
-        self._headers = {r[0] for r in routes if _overlaps(r, HEADERS)}
+        # a route meets [a, b) where its low (None: from the first key) is below b and its high
+        # (None: to the last) above a; a comprehension each (a million routes at 1M records)
+        (v0, v1), (h0, h1) = VALUES, HEADERS
+        self._values = {
+            p for p, _, lo, hi in routes if (lo is None or lo < v1) and (hi is None or hi > v0)
+        }
+        self._headers = {
+            p for p, _, lo, hi in routes if (lo is None or lo < h1) and (hi is None or hi > h0)
+        }
         self._values_unread = len(self._values & self._unread)
         self._headers_unread = len(self._headers & self._unread)
         self._sound()
@@ -86,6 +93,14 @@ class Leaves:
 
     def close(self) -> None:
         self._tree.close()
+
+    def adopt(self, data_file: str) -> None:
+        """Taken over by a forked child (NOTE [ Checked once ] in ``env.py``), which opened the
+        same file as ``data_file``: a lock of its own (the parent's may have been held by one
+        of its threads at the fork)."""
+        self._lock = threading.Lock()
+        self.data_file = data_file
+        self._tree.forked()
 
     def known_sound(self, keys: Sequence[bytes]) -> bool:
         """Whether LMDB may be sent to ``keys`` without a look: every leaf is checked, or every
@@ -150,10 +165,3 @@ class Leaves:
 VALUES, HEADERS = (b"0", b":"), (b"#0", b"#:")
 """The ranges of the keys of records' values (ten digits) and of their headers (``#`` and ten
 digits)."""
-
-
-def _overlaps(route: Any, span: tuple[bytes, bytes]) -> bool:
-    """Whether the keys of ``route`` (its bounds: low, or None from the first; high, or None to
-    the last) meet ``span`` (``[a, b)``)."""
-    low, high = route[2], route[3]
-    return (low is None or low < span[1]) and (high is None or high > span[0])

@@ -123,6 +123,10 @@ class Tree:
         self._ahead: advice.ReadAhead | None = None
         self._reached = 0
 
+    def forked(self) -> None:
+        """In a forked child: the parent's read-ahead thread is not here (its pages stay)."""
+        self._ahead = None
+
     def random_access(self) -> None:
         """Pages will be read here and there: the kernel's read-ahead is asked not to read
         beyond each (advice only)."""

@@ -1,0 +1,58 @@
+"""A forked reader (a DataLoader worker) takes over the checks its parent made of the store's
+tree (NOTE [ Checked once ] in ``env.py``), not the trust: a leaf its parent never read is still
+checked before LMDB is sent there, so damage to it is the record's error in the child, not the
+end of the process."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ...conftest import tiny_store
+from ...test_damaged_stores import _leaves, smash
+
+SCRIPT = """
+import os, sys, time
+from fastdata import LMDBImageDataset
+ds = LMDBImageDataset(sys.argv[1], output="bytes")
+ds.__getitems__([0])  # opened here: its branches checked, a leaf read
+open(sys.argv[3], "w").write("opened")
+while not os.path.exists(sys.argv[4]):
+    time.sleep(0.01)
+pid = os.fork()
+if pid == 0:
+    try:
+        ds.__getitems__(list(range(int(sys.argv[2]))))
+    except Exception as exc:
+        print(f"child: {type(exc).__name__}: {exc}", flush=True)
+        os._exit(3)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_forked_reader_checks_a_leaf_its_parent_never_read(tmp_path: Path) -> None:
+    store = tiny_store(tmp_path, 3000)
+    data_file = store / "data.mdb"
+    leaves = [p for p, keys in _leaves(data_file) if keys and keys[0][:1].isdigit()]
+    page = leaves[len(leaves) // 2]  # (records' bytes, far from record 0)
+    opened, go = tmp_path / "opened", tmp_path / "go"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(store), "3000", str(opened), str(go)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    smash(data_file, page, 10, struct.pack("<H", 0))  # its flags: no kind of page
+    go.write_text("go")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert "child exit 3" in out, (out, err)
+    assert f"page {page}" in out and "RecordError" in out, out
