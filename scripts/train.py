@@ -11,10 +11,12 @@ MongoDB collection, ``$XDG_STATE_HOME/fastdata/checkpoints/HOST/DATABASE/COLLECT
 ``~/.local/state`` when XDG_STATE_HOME is unset; ``--checkpoint`` chooses), a progress bar, and
 per epoch the loss, the accuracy, images/s and the share of time the training loop spent
 waiting for data. The checkpoint holds the model, the optimiser, the loader's position and the
-store's id, so a resumed run sees exactly the batches it had not seen yet. A checkpoint of
-another store is refused; one of a store that grew since (``--append``) too, unless
-``--allow-grown``: then the epoch it stopped in starts again over the grown store (its position
-cannot be carried onto another order), the model and the optimiser as saved.
+store's id, so a resumed run sees exactly the samples it had not seen yet, whatever the batch
+size or worker count it resumes with (and on any number of ranks: the position is the job's).
+A store that grew since (``--append``) finishes the interrupted epoch over the samples it began
+with; the new ones join from the next epoch. A checkpoint of another store is refused;
+``--restart-epoch`` starts the epoch it stopped in again from its beginning instead, the model
+and the optimiser as saved.
 
 Ctrl-C finishes the step under way, saves the checkpoint and prints the command that resumes
 from it (exit 130); a second Ctrl-C stops at once, keeping the checkpoint saved last. The model
@@ -176,13 +178,14 @@ class Interrupt:
         self.asked = True
 
 
-def resume_state(path: Path, dataset: Any, allow_grown: bool, device: Any) -> dict[str, Any]:
+def resume_state(path: Path, dataset: Any, device: Any) -> dict[str, Any]:
     """The checkpoint at ``path``, refused (one line, then exit 2) if it cannot apply."""
     if not path.exists():
         usage(f"{path}: no checkpoint to resume from; run without --resume first")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
-        saved_id, saved = state.get("store_id"), int(state["loader"]["samples"])
+        saved_id = state.get("store_id")
+        int(state["loader"]["samples"])
         if "model" not in state or "optimizer" not in state:
             raise KeyError("model" if "model" not in state else "optimizer")
     except Exception as exc:  # a folder, an empty or damaged file, another program's .pt
@@ -206,15 +209,6 @@ def resume_state(path: Path, dataset: Any, allow_grown: bool, device: Any) -> di
             f"{len(dataset.classes)} (an append added classes): the model's output cannot "
             "take them; start fresh without --resume"
         )
-    if saved != len(dataset):
-        if not allow_grown:
-            usage(
-                f"{path} was saved at {saved} samples and the store now has "
-                f"{len(dataset)} (it grew by an append): start fresh without --resume, or pass "
-                "--allow-grown to keep the model and start its epoch again over the grown store"
-            )
-        print(f"the store grew from {saved} to {len(dataset)} samples: epoch starts again")
-        state["loader"] = {**state["loader"], "samples": len(dataset), "batches": 0}
     return state
 
 
@@ -269,9 +263,9 @@ def main() -> None:
     ap.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     ap.add_argument(
-        "--allow-grown",
+        "--restart-epoch",
         action="store_true",
-        help="resume a store grown since: the interrupted epoch starts again",
+        help="with --resume: start the epoch it stopped in again from its beginning",
     )
     ap.add_argument("--workdir", type=Path, default=Path("sample-data"))
     args = ap.parse_args()
@@ -329,15 +323,16 @@ def train(args: argparse.Namespace) -> None:
     interrupt = Interrupt()  # (before the line below: a caller may wait for it to press Ctrl-C)
     print(f"checkpoint: {checkpoint}", flush=True)
     if args.resume:
-        state = resume_state(checkpoint, dataset, args.allow_grown, device)
+        state = resume_state(checkpoint, dataset, device)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            loader.load_state_dict(state["loader"])
+            loader.load_state_dict(state["loader"], restart_epoch=args.restart_epoch)
+        except FastdataError as exc:  # a position that cannot continue here: the way out
+            usage(f"cannot resume from {checkpoint}: {exc.without_hint(cli=True)}")
         except (ValueError, RuntimeError, KeyError) as exc:  # another model or loader setup
             usage(f"cannot resume from {checkpoint}: {exc}")
-        done = state["loader"]["batches"]
-        print(f"resumed from {checkpoint}: epoch {loader.epoch}, batch {done}")
+        print(f"resumed from {checkpoint}: {loader.resume_note}")
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     store_id = dataset.reader.meta.id
     loss_fn = nn.CrossEntropyLoss()
@@ -346,9 +341,10 @@ def train(args: argparse.Namespace) -> None:
     def stop() -> NoReturn:
         """Ctrl-C: the checkpoint saved at the last step done, and the command that resumes."""
         save(checkpoint, snapshot(model, optimizer, loader, store_id))
-        state, command = loader.state_dict(), resume_command(args, store, checkpoint)
+        where, command = loader.position(), resume_command(args, store, checkpoint)
         print(
-            f"\ninterrupted at epoch {loader.epoch}, batch {state['batches']}: checkpoint saved "
+            f"\ninterrupted at epoch {where.epoch}, sample {where.position:,} of "
+            f"{where.samples:,}: checkpoint saved "
             f"to {os.path.abspath(checkpoint)}; resume with:\n  {command}",
             file=sys.stderr,
             flush=True,

@@ -112,9 +112,7 @@ def rank_main(rank: int, world: int, shape: dict[str, Any], job: Path, segment: 
     dist.destroy_process_group()
 
 
-def run_segment(
-    job: Path, segment: int, shape: dict[str, Any], kill_after: float | None
-) -> bool:
+def run_segment(job: Path, segment: int, shape: dict[str, Any], kill_after: float | None) -> bool:
     """One segment's ranks, forked from here, SIGKILLed after ``kill_after`` seconds (None:
     run to the end); whether the job finished."""
     pids = []

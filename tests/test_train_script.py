@@ -51,13 +51,8 @@ def test_checkpoint_beside_the_store_and_resumes_that_cannot_apply(tmp_path: Pat
     images(src, 4, 100)  # the store grows
     convert(src, store, append=True)
     grown = train(str(store), *common[:-1], "3", "--resume", cwd=tmp_path)
-    assert grown.returncode == 2  # a resume that cannot continue: a usage mistake
-    assert "grew by an append" in grown.stderr and "--allow-grown" in grown.stderr
-    assert "Traceback" not in grown.stderr
-    assert grown.stderr.strip().splitlines()[-1].startswith("Error: ")  # one line, last
-    allowed = train(str(store), *common[:-1], "3", "--resume", "--allow-grown", cwd=tmp_path)
-    assert allowed.returncode == 0, allowed.stderr
-    assert "grew from 16 to 20 samples" in allowed.stdout and "epoch 2:" in allowed.stdout
+    assert grown.returncode == 0, grown.stderr  # (the epoch not begun takes the grown store)
+    assert "resuming epoch 2: 20 samples left" in grown.stdout and "epoch 2:" in grown.stdout
 
     other = tmp_path / "b.lmdb"
     convert(src, other)
@@ -67,15 +62,14 @@ def test_checkpoint_beside_the_store_and_resumes_that_cannot_apply(tmp_path: Pat
     missing = train(str(other), *common, "--resume", cwd=tmp_path)
     assert missing.returncode == 2 and "no checkpoint to resume from" in missing.stderr
 
-    # an append that adds a class: the model cannot take it, and --allow-grown is not offered
+    # an append that adds a class: the model cannot take it
     write(src / "c2" / "new.jpg", jpeg_bytes(40, 32, seed=999))
     convert(src, store, append=True)
-    for extra in ([], ["--allow-grown"]):
-        classes = train(str(store), *common[:-1], "4", "--resume", *extra, cwd=tmp_path)
-        assert classes.returncode == 2, classes.stderr
-        assert "saved for 2 classes and the store now has 3" in classes.stderr
-        assert "--allow-grown" not in classes.stderr and "Traceback" not in classes.stderr
-        assert classes.stderr.strip().splitlines()[-1].startswith("Error: ")
+    classes = train(str(store), *common[:-1], "4", "--resume", cwd=tmp_path)
+    assert classes.returncode == 2, classes.stderr
+    assert "saved for 2 classes and the store now has 3" in classes.stderr
+    assert "Traceback" not in classes.stderr
+    assert classes.stderr.strip().splitlines()[-1].startswith("Error: ")
 
 
 def test_a_checkpoint_it_cannot_read_is_one_line(tmp_path: Path) -> None:
@@ -158,7 +152,7 @@ def test_ctrl_c_saves_the_checkpoint_and_prints_a_resume_command_that_runs(
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     checkpoint = tmp_path / "a.lmdb.checkpoint.pt"
-    assert f"interrupted at epoch 1, batch 2: checkpoint saved to {checkpoint}" in err
+    assert f"interrupted at epoch 1, sample 8 of 16: checkpoint saved to {checkpoint}" in err
     printed = err.split("resume with:\n", 1)[1].splitlines()[0].strip()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -166,7 +160,7 @@ def test_ctrl_c_saves_the_checkpoint_and_prints_a_resume_command_that_runs(
         shlex.split(printed), capture_output=True, text=True, timeout=300, cwd=elsewhere, env=env
     )
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {checkpoint}: epoch 1, batch 2" in resumed.stdout
+    assert f"resumed from {checkpoint}: resuming epoch 1: 8 samples left, 8 each" in resumed.stdout
     assert "epoch 1:" in resumed.stdout and "epoch 2:" in resumed.stdout
     assert not list(elsewhere.iterdir())
 

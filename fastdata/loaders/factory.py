@@ -236,6 +236,8 @@ class Loader:
                 RESTART,
             )
         self.epoch, self._resume, self._consumed = saved.epoch, saved, 0
+        if saved.position == 0:  # (an epoch not begun: over the dataset as it is now)
+            self._resume = None
         self.resume_note = change_note(
             saved, self.sampler.world_size, self.batch_size, len(self.dataset)
         )

@@ -185,7 +185,8 @@ def said(identity: dict[str, Any]) -> str:
 def change_note(saved: Position, world_size: int, batch_size: int, samples: int) -> str:
     """What a resume continues, said for a person: ``resuming on 2 ranks instead of 4: 61,440
     samples left, 30,720 each`` (``samples``: the new dataset's length)."""
-    left = saved.samples - saved.position
+    begun = saved.position > 0  # (an epoch not begun takes the dataset as it is now)
+    left = saved.samples - saved.position if begun else samples
     each = -(-left // world_size)
     changes = []
     if world_size != saved.world_size:
@@ -195,7 +196,7 @@ def change_note(saved: Position, world_size: int, batch_size: int, samples: int)
     if batch_size != saved.batch_size:
         changes.append(f"with batches of {batch_size} instead of {saved.batch_size}")
     grown = ""
-    if samples > saved.samples:
+    if samples > saved.samples and begun:
         grown = (
             f"; the {samples - saved.samples:,} records added since join from epoch "
             f"{saved.epoch + 1}"

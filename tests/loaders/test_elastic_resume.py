@@ -1,0 +1,208 @@
+"""Elastic, exact resume: the state rank 0 saves continues the job on any world size, worker count
+or batch size with exactly the samples of the epoch not yet delivered; a store that grew finishes
+the epoch over the samples it began with; a state of another store, selection, seed or a later
+fastdata, or one edited or cut short, is refused by name with the way out."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastdata import LMDBImageDataset, ResumeError, convert, create_loader
+from fastdata.loaders import EpochSampler
+
+from ..conftest import jpeg_bytes, write
+from ..procs import REPO
+
+
+def deliver(sampler: EpochSampler, world: int, batch: int, steps: int | None) -> list[int]:
+    """What ``world`` ranks (samplers alike but for the rank) deliver in ``steps`` steps of
+    ``batch`` each (None: to the end), as they would in data-parallel training."""
+    shares = []
+    for rank in range(world):
+        s = EpochSampler(sampler.n, seed=sampler.seed, rank=rank, world_size=world)
+        s.resume(sampler.epoch, sampler.position, sampler.samples)
+        shares.append([int(i) for i in s])
+    per_rank = len(shares[0])
+    upto = per_rank if steps is None else min(per_rank, steps * batch)
+    return [i for share in shares for i in share[:upto]]
+
+
+def test_any_sequence_of_shapes_delivers_every_sample_once() -> None:
+    """Over random reshapes (world size, batch size), the ranks' deliveries are the epoch's
+    order, each sample once, but for the padding of the last step (stated: the start of the
+    rest it split, at most world_size - 1)."""
+    rng = random.Random(0)
+    for trial in range(300):
+        n = rng.randint(1, 200)
+        sampler = EpochSampler(n, seed=trial)
+        sampler.set_epoch(rng.randint(0, 5))
+        got: list[int] = []
+        while True:
+            world, batch = rng.randint(1, 6), rng.randint(1, 9)
+            rest = sampler.rest()
+            steps = rng.randint(0, 5) if rng.random() < 0.8 else None
+            got += deliver(sampler, world, batch, steps)
+            per_rank = -(-rest // world)
+            done = per_rank if steps is None else min(per_rank, steps * batch)
+            position = min(sampler.samples, sampler.position + done * world)
+            if position == sampler.samples:
+                padding = per_rank * world - rest if done == per_rank else 0
+                break
+            sampler.resume(sampler.epoch, position, sampler.samples)
+        counts = Counter(got)
+        assert set(counts) == set(range(n)), trial
+        assert sum(counts.values()) - n == padding < world, trial
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("src")
+    for i in range(40):
+        write(root / f"c{i:03d}" / "0.jpg", jpeg_bytes(16, 12, seed=i))
+    dst = tmp_path_factory.mktemp("store") / "s.lmdb"
+    convert(root, dst)
+    return dst
+
+
+def loader(store: Path, batch: int, workers: int = 0, **kw: object):  # type: ignore[no-untyped-def]
+    options: dict[str, object] = dict(
+        image_size=8, device="cpu", seed=5, num_workers=workers, drop_last=False
+    )
+    options.update(kw)
+    return create_loader(LMDBImageDataset(store), batch, **options)  # type: ignore[arg-type]
+
+
+def labels(batches) -> list[int]:  # type: ignore[no-untyped-def]
+    return [int(x) for _, y in batches for x in y]
+
+
+def test_a_resume_with_another_batch_size_and_workers_continues_the_same_order(
+    store: Path,
+) -> None:
+    whole = labels(loader(store, 6))
+    first = loader(store, 6, workers=2)
+    seen = []
+    for images, y in first:
+        seen.append((images, y))
+        if len(seen) == 3:
+            break
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["position"] == 18 and len(json.dumps(state)) < 1024
+    second = loader(store, 4, workers=1)
+    second.load_state_dict(state)
+    assert (
+        second.resume_note
+        == "resuming epoch 0 with batches of 4 instead of 6: 22 samples left, 22 each"
+    )
+    rest = labels(second)
+    assert labels(seen) + rest == whole  # the same order, each sample once
+    assert second.epoch == 1 and sorted(labels(second)) == list(range(40))  # then a whole epoch
+
+
+def test_a_store_that_grew_finishes_the_epoch_it_began_with(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    for i in range(30):
+        write(root / f"c{i:03d}" / "0.jpg", jpeg_bytes(16, 12, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(root, store)
+    first = loader(store, 4)
+    seen = []
+    for batch in first:
+        seen.append(batch)
+        if len(seen) == 2:
+            break
+    state = first.state_dict()
+    first.close()
+    first.dataset.close()
+    for i in range(30, 37):
+        write(root / f"c{i:03d}" / "0.jpg", jpeg_bytes(16, 12, seed=i))
+    convert(root, store, append=True)
+    second = loader(store, 5)
+    second.load_state_dict(state)
+    assert "the 7 records added since join from epoch 1" in second.resume_note
+    epoch0 = labels(seen) + labels(second)
+    assert sorted(epoch0) == list(range(30))  # the 30 it began with, each once
+    assert sorted(labels(second)) == list(range(37))  # the next epoch takes the new ones
+
+
+def test_states_that_cannot_continue_are_refused_by_name(store: Path, tmp_path: Path) -> None:
+    first = loader(store, 6)
+    next(iter(first))
+    state = first.state_dict()
+
+    edited = dict(state, position=state["position"] + 6)
+    with pytest.raises(ResumeError, match="digest does not match.*restart_epoch=True"):
+        loader(store, 6).load_state_dict(edited)
+    cut = {k: v for k, v in state.items() if k != "seed"}
+    with pytest.raises(ResumeError, match="digest|'seed'"):
+        loader(store, 6).load_state_dict(cut)
+    later = dict(state, fastdata_loader=2)
+    with pytest.raises(ResumeError, match="later fastdata.*version 2"):
+        loader(store, 6).load_state_dict(later)
+    for junk in ([], "state", None, {"epoch": 1}):
+        with pytest.raises(ResumeError, match="cannot resume"):
+            loader(store, 6).load_state_dict(junk)  # type: ignore[arg-type]
+    with pytest.raises(ResumeError, match="seed=5, this one has seed=9"):
+        loader(store, 6, seed=9).load_state_dict(state)
+
+    other_root = tmp_path / "other"
+    for i in range(40):
+        write(other_root / f"c{i:03d}" / "0.jpg", jpeg_bytes(16, 12, seed=i))
+    other = tmp_path / "other.lmdb"
+    convert(other_root, other)
+    with pytest.raises(ResumeError, match="read store .* this one reads store .*restart_epoch"):
+        loader(other, 6).load_state_dict(state)
+    restarted = loader(other, 6)
+    restarted.load_state_dict(state, restart_epoch=True)  # the way out the message names
+    assert restarted.epoch == 0 and sorted(labels(restarted)) == list(range(40))
+
+
+def test_a_state_of_ten_million_samples_is_small_and_plain() -> None:
+    class Many(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 10_000_000
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            return torch.zeros((3, 2, 2), dtype=torch.uint8), i
+
+    many = create_loader(Many(), 256, num_workers=0, device="cpu")
+    next(iter(many))
+    state = many.state_dict()
+    assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 1024
+    assert state["position"] == 256 and state["samples"] == 10_000_000
+
+
+def run_cycles(tmp_path: Path, *args: str, timeout: int) -> list[dict[str, object]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.elastic", str(tmp_path / "jobs"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_kills_restarts_reshapes_and_appends_lose_and_repeat_nothing(tmp_path: Path) -> None:
+    """Data-parallel jobs (torch.distributed over gloo, 1 to 4 ranks, 0 to 4 workers each, random
+    batch sizes) SIGKILLed at random points and restarted in another shape, some times after an
+    append: every sample of every epoch delivered once (tests/elastic.py says how it is
+    counted). A bounded number of cycles here; the long run is the slow test below."""
+    found = run_cycles(tmp_path, "--cycles", "40", "--seconds", "30", "--seed", "1", timeout=170)
+    summary = found[-1]
+    assert summary["kills"] >= 8 and summary["jobs"] >= 2, summary
+
+
+@pytest.mark.slow
+def test_a_thousand_kill_restart_cycles_lose_and_repeat_nothing(tmp_path: Path) -> None:
+    found = run_cycles(tmp_path, "--cycles", "1000", "--seed", "7", timeout=6 * 3600)
+    assert found[-1]["kills"] == 1000, found[-1]
