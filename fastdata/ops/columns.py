@@ -5,10 +5,11 @@ found damaged."""
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from dataclasses import dataclass
 
-from ..errors import StoreError, UsageError
+from ..errors import StoreError, StoreLockedError, UsageError
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,16 @@ def build_columns(store: str | os.PathLike[str]) -> ColumnsReport:
             "index a key a query names with `fastdata index URI -c COLLECTION KEY`"
         )
     started = time.perf_counter()
+    LMDBStore(store).close()  # (a store to read first: a folder of images, or none, said so)
     writer = LMDBWriter(store)
-    with writer:
-        meta = writer.build_columns()
+    try:
+        with writer:
+            meta = writer.build_columns()
+    except StoreLockedError:
+        raise StoreLockedError(
+            f"{store}: another writer holds the store (a conversion, an append or a copy); run "
+            f"`fastdata columns {shlex.quote(os.path.abspath(store))}` again once it has finished"
+        ) from None
     reader = LMDBStore(store)
     try:
         sizes = {}
