@@ -547,3 +547,37 @@ def test_nothing_but_the_null_device_is_sent_a_store_to_read_it_ahead(
     finally:
         os.close(leader)
         os.close(follower)
+
+
+def test_the_check_of_leaves_not_seen_yet_is_not_taken_for_a_read_from_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose leaves are checked on its way (the first touch of a leaf, at a million
+    records most batches' leaves) takes longer than its lookups: only the lookups' time says
+    whether it came from the disk, so a store in memory is not announced batch after batch."""
+    import time
+
+    from fastdata.stores.lmdb import lease as lease_module
+
+    from ...test_hostile_input import write_store_with
+
+    write_store_with(tmp_path / "s.lmdb", [bytes([i]) * 300 for i in range(200)])
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    ds[0]
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    lease.cold_reads.announce_left = 0
+    clock = [time.perf_counter_ns()]
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: clock[0])
+    checked = []
+    original = lease_module.Lease.refuse_damaged
+
+    def slow_check(self: object, keys: object, where: object) -> None:
+        checked.append(keys)
+        clock[0] += 10**9  # a second of checking leaves (a million records' first touches)
+        original(self, keys, where)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lease_module.Lease, "refuse_damaged", slow_check)
+    monkeypatch.setattr(lease.entry.leaves, "known_sound", lambda keys: False)
+    assert ds.__getitems__([5, 90, 150])[1] == (bytes([90]) * 300, 0)
+    assert checked  # the leaves were checked on the batch's way
+    assert lease.cold_reads.announce_left == 0  # and that was not a read from the disk
