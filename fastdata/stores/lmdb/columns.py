@@ -11,7 +11,7 @@ from ...columns import BLOCK, Column, ColumnIndex, build_block
 from ...errors import StoreDamagedError, StoreError
 from ...fields import Schema
 from ...records.header import RecordHeader, checksum, decode_json
-from .layout import COLUMN_PREFIX, COLUMNS_KEY, column_key, header_key
+from .layout import COLUMN_PREFIX, COLUMNS_KEY, column_key, header_key, keys_from
 from .lease import Lease
 
 Commit = Callable[[Callable[[Any], None]], None]
@@ -31,7 +31,7 @@ def finish_columns(
     """
     with env.begin() as txn:
         raw = txn.get(COLUMNS_KEY)
-        existing = _column_keys(txn)
+        existing = keys_from(txn, COLUMN_PREFIX)
     old = None
     if raw is not None:
         try:
@@ -72,17 +72,6 @@ def finish_columns(
     wanted = {column_key(f.name, b) for f in schema.fields for b in range(total)}
     final.append((COLUMNS_KEY, ColumnIndex(count, schema.fields, blocks, BLOCK).to_json()))
     return final, [k for k in existing if k not in wanted]
-
-
-def _column_keys(txn: Any) -> list[bytes]:
-    cursor = txn.cursor()
-    out = []
-    if cursor.set_range(COLUMN_PREFIX):
-        for key in cursor.iternext(keys=True, values=False):
-            if not bytes(key).startswith(COLUMN_PREFIX):
-                break
-            out.append(bytes(key))
-    return out
 
 
 def _field_values(env: Any, schema: Schema, lo: int, hi: int, where: str) -> dict[str, list[Any]]:

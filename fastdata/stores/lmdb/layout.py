@@ -204,28 +204,25 @@ def _held(txn: Any, entries: int) -> int:
 def column_keys(txn: Any) -> int:
     """The keys of the store's columns (their index and their blocks), counted one by one (a
     few per field and 65,536 records)."""
-    if txn.get(COLUMNS_KEY) is None:
-        return 0
-    cursor = txn.cursor()
-    n = 0
-    if cursor.set_range(COLUMNS_KEY):
-        for key in cursor.iternext(keys=True, values=False):
-            if not bytes(key).startswith(COLUMNS_KEY):
-                break
-            n += 1
-    return n
+    return len(keys_from(txn, COLUMNS_KEY)) if txn.get(COLUMNS_KEY) is not None else 0
 
 
 def _skipped_keys(txn: Any) -> int:
     """The keys that begin like a skipped entry's, counted one by one."""
+    return len(keys_from(txn, SKIPPED_PREFIX))
+
+
+def keys_from(txn: Any, prefix: bytes) -> list[bytes]:
+    """The keys that begin with ``prefix``, in order."""
     cursor = txn.cursor()
-    skipped = 0
-    if cursor.set_range(SKIPPED_PREFIX):
-        for key in cursor.iternext(keys=True, values=False):
-            if not bytes(key).startswith(SKIPPED_PREFIX):
+    out = []
+    if cursor.set_range(prefix):
+        for raw in cursor.iternext(keys=True, values=False):
+            key = bytes(raw)
+            if not key.startswith(prefix):
                 break
-            skipped += 1
-    return skipped
+            out.append(key)
+    return out
 
 
 def _count_keys(txn: Any, low: bytes, high: bytes, width: int) -> int:
