@@ -147,7 +147,7 @@ class _Run:
             if kind_ == "text":
                 return _Operand(n, scalar, values=_strings(column))
             return _Operand(n, scalar, values=_typed(column.values))
-        if not all(s.isdigit() for s in steps):
+        if not all(s.isascii() and s.isdigit() for s in steps):
             raise _Unsupported  # (a key into an array of numbers: MongoDB reaches nothing)
         index = [int(s) for s in steps]
         shape = list(field.shape)
@@ -173,12 +173,14 @@ class _Run:
                 return _Operand(n, scalar, flat=flat, offsets=offsets, lengths=lengths)
             return _Operand(n, scalar, lengths=lengths)
         first, more = index[0], index[1:]
-        if len(more) > len(rows) or any(i >= d for i, d in zip(more, rows, strict=False)):
+        if (
+            len(more) > len(rows)
+            or any(i >= d for i, d in zip(more, rows, strict=False))
+            or first >= len(column.values)  # (no record has that many: nor past 64 bits)
+        ):
             return _Operand(n, scalar, present=np.zeros(n, dtype=bool))
         present = lengths > first
         rows_at = np.where(present, offsets[:-1] + first, 0)
-        if not len(column.values):
-            return _Operand(n, scalar, present=np.zeros(n, dtype=bool))
         where: tuple[Any, ...] = (rows_at, *more)
         values = _typed(column.values)[where]
         left = rows[len(more) :]

@@ -41,7 +41,7 @@ def resolve(doc: Any, path: list[str], indexed: bool = False) -> list[Any]:
         return [ABSENT] if value is MISSING else resolve(value, rest)
     if isinstance(doc, list):
         out: list[Any] = []
-        if head.isdigit():
+        if head.isascii() and head.isdigit():  # (as MongoDB: ASCII 0-9 only)
             i = int(head)
             out += resolve(doc[i], rest, indexed=True) if i < len(doc) else [ABSENT]
         for element in doc:

@@ -366,3 +366,27 @@ while time.monotonic() < end:
     n += 1
 print(f"read {n} times")
 """
+
+
+def test_an_index_into_an_array_past_64_bits_or_not_in_ascii_digits_reaches_nothing(
+    tmp_path: Path,
+) -> None:
+    """An array's index as MongoDB reads one (ASCII 0-9 only; an Arabic-Indic one, a
+    superscript two are keys, which an array of numbers does not have), of any size: nothing there, on the columns and the headers, and
+    no traceback from the command line."""
+    store = make_store(tmp_path, 20)
+    ds = LMDBImageDataset(store, output="bytes", fields="*")
+    everyone = list(range(20))
+    huge = "99999999999999999999"
+    for path in (
+        f"fields.tags.{huge}",
+        f"fields.boxes.{huge}.0",
+        "fields.tags.\u00b2",
+        "fields.tags.\u0661",
+    ):
+        assert ds.reader.matching({path: {"$exists": True}}).tolist() == [], path
+        assert ds.reader.matching({path: {"$exists": False}}).tolist() == everyone, path
+        assert ds.reader.matching({path: 1}).tolist() == [], path
+    said = run_cli("info", str(store), "--where", json.dumps({f"fields.tags.{huge}": 3}))
+    assert said.returncode == 0 and "Traceback" not in said.stderr, said.stderr
+    assert "selected:   0 of 20" in said.stdout
