@@ -20,7 +20,9 @@ compares.
 
 from __future__ import annotations
 
+import codecs
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -136,8 +138,9 @@ class ColumnIndex:
         ).encode("ascii")
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str) -> ColumnIndex:
-        """The index, every number checked before it is used.
+    def from_json(cls, raw: bytes, where: str, target: str = "") -> ColumnIndex:
+        """The index, every number checked before it is used (``target``: the store as the
+        words of the command that builds it again).
 
         Raises:
             StoreError: a damaged index, or one of a later version.
@@ -172,12 +175,16 @@ class ColumnIndex:
                         raise ValueError(f"{name!r}: a block's checksum or length")
                     pairs.append((item[0], item[1]))
                 out[name] = pairs
+        except RecursionError:  # (nested deeper than json's parser goes)
+            failed = "nested too deep"
         except (ValueError, StoreError) as exc:
-            raise StoreError(
-                f"{where}: the index of the store's columns is damaged ({exc}); rebuild them "
-                "from the records with `fastdata columns STORE`"
-            ) from None
-        return cls(count, fields, out, block)
+            failed = str(exc)
+        else:
+            return cls(count, fields, out, block)
+        raise StoreError(
+            f"{where}: the index of the store's columns is damaged ({failed}); rebuild them "
+            f"from the records with `fastdata columns {target or shlex.quote(where)}`"
+        )
 
     def field(self, name: str) -> Field | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -219,7 +226,9 @@ class Column:
                 if len(raw) != n * row:
                     raise ValueError(f"block {k}: {len(raw)} bytes for {n} records")
             joined = b"".join(blocks)
-            return cls(field, np.frombuffer(joined, dtype).reshape(-1, *shape), None)
+            values = np.frombuffer(joined, dtype).reshape(-1, *shape)
+            _check_bools(field, values)
+            return cls(field, values, None)
         lengths, payloads = [], []
         for k, (raw, n) in enumerate(zip(blocks, counts, strict=True)):
             if len(raw) < n * 8:
@@ -238,9 +247,13 @@ class Column:
             np.cumsum(np.concatenate(lengths), out=offsets[1:])
         joined = b"".join(payloads)
         if kind == "text":
-            return cls(field, np.frombuffer(joined, np.uint8), offsets)
+            text = np.frombuffer(joined, np.uint8)
+            _check_text(text, offsets)
+            return cls(field, text, offsets)
         dtype = _DTYPES[field.type]
-        return cls(field, np.frombuffer(joined, dtype).reshape(-1, *field.shape[1:]), offsets)
+        values = np.frombuffer(joined, dtype).reshape(-1, *field.shape[1:])
+        _check_bools(field, values)
+        return cls(field, values, offsets)
 
     def first(self, count: int) -> Column:
         """The column of the first ``count`` records (a store read as it was before an
@@ -271,6 +284,30 @@ class Column:
         total = int(offsets[-1])
         where = np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
         return BatchColumn(self.field, self.values[where], offsets)
+
+
+def _check_bools(field: Field, values: np.ndarray) -> None:
+    """Booleans are the bytes 0 and 1 (any other byte seen as a bool is neither)."""
+    if field.type == "bool" and values.size and int(values.max()) > 1:
+        raise ValueError("a boolean that is neither 0 nor 1")
+
+
+def _check_text(text: np.ndarray, offsets: np.ndarray) -> None:
+    """The values are UTF-8, each record's beginning at a character's: what decoding a
+    record's value takes (a pass over the bytes, a megabyte decoded at a time)."""
+    if not text.size or int(text.max()) < 0x80:
+        return  # (ASCII: every byte a character)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = text.data
+    try:
+        for at in range(0, len(view), 1 << 20):
+            decoder.decode(view[at : at + (1 << 20)])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise ValueError("bytes that are not UTF-8") from None
+    starts = offsets[:-1][offsets[:-1] < len(text)]
+    if np.any((text[starts] & 0xC0) == 0x80):
+        raise ValueError("a record's value that begins inside a character")
 
 
 class BatchColumn:

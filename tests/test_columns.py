@@ -390,3 +390,65 @@ def test_an_index_into_an_array_past_64_bits_or_not_in_ascii_digits_reaches_noth
     said = run_cli("info", str(store), "--where", json.dumps({f"fields.tags.{huge}": 3}))
     assert said.returncode == 0 and "Traceback" not in said.stderr, said.stderr
     assert "selected:   0 of 20" in said.stdout
+
+
+@pytest.mark.parametrize("index", [b"[" * 100_000 + b"]" * 100_000, b'{"version": 2}'])
+def test_a_damaged_index_of_columns_names_the_command_that_builds_them_again(
+    tmp_path: Path, index: bytes
+) -> None:
+    """An index nested past json's parser, or of a later version: one line from every command
+    that reads it, naming the store in a command that works as printed."""
+    store = make_store(tmp_path, 10)
+    with lmdb.open(str(store), map_size=1 << 30) as env, env.begin(write=True) as txn:
+        txn.put(b"__columns__", index)
+    for args in (["info", str(store)], ["verify", str(store)]):
+        said = run_cli(*args)
+        assert said.returncode != 0 and "Traceback" not in said.stderr, said.stderr
+        out = said.stdout + said.stderr
+        assert "the index of the store's columns is damaged" in out
+        command = out[out.index("`fastdata columns") + 1 :].split("`")[0]
+        assert command == f"fastdata columns {store.resolve()}"
+    assert run_cli(*command.split()[1:]).returncode == 0
+    assert run_cli("verify", str(store)).returncode == 0
+
+
+def test_a_column_of_values_no_field_holds_is_damaged_whatever_its_checksum(
+    tmp_path: Path,
+) -> None:
+    """Blocks rewritten with their checksums: a string's value that begins inside a character
+    ('ü' cut in two), a boolean byte that is neither 0 nor 1: named with the command that
+    builds the columns again, not a UnicodeDecodeError or a bool tensor holding 2."""
+    import zlib
+
+    store = make_store(tmp_path, 10)
+
+    def rewrite(field: str, change: Any) -> None:
+        with lmdb.open(str(store), map_size=1 << 30) as env, env.begin(write=True) as txn:
+            key = f"__columns__/{field}/000000".encode()
+            data = change(bytearray(txn.get(key)))
+            index = json.loads(txn.get(b"__columns__"))
+            index["blocks"][field][0] = [zlib.crc32(data), len(data)]
+            txn.put(key, data)
+            txn.put(b"__columns__", json.dumps(index).encode())
+
+    def cut(raw: bytearray) -> bytes:
+        lengths = np.frombuffer(raw[:80], np.int64).copy()
+        assert lengths[0] == len("ü photo 0".encode())
+        lengths[0], lengths[1] = 1, lengths[1] + lengths[0] - 1  # (record 1 begins in 'ü')
+        return lengths.tobytes() + raw[80:]
+
+    def two(raw: bytearray) -> bytes:
+        raw[3] = 2
+        return bytes(raw)
+
+    for field, change in (("caption", cut), ("flag", two)):
+        rewrite(field, change)
+        ds = LMDBImageDataset(store, output="bytes", fields=[field])
+        with pytest.raises(StoreDamagedError, match=rf"field '{field}'.*fastdata columns"):
+            ds.__getitems__([0, 1, 3])
+        ds.close()
+        where = {"fields.caption": {"$regex": "photo"}, "fields.flag": True}
+        said = run_cli("info", str(store), "--where", json.dumps(where))
+        assert said.returncode != 0 and "Traceback" not in said.stderr, said.stderr
+        assert f"fastdata columns {store.resolve()}" in said.stderr
+        assert run_cli("columns", str(store)).returncode == 0

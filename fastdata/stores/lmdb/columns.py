@@ -4,6 +4,8 @@ one field at a time, every block checked against the index it was read with."""
 
 from __future__ import annotations
 
+import os
+import shlex
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,7 +63,7 @@ def finish_columns(
             except ValueError as exc:
                 raise StoreError(
                     f"{where}: field {field.name!r} of records {lo}..{hi - 1}: {exc}; run "
-                    "`fastdata verify STORE` to find the record"
+                    f"`fastdata verify {_words(where)}` to find the record"
                 ) from None
             blocks[field.name].append((checksum(data), len(data)))
             items.append((column_key(field.name, b), data))
@@ -72,6 +74,11 @@ def finish_columns(
     wanted = {column_key(f.name, b) for f in schema.fields for b in range(total)}
     final.append((COLUMNS_KEY, ColumnIndex(count, schema.fields, blocks, BLOCK).to_json()))
     return final, [k for k in existing if k not in wanted]
+
+
+def _words(path: str) -> str:
+    """The store at ``path`` as the words of a command."""
+    return shlex.quote(os.path.abspath(path))
 
 
 def _field_values(env: Any, schema: Schema, lo: int, hi: int, where: str) -> dict[str, list[Any]]:
@@ -93,20 +100,23 @@ def _field_values(env: Any, schema: Schema, lo: int, hi: int, where: str) -> dic
                 except (ValueError, KeyError, TypeError, RecursionError):
                     raise StoreError(
                         f"{where}: record {i}: its header or its fields cannot be read; run "
-                        "`fastdata verify STORE`"
+                        f"`fastdata verify {_words(where)}`"
                     ) from None
                 i += 1
         if i < hi:
-            raise StoreError(f"{where}: record {i}: its header is missing; run `fastdata verify`")
+            raise StoreError(
+                f"{where}: record {i}: its header is missing; run `fastdata verify {_words(where)}`"
+            )
     return out
 
 
-def read_index(lease: Lease, where: str) -> tuple[bytes, ColumnIndex] | None:
-    """The store's column index (its bytes, and read), or None where it has none."""
+def read_index(lease: Lease, where: str, target: str = "") -> tuple[bytes, ColumnIndex] | None:
+    """The store's column index (its bytes, and read), or None where it has none
+    (``target``: the store as the words of a command, for the one a damaged index names)."""
     raw = lease.values([COLUMNS_KEY], lambda _: f"{where}: the columns' index")[0]
     if raw is None:
         return None
-    return raw, ColumnIndex.from_json(raw, where)
+    return raw, ColumnIndex.from_json(raw, where, target)
 
 
 def read_column(lease: Lease, name: str, count: int, where: str, target: str) -> Column | None:
@@ -119,7 +129,7 @@ def read_column(lease: Lease, name: str, count: int, where: str, target: str) ->
             records named, and the command that builds the columns again).
     """
     for _ in range(8):  # (an append may write the index between the two reads: read again)
-        found = read_index(lease, where)
+        found = read_index(lease, where, target)
         if found is None:
             return None
         raw, index = found
@@ -173,7 +183,7 @@ def columns_problems(
     so: reads go by the headers)."""
     rebuild = f"build them again from the records with `fastdata columns {target}`"
     try:
-        found = read_index(lease, where)
+        found = read_index(lease, where, target)
     except StoreError as exc:
         return [f"its columns: {exc.without_hint()}"]
     if found is None or found[1].count < count:

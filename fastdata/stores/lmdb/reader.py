@@ -256,7 +256,7 @@ class LMDBStore(LeasedReader):
     def columns_cover(self) -> int | None:
         if not self.meta.schema:
             return None
-        found = read_index(self._env(), self.path)
+        found = read_index(self._env(), self.path, self.command_target)
         return 0 if found is None else min(found[1].count, len(self))
 
     def field_column(self, name: str) -> Column | None:
