@@ -452,3 +452,21 @@ def test_a_column_of_values_no_field_holds_is_damaged_whatever_its_checksum(
         assert said.returncode != 0 and "Traceback" not in said.stderr, said.stderr
         assert f"fastdata columns {store.resolve()}" in said.stderr
         assert run_cli("columns", str(store)).returncode == 0
+
+
+def test_a_read_past_64_bits_is_an_index_error(tmp_path: Path) -> None:
+    ds = LMDBImageDataset(make_store(tmp_path, 5), output="bytes", fields=["caption"])
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, 2**64])
+
+
+def test_the_columns_of_a_store_of_no_records_are_built(tmp_path: Path) -> None:
+    from fastdata import copy_store
+
+    empty = tmp_path / "empty.lmdb"
+    copy_store(make_store(tmp_path, 5), empty, where={"_id": {"$lt": 0}})
+    built = run_cli("columns", str(empty))
+    assert built.returncode == 0, built.stderr
+    assert "columns of 10 fields over 0 records built and read back" in built.stdout
+    ds = LMDBImageDataset(empty, output="bytes", fields="*")
+    assert len(ds) == 0 and ds.reader.matching({"fields.tags.1": 3}).tolist() == []

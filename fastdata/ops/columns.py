@@ -58,6 +58,9 @@ def build_columns(store: str | os.PathLike[str]) -> ColumnsReport:
     try:
         sizes = {}
         for field in meta.schema.fields:
+            if not meta.count:  # (no records: no blocks, nothing to read back)
+                sizes[field.name] = 0
+                continue
             column = reader.field_column(field.name)
             if column is None or len(column) != meta.count:
                 raise StoreError(f"{store}: the column of {field.name!r} did not read back whole")

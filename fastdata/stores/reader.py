@@ -385,7 +385,10 @@ class StoreReader(abc.ABC):
         if not columns or any(c is None for c in columns.values()):
             return None
         n = len(self)
-        idx = np.asarray(indices, dtype=np.int64)
+        try:
+            idx = np.asarray(indices, dtype=np.int64)
+        except OverflowError:  # (past 64 bits: out of range)
+            idx = np.asarray(self.check_indices(indices), dtype=np.int64)  # (IndexError)
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
             idx = np.asarray(self.check_indices(indices), dtype=np.int64)  # (or IndexError)
         return {name: c.gather(idx) for name, c in columns.items() if c is not None}
