@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StoreError
+from .errors import StoreDamagedError, StoreError
 from .fields import Field, Schema
 
 __all__ = ["BLOCK", "BatchColumn", "Column", "ColumnIndex", "build_block", "column_kind"]
@@ -198,6 +198,10 @@ class Column:
     """One field's values for every record of a store, from its blocks: numbers of one shape
     as one array, others as one array of values (or bytes) and each record's offset in it."""
 
+    store = ""
+    """The store the column was read from, as command words (for the error of a damaged JSON
+    value, found only when it is parsed)."""
+
     def __init__(self, field: Field, values: np.ndarray, offsets: np.ndarray | None) -> None:
         self.field = field
         self.values = values
@@ -261,9 +265,13 @@ class Column:
         if len(self) == count:
             return self
         if self.offsets is None:
-            return Column(self.field, self.values[:count], None)
+            return self._same(Column(self.field, self.values[:count], None))
         offsets = self.offsets[: count + 1]
-        return Column(self.field, self.values[: offsets[-1]], offsets)
+        return self._same(Column(self.field, self.values[: offsets[-1]], offsets))
+
+    def _same(self, other: Column) -> Column:
+        other.store = self.store
+        return other
 
     def encoded(self, lo: int, hi: int) -> bytes:
         """Records ``lo .. hi-1`` as a block holds them (what :func:`build_block` gives for
@@ -276,14 +284,14 @@ class Column:
     def gather(self, indices: np.ndarray) -> BatchColumn:
         """The values of records ``indices`` (checked in range by the caller), as a batch."""
         if self.offsets is None:
-            return BatchColumn(self.field, self.values[indices], None)
+            return BatchColumn(self.field, self.values[indices], None, self.store)
         starts = self.offsets[indices]
         lengths = self.offsets[indices + 1] - starts
         offsets = np.zeros(len(indices) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
         where = np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
-        return BatchColumn(self.field, self.values[where], offsets)
+        return BatchColumn(self.field, self.values[where], offsets, self.store)
 
 
 def _check_bools(field: Field, values: np.ndarray) -> None:
@@ -315,8 +323,11 @@ class BatchColumn:
     record's value as a dataset gives it (:meth:`items`, the same as
     :func:`fastdata.sample_fields.field_reader` gives from a header)."""
 
-    def __init__(self, field: Field, values: np.ndarray, offsets: np.ndarray | None) -> None:
+    def __init__(
+        self, field: Field, values: np.ndarray, offsets: np.ndarray | None, store: str = ""
+    ) -> None:
         self.field, self.values, self.offsets = field, values, offsets
+        self.store = store
 
     def __len__(self) -> int:
         return len(self.values) if self.offsets is None else len(self.offsets) - 1
@@ -334,7 +345,15 @@ class BatchColumn:
                     text = data.decode("ascii")
                     return [text[a:b] for a, b in pairwise(cuts)]
                 return [data[a:b].decode("utf-8") for a, b in pairwise(cuts)]
-            return [json.loads(data[a:b]) for a, b in pairwise(cuts)]
+            try:
+                return [json.loads(data[a:b]) for a, b in pairwise(cuts)]
+            except (ValueError, RecursionError):
+                raise StoreDamagedError(
+                    f"{self.store or 'the store'}: the column of field {field.name!r} holds a "
+                    "value that is not JSON, whatever its checksum; build the columns again from "
+                    f"the records with `fastdata columns {self.store or 'STORE'}`",
+                    store=self.store,
+                ) from None
         typed = self.typed()
         if kind == "dense":
             return typed.tolist() if not field.shape else list(typed)

@@ -163,6 +163,7 @@ def read_column(lease: Lease, name: str, count: int, where: str, target: str) ->
                 f"again with `fastdata columns {target}`",
                 store=target,
             ) from None
+        column.store = target
         return column.first(count)
     raise StoreError(f"{where}: appends kept changing the columns while they were read")
 
