@@ -148,7 +148,10 @@ class _Compiler:
     def filter(self, query: Any) -> Predicate:
         """A filter document: every condition in it holds."""
         if not isinstance(query, Mapping):
-            raise self.error(f"a query is a document (a dict), not {type(query).__name__}")
+            kind = type(query).__name__
+            raise self.error(
+                f"a query is a document (a dict), not a{'n' * (kind[0] in 'aeiou')} {kind}"
+            )
         parts: list[Predicate] = []
         for key, value in query.items():
             if not isinstance(key, str):
@@ -168,7 +171,8 @@ class _Compiler:
         where = f" {place}" if place else ""
         return self.error(
             f"{op}{where} is not an operator fastdata's queries take (the same on every store); "
-            f"they take {' '.join(OPERATORS)}",
+            f"they take {' '.join(op for op in OPERATORS if op != '$options')} ($options goes "
+            "with $regex)",
             Phrase("", "; for anything else, pass a predicate (where=lambda f: ...)"),
         )
 
@@ -208,6 +212,11 @@ class _Compiler:
             raise self.error(
                 f"{'.'.join(path)!r}: {list(value)}: a condition is all operators or a value to "
                 "equal"
+            )
+        if path == ["label"] and not self.inside and _names_a_class(value):
+            raise self.error(
+                f"'label' is a record's class index (an int: 0 for the first class), not its "
+                f"name ({value!r}); `fastdata info STORE` lists the classes in their order"
             )
         test = self.operators(value) if _is_operators(value) else self.equals(value)
         return lambda doc: test(resolve(doc, path))
@@ -359,6 +368,20 @@ class _Compiler:
             return any(t(found) for t in others)
 
         return within
+
+
+def _names_a_class(value: Any) -> bool:
+    """Whether a condition on ``label`` compares it with a string (a class's name): a label is
+    an int, so it would match nothing, on every backend."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, Mapping) and _is_operators(value):
+        return any(
+            isinstance(arg, str) or (isinstance(arg, list) and any(isinstance(a, str) for a in arg))
+            for op, arg in value.items()
+            if op in ("$eq", "$in", "$gt", "$gte", "$lt", "$lte", "$ne", "$nin")
+        )
+    return False
 
 
 def _is_operators(value: Any) -> bool:

@@ -284,6 +284,15 @@ def train(args: argparse.Namespace) -> None:
     workers = args.workers
     if args.resume and not checkpoint.exists():  # before any store is opened or measured
         usage(f"{checkpoint}: no checkpoint to resume from; run without --resume first")
+    if args.restart_epoch and not args.resume:
+        usage(
+            "--restart-epoch goes with --resume: it starts again the epoch a checkpoint stopped in"
+        )
+    if checkpoint.exists() and not args.resume:  # (an earlier run's: never overwritten unasked)
+        usage(
+            f"{checkpoint} holds the checkpoint of an earlier run: continue it with --resume, or "
+            f"start afresh with --checkpoint another path (or after `rm {shlex.quote(str(checkpoint))}`)"
+        )
     try:
         dataset = open_dataset(store, args.collection)
         loader = create_loader(
@@ -332,6 +341,12 @@ def train(args: argparse.Namespace) -> None:
             usage(f"cannot resume from {checkpoint}: {exc.without_hint(cli=True)}")
         except (ValueError, RuntimeError, KeyError) as exc:  # another model or loader setup
             usage(f"cannot resume from {checkpoint}: {exc}")
+        if loader.epoch >= args.epochs:
+            print(
+                f"{checkpoint}: its run is done ({args.epochs} epochs, the checkpoint is at epoch "
+                f"{loader.epoch}); raise --epochs to train on"
+            )
+            return
         print(f"resumed from {checkpoint}: {loader.resume_note}")
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     store_id = dataset.reader.meta.id

@@ -191,6 +191,8 @@ def test_mongodbs_rules_hold_on_lmdb(stores: tuple[Path, list[dict[str, Any]]]) 
         ({"fields.tags": {"$size": -1}}, r"not a negative one"),
         ({"fields.tags": {"$in": [{"$gt": 1}]}}, r"\$in takes values, not operators"),
         ({"fields.score": 2**64}, r"beyond 64 bits"),
+        ({"label": "cat"}, r"'label' is a record's class index \(an int"),  # (matches nothing)
+        ({"label": {"$in": [0, "dog"]}}, r"class index"),
     ],
 )
 def test_a_query_outside_the_language_is_refused_by_name_on_both_backends(

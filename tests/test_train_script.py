@@ -160,7 +160,7 @@ def test_ctrl_c_saves_the_checkpoint_and_prints_a_resume_command_that_runs(
         shlex.split(printed), capture_output=True, text=True, timeout=300, cwd=elsewhere, env=env
     )
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {checkpoint}: resuming epoch 1: 8 samples left, 8 each" in resumed.stdout
+    assert f"resumed from {checkpoint}: resuming epoch 1: 8 samples left" in resumed.stdout
     assert "epoch 1:" in resumed.stdout and "epoch 2:" in resumed.stdout
     assert not list(elsewhere.iterdir())
 

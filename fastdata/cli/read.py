@@ -86,9 +86,10 @@ def info(store: str, as_json: bool, list_skipped: bool, query: str | None, **opt
             click.echo("columns:    every field (queries and batches of fields read them)")
         elif cover is not None:
             target = shlex.quote(os.path.abspath(store))
+            over = f"over {cover:,} of {facts['count']:,} records" if cover else "none"
             click.echo(
-                f"columns:    over {cover:,} of {facts['count']:,} records: queries and fields "
-                f"read each record's header; build them with `fastdata columns {target}`"
+                f"columns:    {over}: queries and fields read each record's header; build "
+                f"them with `fastdata columns {target}`"
             )
     if not facts.get("labelled", True):
         click.echo("classes:    none (the manifest gave no labels: every target is -1)")
@@ -231,6 +232,15 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     click.get_current_context().meta[EXIT_CODE] = 1
     if report.broken:
         listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
+    if report.columns:
+        listing(f"{report.location}: its columns (fields kept for queries):", report.columns[:20])
+        if not (report.broken or report.damaged_pages or report.failures):
+            target = shlex.quote(os.path.abspath(store))
+            click.echo(
+                f"{report.location}: every record is sound; build the columns again from them "
+                f"with `fastdata columns {target}`"
+            )
+            sys.exit(1)
     if report.damaged_pages:
         listing(
             f"{report.location}: {len(report.damaged_pages)} damaged page(s):",

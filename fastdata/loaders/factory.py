@@ -227,7 +227,9 @@ class Loader:
         same = (
             saved.dataset is None or mine is None or same_samples(saved.dataset, mine, self.dataset)
         )
-        refuse_other(saved, self.seed, self.sampler.shuffle, mine, same)
+        meta = getattr(getattr(self.dataset, "reader", None), "meta", None)
+        lineage = {getattr(meta, "id", None), *getattr(meta, "appended_from", [])}
+        refuse_other(saved, self.seed, self.sampler.shuffle, mine, same, lineage)
         if saved.samples > len(self.dataset):
             raise ResumeError(
                 f"cannot resume: the saved epoch has {saved.samples:,} samples and this dataset "

@@ -150,10 +150,13 @@ def _damaged(why: str) -> ResumeError:
     )
 
 
-def refuse_other(saved: Position, seed: int, shuffle: bool, identity: Any, same: bool) -> None:
+def refuse_other(
+    saved: Position, seed: int, shuffle: bool, identity: Any, same: bool, lineage: Any = ()
+) -> None:
     """Refuse a position that another loader's samples would continue elsewhere: another seed
     or order, or another dataset (``same``: the dataset is the saved one, or a store it grew
-    into), naming both and the way out.
+    into; ``lineage``: the ids of the store this one is and grew from), naming both and the way
+    out.
 
     Raises:
         ResumeError: what differs.
@@ -163,6 +166,13 @@ def refuse_other(saved: Position, seed: int, shuffle: bool, identity: Any, same:
     if saved.shuffle != shuffle:
         _refuse(f"the saved loader had shuffle={saved.shuffle}, this one has shuffle={shuffle}")
     if saved.dataset is not None and identity is not None and not same:
+        if saved.dataset.get("store") in lineage and "view" in saved.dataset:
+            _refuse(  # (the same store, grown by an append: its selection is another now)
+                f"the saved loader read {said(saved.dataset)}, this one reads {said(identity)}: "
+                "the store grew by an append since, and the selection now holds other "
+                "records, so the rest of the saved epoch is not in it; resume over the store "
+                "as it was (a copy made before the append), or"
+            )
         _refuse(
             f"the saved loader read {said(saved.dataset)}, this one reads {said(identity)}; "
             "resume over the same store and the same selection, or"
@@ -202,7 +212,8 @@ def change_note(saved: Position, world_size: int, batch_size: int, samples: int)
             f"{saved.epoch + 1}"
         )
     how = f" {' and '.join(changes)}" if changes else ""
-    return f"resuming epoch {saved.epoch}{how}: {left:,} samples left, {each:,} each{grown}"
+    share = f", {each:,} each" if world_size > 1 else ""
+    return f"resuming epoch {saved.epoch}{how}: {left:,} samples left{share}{grown}"
 
 
 def dataset_identity(dataset: Any) -> dict[str, Any] | None:

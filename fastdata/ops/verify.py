@@ -54,9 +54,13 @@ class VerifyReport:
     """What the store holds that fastdata did not write (another tool's content), each said as
     what it is: not damage, and not counted against :attr:`ok`."""
 
+    columns: list[str] = field(default_factory=list)
+    """What is wrong with the store's columns (LMDB: its fields kept a second time for queries
+    and batches), each said with the command that builds them again from the records."""
+
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.damaged_pages and not self.broken
+        return not self.failures and not self.damaged_pages and not self.broken and not self.columns
 
 
 NAMES_EVERY = 4096
@@ -119,6 +123,7 @@ def verify_store(
         progress(total, total)
     report.broken.extend(whole.broken)
     report.foreign.extend(whole.foreign)
+    report.columns.extend(whole.columns)
     return report
 
 
@@ -414,9 +419,9 @@ def _check_invariants(
     if held is not None:
         report.broken.append(f"the records are 0 .. count-1, each once: {held}")
     try:
-        report.broken.extend(reader.columns_problems())
+        report.columns.extend(reader.columns_problems())
     except FastdataError as exc:
-        report.broken.append(f"its columns cannot be read: {exc.without_hint()}")
+        report.columns.append(f"its columns cannot be read: {exc.without_hint(cli=True)}")
     try:
         report.foreign.extend(reader.foreign_content())
     except FastdataError as exc:

@@ -100,7 +100,7 @@ def test_a_resume_with_another_batch_size_and_workers_continues_the_same_order(
     second.load_state_dict(state)
     assert (
         second.resume_note
-        == "resuming epoch 0 with batches of 4 instead of 6: 22 samples left, 22 each"
+        == "resuming epoch 0 with batches of 4 instead of 6: 22 samples left"
     )
     rest = labels(second)
     assert labels(seen) + rest == whole  # the same order, each sample once
@@ -206,3 +206,32 @@ def test_kills_restarts_reshapes_and_appends_lose_and_repeat_nothing(tmp_path: P
 def test_a_thousand_kill_restart_cycles_lose_and_repeat_nothing(tmp_path: Path) -> None:
     found = run_cycles(tmp_path, "--cycles", "1000", "--seed", "7", timeout=6 * 3600)
     assert found[-1]["kills"] == 1000, found[-1]
+
+
+def test_a_selection_an_append_changed_is_refused_as_such(tmp_path: Path) -> None:
+    """A selection by class over a store that grew since (an append added records of the class):
+    the same store, another selection; the refusal says so, and restarting the epoch works."""
+    root = tmp_path / "src"
+    for i in range(24):
+        write(root / f"c{i % 3}" / f"{i:03d}.jpg", jpeg_bytes(16, 12, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(root, store)
+
+    def chosen():  # type: ignore[no-untyped-def]
+        dataset = LMDBImageDataset(store, classes=["c0", "c1"])
+        options = dict(image_size=8, device="cpu", seed=5, num_workers=0, drop_last=False)
+        return create_loader(dataset, 4, **options)  # type: ignore[arg-type]
+
+    first = chosen()
+    next(iter(first))
+    state = first.state_dict()
+    first.close()
+    first.dataset.close()
+    for i in range(24, 30):
+        write(root / f"c{i % 3}" / f"{i:03d}.jpg", jpeg_bytes(16, 12, seed=i))
+    convert(root, store, append=True)
+    with pytest.raises(ResumeError, match="the store grew by an append since.*restart_epoch"):
+        chosen().load_state_dict(state)
+    again = chosen()
+    again.load_state_dict(state, restart_epoch=True)
+    assert len(labels(again)) == 20  # (16 of c0 and c1, and the 4 the append added)
