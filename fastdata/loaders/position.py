@@ -78,14 +78,20 @@ def read_state(state: Any) -> Position:
         return _earlier(state)
     if version is None:
         raise _damaged(f"it has no {KEY!r} key: not a state that Loader.state_dict() gave")
-    if type(version) is not int or version > VERSION:
+    if type(version) is not int or version < 1:
+        raise _damaged(f"its {KEY!r} is {version!r}, not a version of the loader's state")
+    if version > VERSION:
         raise ResumeError(
             f"cannot resume: the state was saved by a later fastdata (loader state version "
             f"{version!r}; this one reads {VERSION}): upgrade fastdata, or start the epoch again "
             "with ",
             RESTART,
         )
-    if state.get("check") != _digest(state):
+    try:
+        digest = _digest(state)
+    except (TypeError, ValueError, RecursionError) as exc:  # a tensor, bytes, a cycle, ...
+        raise _damaged(f"it holds a value that is not plain JSON ({exc})") from None
+    if state.get("check") != digest:
         raise _damaged("its digest does not match its values: it was edited or cut short")
     out = Position(
         epoch=_whole(state, "epoch"),

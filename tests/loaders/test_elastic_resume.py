@@ -165,6 +165,34 @@ def test_states_that_cannot_continue_are_refused_by_name(store: Path, tmp_path: 
     assert restarted.epoch == 0 and sorted(labels(restarted)) == list(range(40))
 
 
+def test_a_state_holding_values_that_are_not_json_is_refused_by_name(store: Path) -> None:
+    """A checkpoint may hold a tensor where the state had an int (or bytes, a set, a cycle, a
+    nesting deeper than Python recurses): refused as a damaged state, not a TypeError of json."""
+    first = loader(store, 6)
+    next(iter(first))
+    state = first.state_dict()
+    cycle: dict[str, object] = dict(state)
+    cycle["me"] = cycle
+    deep: dict[str, object] = {}
+    inner = deep
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]  # type: ignore[assignment]
+    for bad in (
+        dict(state, epoch=torch.tensor(0)),
+        dict(state, position=b"6"),
+        dict(state, junk={1, 2}),
+        {**state, 1: "a key that is not a string"},
+        cycle,
+        dict(state, junk=deep),
+    ):
+        with pytest.raises(ResumeError, match="not plain JSON.*restart_epoch=True"):
+            loader(store, 6).load_state_dict(bad)
+    for version in (0, -1, True, 1.0, "1"):
+        with pytest.raises(ResumeError, match="not a version of the loader's state"):
+            loader(store, 6).load_state_dict(dict(state, fastdata_loader=version))
+
+
 def test_a_state_of_ten_million_samples_is_small_and_plain() -> None:
     class Many(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:
