@@ -212,3 +212,41 @@ def test_a_mongodb_checkpoint_goes_to_the_state_folder_not_the_current_one(
     again = run("--epochs", "2", "--resume")  # found again, from the same default
     assert again.returncode == 0, again.stderr
     assert f"resumed from {checkpoint}" in again.stdout and not list(work.iterdir())
+
+
+def test_a_loader_state_it_cannot_resume_is_one_line_whose_way_out_runs(tmp_path: Path) -> None:
+    """A checkpoint whose loader position was edited (or holds a tensor where it had an int) is
+    refused in one line naming --restart-epoch, and that option, added, runs."""
+    import torch
+
+    src, store = tmp_path / "src", tmp_path / "a.lmdb"
+    images(src, 16, 0)
+    convert(src, store)
+    common = ["--workers", "0", "--batch-size", "4", "--image-size", "16", "--epochs", "1"]
+    assert train(str(store), *common, cwd=tmp_path).returncode == 0
+    saved = torch.load(tmp_path / "a.lmdb.checkpoint.pt", weights_only=True)
+    edited, tensor = tmp_path / "edited.pt", tmp_path / "tensor.pt"
+    torch.save({**saved, "loader": dict(saved["loader"], position=4)}, edited)
+    torch.save({**saved, "loader": dict(saved["loader"], samples=torch.tensor(16))}, tensor)
+    more = [*common[:-1], "2"]
+    for checkpoint in (edited, tensor):
+        refused = train(
+            str(store), *more, "--resume", "--checkpoint", str(checkpoint), cwd=tmp_path
+        )
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        line = refused.stderr.strip().splitlines()[-1]
+        assert line.startswith("Error: ") and line.endswith(
+            "start the epoch again with --restart-epoch"
+        )
+        again = train(
+            str(store),
+            *more,
+            "--resume",
+            "--restart-epoch",
+            "--checkpoint",
+            str(checkpoint),
+            cwd=tmp_path,
+        )
+        assert again.returncode == 0, again.stderr
+        assert "starting epoch 1 again from its beginning" in again.stdout
+        assert "epoch 1:" in again.stdout

@@ -22,6 +22,7 @@ from .position import (
     Position,
     change_note,
     dataset_identity,
+    epoch_of,
     make_state,
     read_state,
     refuse_other,
@@ -218,11 +219,12 @@ class Loader:
             ResumeError: a state of another store, selection, seed or order, of a later
                 fastdata, or edited or cut short: named, with the way out.
         """
-        saved = read_state(state)
-        if restart_epoch:
-            self.set_epoch(saved.epoch)
-            self.resume_note = f"starting epoch {saved.epoch} again from its beginning"
+        if restart_epoch:  # (from any state that names its epoch: the way out of a refusal)
+            epoch = epoch_of(state)
+            self.set_epoch(epoch)
+            self.resume_note = f"starting epoch {epoch} again from its beginning"
             return
+        saved = read_state(state)
         mine = dataset_identity(self.dataset)
         same = (
             saved.dataset is None or mine is None or same_samples(saved.dataset, mine, self.dataset)

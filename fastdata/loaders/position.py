@@ -17,12 +17,16 @@ from typing import Any
 
 from ..errors import Phrase, ResumeError
 
-__all__ = ["Position", "make_state", "read_state"]
+__all__ = ["Position", "epoch_of", "make_state", "read_state"]
 
 KEY = "fastdata_loader"
 VERSION = 1
 RESTART = Phrase("--restart-epoch", "load_state_dict(state, restart_epoch=True)")
 """The way out of a state that cannot be resumed: the saved epoch, from its beginning."""
+FRESH = Phrase(
+    "without --resume", "without load_state_dict (or pick the epoch: loader.set_epoch(EPOCH))"
+)
+"""The way out of a state that names no epoch: not to resume at all."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,24 @@ def read_state(state: Any) -> Position:
     if out.position > out.samples:
         raise _damaged(f"position {out.position} is past the epoch's {out.samples} samples")
     return out
+
+
+def epoch_of(state: Any) -> int:
+    """The epoch a state was saved in, all that starting that epoch again needs: read from a
+    state however damaged, edited or later, as long as it names one.
+
+    Raises:
+        ResumeError: a state that names no epoch; the message says how to start anew.
+    """
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    if type(epoch) is not int or epoch < 0:
+        what = (
+            f"its 'epoch' is {epoch!r}, not an epoch"
+            if isinstance(state, dict)
+            else f"it is a {type(state).__name__}, not a loader's state"
+        )
+        raise ResumeError(f"cannot start the saved epoch again: {what}; start anew ", FRESH)
+    return epoch
 
 
 def _earlier(state: dict[str, Any]) -> Position:

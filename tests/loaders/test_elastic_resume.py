@@ -193,6 +193,33 @@ def test_a_state_holding_values_that_are_not_json_is_refused_by_name(store: Path
             loader(store, 6).load_state_dict(dict(state, fastdata_loader=version))
 
 
+def test_restart_epoch_is_a_way_out_of_every_state_that_names_its_epoch(store: Path) -> None:
+    """The refusals of an edited, cut-short or later state name restart_epoch=True as the way
+    out: it starts that epoch again (all it needs of the state is its epoch); a state that names
+    no epoch says to start anew."""
+    first = loader(store, 6)
+    labels(first)  # epoch 0 done
+    batches = iter(first)
+    next(batches)
+    state = first.state_dict()
+    del batches
+    assert state["epoch"] == 1
+    edited = dict(state, position=state["position"] + 6)
+    cut = {k: v for k, v in state.items() if k not in ("check", "samples")}
+    later = dict(state, fastdata_loader=99, position="somewhere a later fastdata says")
+    junk = dict(state, samples=torch.tensor(40))
+    for bad in (edited, cut, later, junk):
+        with pytest.raises(ResumeError, match="restart_epoch=True"):
+            loader(store, 6).load_state_dict(bad)
+        again = loader(store, 6)
+        again.load_state_dict(bad, restart_epoch=True)
+        assert again.resume_note == "starting epoch 1 again from its beginning"
+        assert again.epoch == 1 and sorted(labels(again)) == list(range(40))
+    for nameless in (dict(state, epoch=-1), dict(state, epoch=True), [], None):
+        with pytest.raises(ResumeError, match="; start anew without load_state_dict"):
+            loader(store, 6).load_state_dict(nameless, restart_epoch=True)  # type: ignore[arg-type]
+
+
 def test_a_state_of_ten_million_samples_is_small_and_plain() -> None:
     class Many(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:
