@@ -177,13 +177,17 @@ class StoreView(StoreReader):
         return len(self.records)
 
     def identity(self) -> dict[str, Any]:
-        """The store's identity (as its reader's), and the view's: a digest of its records and
-        their labels (the same query, classes or indices on the same store give the same)."""
+        """The store's identity (as its reader's), and the view's: a digest of its records (as
+        the store numbers them, through any view it is a view of) and their labels (the same
+        query, classes or indices on the same store give the same)."""
         import hashlib
 
-        digest = hashlib.sha256(np.ascontiguousarray(self.records, "<i8").tobytes())
+        records, store = self.records, self.base
+        while isinstance(store, StoreView):  # (a view of a view: its records are the inner's)
+            records, store = store.records[records], store.base
+        digest = hashlib.sha256(np.ascontiguousarray(records, "<i8").tobytes())
         digest.update(np.ascontiguousarray(self.labels, "<i8").tobytes())
-        return {**self.base.identity(), "view": digest.hexdigest()[:16], "selected": len(self)}
+        return {**store.identity(), "view": digest.hexdigest()[:16], "selected": len(self)}
 
     def matching(self, where: Any) -> np.ndarray:
         """The view's records that match ``where`` (a query, or a predicate, as in every

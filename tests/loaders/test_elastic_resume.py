@@ -220,6 +220,35 @@ def test_restart_epoch_is_a_way_out_of_every_state_that_names_its_epoch(store: P
             loader(store, 6).load_state_dict(nameless, restart_epoch=True)  # type: ignore[arg-type]
 
 
+def test_a_selection_of_a_selection_is_told_from_another(tmp_path: Path) -> None:
+    """The first records of one class and the first of another (a view of a view, as
+    ``.subset`` of a dataset with ``classes=`` makes) are other samples: a state of one is
+    refused over the other; the same samples however selected resume."""
+    root = tmp_path / "src"
+    for i in range(24):
+        write(root / f"c{i % 3}" / f"{i:03d}.jpg", jpeg_bytes(16, 12, seed=i))
+    store = tmp_path / "s.lmdb"
+    convert(root, store)
+
+    def picked(cls: str) -> LMDBImageDataset:
+        return LMDBImageDataset(store, classes=[cls]).subset(indices=[0, 1, 2, 3, 4, 5])
+
+    first = create_loader(picked("c0"), 2, image_size=8, device="cpu", num_workers=0)
+    next(iter(first))
+    state = first.state_dict()
+    other = create_loader(picked("c1"), 2, image_size=8, device="cpu", num_workers=0)
+    with pytest.raises(ResumeError, match="the selection .* this one reads .*the selection"):
+        other.load_state_dict(state)
+    c0 = LMDBImageDataset(store).reader.labels.tolist().index(0)  # (a class's records in a run)
+    by_index = LMDBImageDataset(store, classes=["c0"], indices=range(c0, c0 + 6))
+    same = create_loader(by_index, 3, image_size=8, device="cpu", num_workers=0)
+    same.load_state_dict(state)  # the same six records, labelled the same
+    assert (
+        same.resume_note
+        == "resuming epoch 0 with batches of 3 instead of 2: 4 samples left, 4 each"
+    )
+
+
 def test_a_state_of_ten_million_samples_is_small_and_plain() -> None:
     class Many(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:
