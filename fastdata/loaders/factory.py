@@ -106,6 +106,8 @@ class Loader:
         self._resume: Position | None = None  # where the next iteration begins, if not at 0
         self._iterating = False
         self._consumed = 0  # batches of this iteration handed out
+        self._latest: object = None  # the iteration begun last
+        self._current: object = None  # the iteration the position follows (None: between)
         self.resume_note = ""
         """What the last ``load_state_dict`` continues, said for a person (``resuming epoch 3
         on 2 ranks instead of 4: 61,440 samples left, 30,720 each``)."""
@@ -149,6 +151,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (from its beginning)."""
         self.epoch, self._resume, self._consumed = epoch, None, 0
+        self._current, self._iterating = None, False
 
     def _place(self) -> None:
         """The sampler where the next iteration begins."""
@@ -170,18 +173,30 @@ class Loader:
     def __iter__(self) -> Iterator[Any]:
         self._place()
         self._resume, self._consumed, self._iterating = None, 0, True
+        mine = self._latest = self._current = object()
         finished = False
         try:
-            for batch in self.device_loader:
-                self._consumed += 1
+            batches = iter(self.device_loader)
+            # an iterator left behind when another began stops: the batches are the other's
+            while self._latest is mine:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    finished = True
+                    break
+                if self._current is mine:
+                    self._consumed += 1
                 yield batch
-            finished = True
         finally:
-            if not finished:  # (left early: the next iteration goes on from here)
-                self._resume = self.position()
-            self._iterating = False
-        self.epoch += 1
-        self._consumed = 0
+            # only the iteration the loader's position follows moves it (not one left behind,
+            # nor one under way when load_state_dict or set_epoch placed the next elsewhere)
+            if self._current is mine:
+                if not finished:  # (left early: the next iteration goes on from here)
+                    self._resume = self.position()
+                self._iterating, self._current = False, None
+                if finished:
+                    self.epoch += 1
+                    self._consumed = 0
 
     def position(self) -> Position:
         """Where the loader stands: the epoch, and the samples of its order that the ranks
@@ -240,6 +255,7 @@ class Loader:
                 RESTART,
             )
         self.epoch, self._resume, self._consumed = saved.epoch, saved, 0
+        self._current, self._iterating = None, False
         if saved.position == 0:  # (an epoch not begun: over the dataset as it is now)
             self._resume = None
         self.resume_note = change_note(

@@ -249,6 +249,60 @@ def test_a_selection_of_a_selection_is_told_from_another(tmp_path: Path) -> None
     )
 
 
+class Numbered(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """``n`` samples whose label is their index."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.zeros((3, 2, 2), dtype=torch.uint8), i
+
+
+def numbered(n: int, batch: int, workers: int = 0):  # type: ignore[no-untyped-def]
+    return create_loader(
+        Numbered(n), batch, device="cpu", seed=3, num_workers=workers, drop_last=False
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_left_behind_does_not_move_the_position(workers: int) -> None:
+    """An iterator taken to look at a batch and kept (``peek = iter(loader)``) while the loop
+    runs a whole epoch: when it goes, the position stays the loop's, and the next epoch is
+    whole; taken up again, it stops rather than take the loop's batches. A state loaded while
+    it lives is not overwritten when it goes."""
+    loader = numbered(40, 4, workers)
+    peek = iter(loader)
+    next(peek)
+    seen: list[int] = []
+    for step, (_, y) in enumerate(loader):
+        seen += y.tolist()
+        if step == 3:
+            assert next(peek, None) is None  # (it stops: the batches are the loop's)
+            del peek
+        if step == 5:
+            assert loader.state_dict()["position"] == 24
+    assert sorted(seen) == list(range(40))
+    assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (1, 0)
+    assert sorted(labels(loader)) == list(range(40)) and loader.epoch == 2
+
+    saver = numbered(40, 4, workers)
+    batches = iter(saver)
+    next(batches), next(batches)
+    state = saver.state_dict()
+    del batches
+    other = numbered(40, 4, workers)
+    left = iter(other)
+    next(left)
+    other.load_state_dict(state)
+    del left
+    assert other.state_dict() == state
+    assert labels(other) == labels(saver)  # the rest of the epoch, from where it was saved
+
+
 def test_a_state_of_ten_million_samples_is_small_and_plain() -> None:
     class Many(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:
