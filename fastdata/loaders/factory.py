@@ -106,6 +106,7 @@ class Loader:
         self._resume: Position | None = None  # where the next iteration begins, if not at 0
         self._iterating = False
         self._consumed = 0  # batches of this iteration handed out
+        self._loaded: Position | None = None  # the position load_state_dict placed
         self._latest: object = None  # the iteration begun last
         self._current: object = None  # the iteration the position follows (None: between)
         self.resume_note = ""
@@ -149,7 +150,13 @@ class Loader:
         return self.device_loader.device
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at ``epoch`` (from its beginning)."""
+        """Start the next iteration at ``epoch`` (from its beginning); but right after
+        ``load_state_dict``, the epoch it continues goes on from where it was saved (as a loop
+        written for a ``DistributedSampler`` calls ``set_epoch(epoch)`` before every epoch,
+        the resumed one too, and torchdata's stateful loader keeps the position then)."""
+        loaded = self._resume is not None and self._resume is self._loaded
+        if loaded and self._resume is not None and epoch == self._resume.epoch:
+            return
         self.epoch, self._resume, self._consumed = epoch, None, 0
         self._current, self._iterating = None, False
 
@@ -236,6 +243,7 @@ class Loader:
         """
         if restart_epoch:  # (from any state that names its epoch: the way out of a refusal)
             epoch = epoch_of(state)
+            self._loaded = None
             self.set_epoch(epoch)
             self.resume_note = f"starting epoch {epoch} again from its beginning"
             return
@@ -255,6 +263,7 @@ class Loader:
                 RESTART,
             )
         self.epoch, self._resume, self._consumed = saved.epoch, saved, 0
+        self._loaded = saved
         self._current, self._iterating = None, False
         if saved.position == 0:  # (an epoch not begun: over the dataset as it is now)
             self._resume = None

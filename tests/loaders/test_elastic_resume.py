@@ -303,6 +303,39 @@ def test_an_iterator_left_behind_does_not_move_the_position(workers: int) -> Non
     assert labels(other) == labels(saver)  # the rest of the epoch, from where it was saved
 
 
+def test_set_epoch_of_the_resumed_epoch_keeps_the_position() -> None:
+    """A loop written for a DistributedSampler calls ``set_epoch(epoch)`` before every epoch,
+    the resumed one too: right after ``load_state_dict`` that continues the saved epoch (each
+    sample once), as torchdata's stateful loader does; another epoch, or a later call, starts
+    from the beginning."""
+    first = numbered(40, 4)
+    batches = iter(first)
+    seen = [i for _ in range(3) for i in next(batches)[1].tolist()]
+    state = first.state_dict()
+    del batches
+    second = numbered(40, 4)
+    second.load_state_dict(state)
+    delivered = {}
+    for epoch in range(state["epoch"], 2):
+        second.set_epoch(epoch)
+        assert len(second) == (7 if epoch == 0 else 10)
+        delivered[epoch] = labels(second)
+    assert sorted(seen + delivered[0]) == list(range(40))  # each once
+    assert sorted(delivered[1]) == list(range(40))
+    second.set_epoch(1)  # (no load before it: the epoch from its beginning)
+    assert sorted(labels(second)) == list(range(40))
+
+    third = numbered(40, 4)
+    third.load_state_dict(state)
+    third.set_epoch(1)  # another epoch than the saved one: from its beginning
+    assert sorted(labels(third)) == list(range(40)) and third.epoch == 2
+    fourth = numbered(40, 4)
+    fourth.load_state_dict(state)
+    fourth.load_state_dict(state, restart_epoch=True)
+    fourth.set_epoch(0)
+    assert sorted(labels(fourth)) == list(range(40))
+
+
 def test_a_state_of_ten_million_samples_is_small_and_plain() -> None:
     class Many(torch.utils.data.Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:
