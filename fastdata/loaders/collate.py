@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from ..sample_fields import FieldBatch
 from .slots import batch_buffer, finish
 
-__all__ = ["EncodedBatch", "collate_encoded", "fast_collate"]
+__all__ = ["EncodedBatch", "collate_encoded", "collate_for", "fast_collate"]
 
 
 def _hwc(image: Any) -> torch.Tensor:
@@ -190,3 +191,21 @@ def collate_encoded(batch: Sequence[tuple[tuple[bytes, Any, int], Any]]) -> Enco
     return EncodedBatch(
         [s[0] for s in samples], [s[1] for s in samples], labels, [s[2] for s in samples]
     )
+
+
+def collate_for(dataset: Any, pad: bool) -> Callable[[list[Any]], Any]:
+    """``fast_collate``, told the dataset's field schema when it reads fields (so a field is a
+    tensor in every batch or in none), padding variable-length ones with ``pad``."""
+    schema = getattr(dataset, "field_schema", None)
+    if not getattr(dataset, "fields", None) or schema is None:
+        return fast_collate
+    if pad:  # (refused here, not at the first batch)
+        names = set(schema.names)
+        for f in schema.fields:
+            if not f.fixed and f.type in ("int", "float", "bool") and f"{f.name}_mask" in names:
+                raise ValueError(
+                    f"pad_fields=True: padding {f.name!r} makes its mask {f.name}_mask, which "
+                    "is a field of the store too: leave one of them out of fields=, or pass "
+                    "pad_fields=False"
+                )
+    return functools.partial(fast_collate, schema=schema, pad=pad)

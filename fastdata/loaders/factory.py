@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import weakref
@@ -14,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from ..errors import ResumeError
-from .collate import collate_encoded, fast_collate
+from .collate import collate_encoded, collate_for
 from .device import default_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .position import (
@@ -443,7 +442,7 @@ def create_loader(
             "the partial batch"
         )
     pin = target.type == "cuda" if pin_memory is None else pin_memory
-    collate = collate_fn or _collate_for(dataset, pad_fields)
+    collate = collate_fn or collate_for(dataset, pad_fields)
 
     def build(workers: int, batch_sampler_source: Any, persistent: bool) -> DataLoader[Any]:
         extra: dict[str, Any] = {}
@@ -506,21 +505,3 @@ def create_loader(
         "the workers" if decoder is None else decoder,
     )
     return Loader(dataloader, sampler, device_loader, seed=seed, worker_rates=rates)
-
-
-def _collate_for(dataset: Any, pad: bool) -> Callable[[list[Any]], Any]:
-    """``fast_collate``, told the dataset's field schema when it reads fields (so a field is a
-    tensor in every batch or in none), padding variable-length ones with ``pad``."""
-    schema = getattr(dataset, "field_schema", None)
-    if not getattr(dataset, "fields", None) or schema is None:
-        return fast_collate
-    if pad:  # (refused here, not at the first batch)
-        names = set(schema.names)
-        for f in schema.fields:
-            if not f.fixed and f.type in ("int", "float", "bool") and f"{f.name}_mask" in names:
-                raise ValueError(
-                    f"pad_fields=True: padding {f.name!r} makes its mask {f.name}_mask, which "
-                    "is a field of the store too: leave one of them out of fields=, or pass "
-                    "pad_fields=False"
-                )
-    return functools.partial(fast_collate, schema=schema, pad=pad)
