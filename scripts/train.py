@@ -405,6 +405,10 @@ def train(args: argparse.Namespace) -> None:
                         save(checkpoint, snapshot(model, optimizer, loader, store_id))
                         saved = True
             elapsed = time.perf_counter() - started
+            if not seen:  # (resumed after the epoch's last step: nothing of it was left)
+                print(f"epoch {epoch}: every sample was delivered before the checkpoint")
+                save(checkpoint, snapshot(model, optimizer, loader, store_id))
+                continue
             line = (
                 f"epoch {epoch}: loss {loss_sum / max(1, seen):.3f}  "
                 f"train acc {correct / max(1, seen):.3f}  {seen / elapsed:.0f} images/s  "

@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
+    args.workdir = args.workdir.resolve()  # (gloo's file:// address takes an absolute path)
     rng = random.Random(args.seed)
     started = time.monotonic()
     done = jobs = 0

@@ -13,12 +13,14 @@ memory while the consumer may still use it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 __all__ = [
+    "DecodedBatches",
+    "DeviceStep",
     "InFlight",
     "SideStream",
     "copy_async",
@@ -129,3 +131,33 @@ class SideStream:
         consumer.wait_event(item.event)
         record_stream(item.batch, consumer)
         return item.batch
+
+
+class DeviceStep:
+    """A batch decoded on the device; an image no decoder can read is named by its record."""
+
+    def __init__(self, decoder: Any, dataset: Any) -> None:
+        self.decoder = decoder
+        self.dataset = dataset
+
+    def __call__(self, encoded: Any) -> Any:
+        from ..errors import CorruptImageError
+        from ..images.device_decode import BatchImageError
+
+        try:
+            return self.decoder.batch(encoded)
+        except BatchImageError as exc:
+            where = self.dataset.where(encoded.indices[exc.position])
+            raise CorruptImageError(where, exc.reason) from None
+
+
+class DecodedBatches:
+    """A DataLoader's batches as the device decoder makes them (what ``num_workers="auto"``
+    measures with ``decode="device"``)."""
+
+    def __init__(self, dataloader: Any, decode: Callable[[Any], Any]) -> None:
+        self.dataloader = dataloader
+        self.decode = decode
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.decode, self.dataloader)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from ..errors import ResumeError
 from .collate import collate_encoded, collate_for
-from .device import default_device
+from .device import DecodedBatches, DeviceStep, default_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .position import (
     RESTART,
@@ -277,36 +277,6 @@ class Loader:
         )
 
 
-class _DeviceStep:
-    """A batch decoded on the device; an image no decoder can read is named by its record."""
-
-    def __init__(self, decoder: Any, dataset: Any) -> None:
-        self.decoder = decoder
-        self.dataset = dataset
-
-    def __call__(self, encoded: Any) -> Any:
-        from ..errors import CorruptImageError
-        from ..images.device_decode import BatchImageError
-
-        try:
-            return self.decoder.batch(encoded)
-        except BatchImageError as exc:
-            where = self.dataset.where(encoded.indices[exc.position])
-            raise CorruptImageError(where, exc.reason) from None
-
-
-class _Decoded:
-    """A DataLoader's batches as the device decoder makes them (what ``num_workers="auto"``
-    measures with ``decode="device"``)."""
-
-    def __init__(self, dataloader: DataLoader[Any], decode: Callable[[Any], Any]) -> None:
-        self.dataloader = dataloader
-        self.decode = decode
-
-    def __iter__(self) -> Iterator[Any]:
-        return map(self.decode, self.dataloader)
-
-
 # Longer than the house's ~80 lines, for a reason: it is one flat sequence of option resolutions
 # (device, workers, sampler, collate, prefetch), each a few lines that read the ones before; cut
 # into helpers they would pass a dozen values back and forth and read worse.
@@ -471,7 +441,9 @@ def create_loader(
         def probe_loader(w: int) -> Any:
             loader = build(w, probe, persistent=False)
             # with the device decoding, the rate is the decoded batches', not the bytes'
-            return loader if decoder is None else _Decoded(loader, _DeviceStep(decoder, dataset))
+            return (
+                loader if decoder is None else DecodedBatches(loader, DeviceStep(decoder, dataset))
+            )
 
         workers, rates = pick_workers(
             probe_loader,
@@ -491,7 +463,7 @@ def create_loader(
         std=std if normalizing else None,
         dtype=dtype,
         channels_last=channels_last,
-        decode=None if decoder is None else _DeviceStep(decoder, dataset),
+        decode=None if decoder is None else DeviceStep(decoder, dataset),
     )
     log.info(
         "loader: %d samples, batch %d, %d worker%s, rank %d of %d, device %s, decoded by %s",

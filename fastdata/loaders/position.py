@@ -39,7 +39,7 @@ class Position:
     position: int
     samples: int
     seed: int
-    shuffle: bool
+    shuffle: bool | None
     world_size: int
     batch_size: int
     dataset: dict[str, Any] | None
@@ -141,7 +141,7 @@ def _earlier(state: dict[str, Any]) -> Position:
         position=min(samples, batches * batch_size * world),
         samples=samples,
         seed=_whole(state, "seed", signed=True),
-        shuffle=bool(state.get("shuffle", True)),
+        shuffle=state["shuffle"] if type(state.get("shuffle")) is bool else None,  # (unsaved)
         world_size=world,
         batch_size=batch_size,
         dataset=_identity(state.get("dataset")),
@@ -191,7 +191,7 @@ def refuse_other(
     """
     if saved.seed != seed:
         _refuse(f"the saved loader had seed={saved.seed}, this one has seed={seed}")
-    if saved.shuffle != shuffle:
+    if saved.shuffle is not None and saved.shuffle != shuffle:
         _refuse(f"the saved loader had shuffle={saved.shuffle}, this one has shuffle={shuffle}")
     if saved.dataset is not None and identity is not None and not same:
         if saved.dataset.get("store") in lineage and "view" in saved.dataset:

@@ -245,7 +245,7 @@ def test_a_selection_of_a_selection_is_told_from_another(tmp_path: Path) -> None
     same.load_state_dict(state)  # the same six records, labelled the same
     assert (
         same.resume_note
-        == "resuming epoch 0 with batches of 3 instead of 2: 4 samples left, 4 each"
+        == "resuming epoch 0 with batches of 3 instead of 2: 4 samples left"
     )
 
 
@@ -406,3 +406,13 @@ def test_a_selection_an_append_changed_is_refused_as_such(tmp_path: Path) -> Non
     again = chosen()
     again.load_state_dict(state, restart_epoch=True)
     assert len(labels(again)) == 20  # (16 of c0 and c1, and the 4 the append added)
+
+
+def test_a_state_of_the_earlier_format_resumes_where_it_stood(store: Path) -> None:
+    """A state saved before positions were global (batches of one rank layout, no shuffle
+    saved): its position is the same prefix of the order, for a loader in order too."""
+    earlier = {"epoch": 0, "seed": 5, "world_size": 1, "rank": 0, "samples": 40}
+    whole = labels(loader(store, 6, train=False))
+    resumed = loader(store, 4, train=False)
+    resumed.load_state_dict({**earlier, "batches": 2, "batch_size": 6})
+    assert labels(resumed) == whole[12:]
