@@ -96,7 +96,7 @@ def main() -> None:
             times["query"].append(time.perf_counter() - t)
             reader.close()
             reader = LMDBImageDataset(store, output="bytes").reader
-            reader.field_column = lambda name: None  # type: ignore[method-assign]
+            reader.field_column = lambda name, keep=True: None  # type: ignore[method-assign]
             t = time.perf_counter()
             by_headers = len(reader.matching(query))
             times["headers"].append(time.perf_counter() - t)

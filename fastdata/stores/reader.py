@@ -336,7 +336,9 @@ class StoreReader(abc.ABC):
             from ..query_columns import column_mask
 
             query = check_query(where, self.meta.schema.names, self.location)
-            mask = column_mask(query, len(self), self.labels, self.field_column)
+            mask = column_mask(  # (the columns read for it let go after: a view keeps indices)
+                query, len(self), self.labels, lambda name: self.field_column(name, keep=False)
+            )
             if mask is not None:  # (the store's columns answered it)
                 return np.flatnonzero(mask).astype(np.int64)
             test = compile_query(query, self.meta.schema.names, self.location)
@@ -369,9 +371,10 @@ class StoreReader(abc.ABC):
         again); none where it keeps none."""
         return []
 
-    def field_column(self, name: str) -> Column | None:
+    def field_column(self, name: str, *, keep: bool = True) -> Column | None:
         """Field ``name``'s values for every record as one column (:mod:`fastdata.columns`),
-        where the store keeps them; None where it does not (each record's header holds them)."""
+        where the store keeps them; None where it does not (each record's header holds them).
+        ``keep``: kept for the next reads in this process (``False``: a query's)."""
         return None
 
     def field_batch(

@@ -259,21 +259,25 @@ class LMDBStore(LeasedReader):
         found = read_index(self._env(), self.path, self.command_target)
         return 0 if found is None else min(found[1].count, len(self))
 
-    def field_column(self, name: str) -> Column | None:
+    def field_column(self, name: str, *, keep: bool = True) -> Column | None:
         """Field ``name``'s column, read once in this process (every block checked), and kept:
         memory of its values' size (8 bytes a number, a string's bytes and 8), which worker
-        processes forked after it was read share."""
+        processes forked after it was read share. ``keep=False`` (a query's): not kept, unless
+        it was already."""
         cache: dict[str, Column | None] = self.__dict__.setdefault("_columns", {})
         if name not in cache:
-            field = self.meta.schema.get(name)
-            lease = self._env()
-            column = None
-            if field is not None:
-                column = read_column(lease, name, len(self), self.path, self.command_target)
-                if column is not None and column.field != field:
-                    column = None  # (built by another schema: not this store's)
-            cache[name] = column
+            if not keep:
+                return self._read_column(name)
+            cache[name] = self._read_column(name)
         return cache[name]
+
+    def _read_column(self, name: str) -> Column | None:
+        field = self.meta.schema.get(name)
+        if field is None:
+            return None
+        column = read_column(self._env(), name, len(self), self.path, self.command_target)
+        return column if column is not None and column.field == field else None  # (another
+        # schema's: not this store's)
 
     def iter_headers(
         self, stop: int | None = None, batch_size: int = 1024
