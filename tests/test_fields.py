@@ -376,6 +376,11 @@ def test_fields_on_mongodb_are_queryable_and_copy_round_trips(
     b = LMDBImageDataset(tmp_path / "back.lmdb", output="bytes")
     assert [h.to_json() for h in all_headers(a)] == [h.to_json() for h in all_headers(b)]
     assert b.reader.meta.fields == a.reader.meta.fields
+    for name in b.reader.meta.schema.names:  # the copy's columns, built as it finished
+        there, here = a.reader.field_column(name), b.reader.field_column(name)
+        assert there is not None and here is not None
+        assert here.encoded(0, len(b)) == there.encoded(0, len(a)), name
+    assert not b.reader.columns_problems()
     assert cli("verify", mongo_uri, "--collection", "det").returncode == 0
     assert "fields.<name>" in cli("info", mongo_uri, "--collection", "det").stdout
 
