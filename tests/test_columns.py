@@ -476,3 +476,51 @@ def test_the_columns_of_a_store_of_no_records_are_built(tmp_path: Path) -> None:
     assert "columns of 10 fields over 0 records built and read back" in built.stdout
     ds = LMDBImageDataset(empty, output="bytes", fields="*")
     assert len(ds) == 0 and ds.reader.matching({"fields.tags.1": 3}).tolist() == []
+
+
+KILLED_BUILDING = """
+import os, signal, sys
+from fastdata.stores.lmdb import columns
+
+build = columns.build_block
+made = []
+
+def build_then_die(field, values):
+    made.append(field.name)
+    if len(made) == int(sys.argv[2]):  # (blocks before this one were committed)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return build(field, values)
+
+columns.build_block = build_then_die
+columns.BLOCK = 8
+from fastdata.ops.columns import build_columns
+build_columns(sys.argv[1])
+"""
+
+
+def test_a_build_of_columns_killed_on_its_way_leaves_the_records_read_and_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    """`fastdata columns` SIGKILLed after some blocks were committed, before its index: the
+    store reads its fields and queries from the headers (info says so), verify finds the records
+    sound, and the same command builds the columns whole."""
+    store = make_store(tmp_path, 40)
+    want = LMDBImageDataset(store, output="bytes", fields="*")
+    expected = [s[2] for s in want.__getitems__(list(range(40)))]
+    want.close()
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BUILDING, str(store), "25"], capture_output=True, timeout=120
+    )
+    assert killed.returncode == -9, killed.stderr
+    ds = LMDBImageDataset(store, output="bytes", fields="*")
+    got = ds.__getitems__(list(range(40)))
+    assert not isinstance(got, FieldBatch)  # (no index: the headers answer)
+    assert all(same(a[2], b) for a, b in zip(got, expected, strict=True))
+    assert "columns:    none" in run_cli("info", str(store)).stdout
+    assert run_cli("verify", str(store)).returncode == 0
+    ds.close()
+    assert run_cli("columns", str(store)).returncode == 0
+    again = LMDBImageDataset(store, output="bytes", fields="*").__getitems__(list(range(40)))
+    assert isinstance(again, FieldBatch)
+    assert all(same(a[2], b) for a, b in zip(again, expected, strict=True))
+    assert not LMDBStore(store).columns_problems()
