@@ -4,6 +4,8 @@ leaf when a key under it is first wanted."""
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -40,6 +42,8 @@ class Leaves:
             self._tree.close()
             raise
         self._seen: set[int] = set()
+        size = os.path.getsize(data_file) // self._tree.head.psize  # (the file's own pages)
+        self._shared = _shared_marks(min(self._tree.head.last_page + 1, size))
         self._set_routes(self._tree.routes)
 
     def _set_routes(self, routes: list[Any]) -> None:
@@ -60,7 +64,15 @@ class Leaves:
         self._sound()
 
     def _read(self, pages: set[int]) -> None:
-        """``pages`` were read and checked (each sound, or damaged and listed)."""
+        """``pages`` were read and checked (each sound, or damaged and listed); the sound leaves
+        among them marked for the processes forked from the one that built this (NOTE
+        [ Checked once ] in ``env.py``)."""
+        shared = self._shared
+        if shared is not None:
+            damaged = {d.page for d in self._tree.found}
+            for page in (pages & self._tree.sound_leaves) - damaged:
+                if page < len(shared):
+                    shared[page] = 1
         pages &= self._unread
         self._unread -= pages
         self._values_unread -= len(pages & self._values)
@@ -93,6 +105,9 @@ class Leaves:
 
     def close(self) -> None:
         self._tree.close()
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
 
     def adopt(self, data_file: str) -> None:
         """Taken over by a forked child (NOTE [ Checked once ] in ``env.py``), which opened the
@@ -131,6 +146,12 @@ class Leaves:
                     route = self._routes[max(0, bisect_right(self._lows, key) - 1)]
                     if route[0] in self._unread:
                         wanted[route[0]] = route
+                shared = self._shared
+                if wanted and shared is not None:  # (checked sound by a process beside this)
+                    known = {p for p in wanted if p < len(shared) and shared[p]}
+                    if known:
+                        self._read(known)
+                        wanted = {p: r for p, r in wanted.items() if p not in known}
                 if not wanted:
                     break
                 if more and (mapped is not None or ahead):  # (the leaves after the first
@@ -165,3 +186,15 @@ class Leaves:
 VALUES, HEADERS = (b"0", b":"), (b"#0", b"#:")
 """The ranges of the keys of records' values (ten digits) and of their headers (``#`` and ten
 digits)."""
+
+
+def _shared_marks(pages: int) -> mmap.mmap | None:
+    """One byte a page of the file, in memory shared with the processes forked from this one
+    (anonymous, shared: what one of them checked and found a sound leaf, the others need not
+    read again); None where none can be made (the checks then stay each process's own)."""
+    if pages <= 0:
+        return None
+    try:
+        return mmap.mmap(-1, pages)
+    except (OSError, ValueError, OverflowError):
+        return None

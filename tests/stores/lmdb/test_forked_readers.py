@@ -56,3 +56,69 @@ def test_a_forked_reader_checks_a_leaf_its_parent_never_read(tmp_path: Path) -> 
     assert run.returncode == 0, err
     assert "child exit 3" in out, (out, err)
     assert f"page {page}" in out and "RecordError" in out, out
+
+
+SIBLINGS = """
+import os, sys
+from fastdata import LMDBImageDataset
+from fastdata.stores.lmdb.pages import tree
+
+ds = LMDBImageDataset(sys.argv[1], output="bytes")
+n = int(sys.argv[2])
+ds.__getitems__([0])  # opened here: its branches checked
+
+def child(count_checks):
+    pid = os.fork()
+    if pid == 0:
+        checks = []
+        if count_checks:
+            check = tree.Tree.check
+            def counted(self, pages, seen, *args, **kw):
+                checks.append(len(pages))
+                return check(self, pages, seen, *args, **kw)
+            tree.Tree.check = counted
+        failed = []
+        for i in range(0, n, 64):
+            try:
+                ds.__getitems__(list(range(i, min(n, i + 64))))
+            except Exception as exc:
+                failed.append(type(exc).__name__)
+        print(f"checked {sum(checks)} pages, failed {failed}", flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+child(False)  # a worker reads every record: every leaf checked, and marked sound
+child(True)   # its sibling, forked from the same parent afterwards
+"""
+
+
+def test_a_leaf_one_worker_found_sound_is_not_checked_again_by_its_sibling(
+    tmp_path: Path,
+) -> None:
+    store = tiny_store(tmp_path, 3000)
+    run = subprocess.run(
+        [sys.executable, "-c", SIBLINGS, str(store), "3000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    first, second = run.stdout.splitlines()
+    assert first.startswith("checked 0 pages, failed []")  # (not counted in the first)
+    assert second == "checked 0 pages, failed []", run.stdout
+
+
+def test_a_damaged_leaf_is_found_by_every_worker_however_many_read_it(tmp_path: Path) -> None:
+    store = tiny_store(tmp_path, 3000)
+    data_file = store / "data.mdb"
+    leaves = [p for p, keys in _leaves(data_file) if keys and keys[0][:1].isdigit()]
+    smash(data_file, leaves[len(leaves) // 2], 10, struct.pack("<H", 0))
+    run = subprocess.run(
+        [sys.executable, "-c", SIBLINGS, str(store), "3000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    first, second = run.stdout.splitlines()
+    assert "RecordError" in first and "RecordError" in second, run.stdout
