@@ -43,7 +43,9 @@ class Entry:
     never asked for a key under a damaged one (NOTE [ Damaged branches ] in ``lease.py``).
     None in a writer's environment."""
 
-    def damage_of(self, keys: Any, more: int = 0, ahead: bool = False) -> list[Any]:
+    def damage_of(
+        self, keys: Any, more: int = 0, ahead: bool = False, cold: bool = True
+    ) -> list[Any]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None:
         none), as the tree is now (its checks begun again after an append); ``more``: other
         leaves not read yet to check beside them, of those in memory."""
@@ -58,7 +60,7 @@ class Entry:
             leaves.close()
             self.leaves = leaves = fresh
         mapped = self.span[0] if self.span is not None else None
-        return leaves.damage_of(keys, more, mapped, ahead)
+        return leaves.damage_of(keys, more, mapped, ahead, cold)
 
     def epoch(self) -> int:
         """The append epoch now; -1 in a writer's environment."""

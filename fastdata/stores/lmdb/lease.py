@@ -190,7 +190,9 @@ class Lease:
         cold = self.cold_reads  # (a store in memory, or a scan: its leaves checked a few
         scan = cold.scan_until is not None  # hundred at a time)
         more = LEAVES_AT_ONCE if scan or not cold.announce_left else 0
-        for n, damage in enumerate(self.entry.damage_of(keys, more, scan)):
+        on_disk = scan or cold.announce_left > 0  # (a store in memory: no advice, NOTE
+        for n, damage in enumerate(self.entry.damage_of(keys, more, scan, on_disk)):  # [ Read-
+            # ahead ] in readahead.py: its cold-read policy says which)
             if damage is None:
                 continue
             if damage.low is not None and damage.high == damage.low + b"\0":  # (its value)

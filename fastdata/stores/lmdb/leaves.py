@@ -90,10 +90,11 @@ class Leaves:
         """The same of the leaves of the records' values and of their headers (a checked read's
         shortest path, ``Lease.values_at``)."""
 
-    def _checked(self, wanted: list[Any]) -> None:
+    def _checked(self, wanted: list[Any], cold: bool = True) -> None:
         """Read and check the pages of ``wanted`` routes; a branch among them (where a leaf
-        should be: the header's depth lies) gives way to its children, to be read in turn."""
-        below = self._tree.check(wanted, self._seen)
+        should be: the header's depth lies) gives way to its children, to be read in turn
+        (``cold``: they may be on the disk: asked for first)."""
+        below = self._tree.check(wanted, self._seen, cold=cold)
         if below:
             damaged = {d.page for d in self._tree.found}
             sound = self._tree.sound_leaves
@@ -130,7 +131,12 @@ class Leaves:
         return False
 
     def damage_of(
-        self, keys: Sequence[bytes], more: int = 0, mapped: int | None = None, ahead: bool = False
+        self,
+        keys: Sequence[bytes],
+        more: int = 0,
+        mapped: int | None = None,
+        ahead: bool = False,
+        cold: bool = True,
     ) -> list[Damage | None]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None: none),
         the leaves it would land on read and checked first where they were not yet; with
@@ -138,7 +144,8 @@ class Leaves:
         those in memory (``mapped``: where this process maps the file's first byte, to ask the
         kernel: a few calls then check every leaf of a store in memory, where one a leaf costs
         as much; none is read from the disk for it); ``ahead`` (a scan in key order), the
-        leaves after them, whether in memory or not: the scan reads them next."""
+        leaves after them, whether in memory or not: the scan reads them next; ``cold``: the
+        leaves may be on the disk (the reader's cold-read policy says so): asked for first."""
         with self._lock:
             for _ in range(64):  # (a branch where a leaf should be is checked, then its children)
                 wanted: dict[int, Any] = {}
@@ -165,7 +172,7 @@ class Leaves:
                         elif fresh:
                             break  # (one the kernel does not hold: a store read from the disk)
                     more = 0
-                self._checked(list(wanted.values()))
+                self._checked(list(wanted.values()), cold or ahead)
             found = self._tree.found
             if not found:
                 return [None] * len(keys)

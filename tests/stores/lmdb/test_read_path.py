@@ -581,3 +581,32 @@ def test_the_check_of_leaves_not_seen_yet_is_not_taken_for_a_read_from_the_disk(
     assert ds.__getitems__([5, 90, 150])[1] == (bytes([90]) * 300, 0)
     assert checked  # the leaves were checked on the batch's way
     assert lease.cold_reads.announce_left == 0  # and that was not a read from the disk
+
+
+def test_a_store_in_memory_checks_new_leaves_without_asking_the_kernel_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the cold-read policy knows the store is in memory, the leaves a batch meets first are
+    read and checked without asking for them (POSIX_FADV_WILLNEED walks the page cache for each
+    page: 3x the check's cost at a million records); a store on the disk still asks."""
+    from ...conftest import tiny_store
+
+    store = tiny_store(tmp_path, 3000)
+    ds = LMDBImageDataset(store, output="bytes")
+    ds.__getitems__(list(range(0, 64)))  # the first batch: announced, found in memory
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    assert lease.cold_reads.announce_left == 0
+    unread = len(lease.entry.leaves._unread)  # (leaves not checked yet)
+    asked: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(
+        os,
+        "posix_fadvise",
+        lambda fd, at, n, advice: asked.append((at, n)) or real(fd, at, n, advice),
+    )
+    ds.__getitems__(list(range(1500, 3000, 25)))
+    assert len(lease.entry.leaves._unread) < unread  # new leaves were checked
+    assert asked == []  # and none was asked for
+    lease.cold_reads.announce_left = 1  # (as on the disk)
+    ds.__getitems__(list(range(1501, 3000, 25)))
+    assert asked  # the values and the leaves are asked for

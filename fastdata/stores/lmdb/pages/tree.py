@@ -198,22 +198,24 @@ class Tree:
         self.routes = sorted(level + self.leaf_routes, key=lambda c: c[2] or b"")
         return self.found
 
-    def check(self, pages: list[Bounds], seen: set[int]) -> list[Bounds]:
+    def check(self, pages: list[Bounds], seen: set[int], *, cold: bool = True) -> list[Bounds]:
         """Read and check ``pages`` (each with its keys' bounds) side by side: the sound
         leaves join :attr:`sound_leaves`, the damaged ones :attr:`found`; the children of
         those that are sound branches (where leaves should be: the header's depth lies) are
-        given back, for a check of their own."""
+        given back, for a check of their own. ``cold``: the pages may be on the disk, so they
+        are asked for together first; of a file in memory, asking costs 3x the check itself
+        (POSIX_FADV_WILLNEED walks the page cache for each)."""
         below: list[Bounds] = []
         for at in range(0, len(pages), BRANCHES_AT_ONCE):
-            below += self._checked_level(pages[at : at + BRANCHES_AT_ONCE], seen)
+            below += self._checked_level(pages[at : at + BRANCHES_AT_ONCE], seen, cold)
         return below
 
-    def _checked_level(self, level: list[Bounds], seen: set[int]) -> list[Bounds]:
+    def _checked_level(self, level: list[Bounds], seen: set[int], cold: bool) -> list[Bounds]:
         """Pages of one level of the tree, checked side by side; the children of the sound
         branches among them."""
         psize = self.head.psize
         numbers = [c[0] for c in level]
-        if len(numbers) > 1:
+        if cold and len(numbers) > 1:
             advice.prefetch(self._fd, numbers, psize)
         pages = [os.pread(self._fd, psize, n * psize) for n in numbers]
         whole = np.array([len(page) == psize for page in pages])
