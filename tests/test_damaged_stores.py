@@ -23,7 +23,7 @@ from fastdata.stores.lmdb.pages import tree as lmdb_tree
 from fastdata.stores.reader import ScanBlock
 
 from .conftest import jpeg_bytes, tiny_store, write
-from .procs import cli, run_script
+from .procs import child_env, cli, run_script
 
 READ_ALL = """
     import sys
@@ -1379,3 +1379,91 @@ def test_reads_after_an_append_check_the_pages_the_append_wrote(tmp_path: Path) 
     result = run_script(STALE_AFTER_APPEND, store, tmp_path / "src")
     assert result.returncode == 0, result.stderr  # (SIGABRT: -6)
     assert "RecordError" in result.stdout, result.stdout + result.stderr
+
+
+# A reader that checked every leaf, then reads while an append writes (argv[2]: the source):
+# the append, once it has advanced the append epoch and before its first write, waits for the
+# reader's read; the reader then reads the last record again after the append ended and the leaf
+# that holds it now was damaged (stdin: a line each time the test lets it go on).
+READ_DURING_AN_APPEND = """
+import subprocess, sys
+from fastdata import LMDBImageDataset
+store, src = sys.argv[1], sys.argv[2]
+APPEND = '''
+import sys
+import fastdata.stores.lmdb.writer as writer
+from fastdata import convert
+bump, bumped = writer.bump_epoch, []
+def bump_and_wait(lease):
+    bump(lease)
+    if not bumped:  # (the first: before the append's first write)
+        bumped.append(True)
+        print("bumped", flush=True)
+        sys.stdin.readline()
+writer.bump_epoch = bump_and_wait
+convert(sys.argv[1], sys.argv[2], append=True)
+'''
+ds = LMDBImageDataset(store, output="bytes", check=False)
+for i in range(len(ds)):
+    ds[i]  # every leaf of the records checked
+last = len(ds) - 1
+append = subprocess.Popen([sys.executable, "-c", APPEND, src, store], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+assert append.stdout.readline() == "bumped\\n"
+ds[last]  # read while the append holds the store, its writes to come
+append.stdin.write("\\n")
+append.stdin.flush()
+assert append.wait() == 0
+print("appended", flush=True)
+sys.stdin.readline()  # the leaf that holds the last record now is damaged
+try:
+    ds[last]
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_reads_during_an_append_check_the_pages_it_wrote_once_it_ends(tmp_path: Path) -> None:
+    """A reader that read while an append wrote (after the append epoch moved, before the
+    append's commits) reads on once the append has ended: the append's new branches and leaves
+    are checked before LMDB is sent to them, as they are for a reader that began after it (a
+    leaf damaged since is that record's error, not the end of the process: SIGABRT)."""
+    store = tiny_store(tmp_path, 300)
+    for i in range(3):  # new images: the append writes the last leaves anew
+        write(tmp_path / "src" / "c" / f"new{i}.jpg", jpeg_bytes(16, 16, seed=1000 + i))
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READ_DURING_AN_APPEND, str(store), str(tmp_path / "src")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert reader.stdout is not None and reader.stdin is not None
+        assert reader.stdout.readline() == "appended\n", reader.communicate()
+        page = _leaf_of(store / "data.mdb", b"%010d" % 299)
+        smash(store / "data.mdb", page, 10, struct.pack("<HH", 1, 18))  # a branch of 1 node
+        out, err = reader.communicate("\n", timeout=120)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.communicate()
+    assert reader.returncode == 0, err  # (SIGABRT: -6)
+    assert out.startswith("RecordError") and f"page {page}" in out, out + err
+
+
+def _leaf_of(data_file: Path, key: bytes) -> int:
+    """The leaf page that holds ``key`` in the file's tree as its newest meta page has it."""
+    raw = data_file.read_bytes()
+    meta = max((0, 1), key=lambda n: struct.unpack_from("<Q", raw, n * 4096 + 16 + 24 + 96 + 8)[0])
+    page = struct.unpack_from("<Q", raw, meta * 4096 + 16 + 24 + 48 + 40)[0]
+    while struct.unpack_from("<H", raw, page * 4096 + 10)[0] & 1:  # down the branches
+        lower = struct.unpack_from("<H", raw, page * 4096 + 12)[0]
+        offsets = struct.unpack_from(f"<{(lower - 16) // 2}H", raw, page * 4096 + 16)
+        for j, off in enumerate(offsets):
+            lo, hi, top, size = struct.unpack_from("<HHHH", raw, page * 4096 + off)
+            if j == 0 or raw[page * 4096 + off + 8 : page * 4096 + off + 8 + size] <= key:
+                child = lo | (hi << 16) | (top << 32)
+        page = child
+    return page

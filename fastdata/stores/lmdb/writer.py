@@ -255,6 +255,13 @@ class LMDBWriter(StoreWriter):
     #    read is done again in a new transaction (it sees V or later: rule 1). If it did not
     #    move, no append began: any append writing then began before the reader's transaction,
     #    so the reader is at its V or later.
+    # 3. The append advances the epoch again once its last batch is committed (before it lets
+    #    its read transaction go). A reader checks the tree's pages before LMDB is sent to them
+    #    (NOTE [ Damaged branches ] in ``lease.py``), once per epoch: one that checked them after
+    #    the first advance saw the tree as it was before the append's commits, whose new branches
+    #    and leaves LMDB meets from then on; the second advance has it check the tree as the
+    #    append left it. (Between the two, a reader checks the tree as it found it: the pages the
+    #    append writes meanwhile are LMDB's own, met unchecked until the append ends.)
     #
     # The first append to a store never reuses a page a reader needs (pages freed before the
     # store was complete belong to versions without metadata, which readers never read); pages
@@ -452,6 +459,9 @@ class LMDBWriter(StoreWriter):
     def _close_env(self) -> None:
         pin, self._pin = self._pin, None
         if pin is not None:
+            if self._lease is not None:  # its writes are done (NOTE [ Appends against readers ], 3)
+                with suppress(StoreError):  # (replaced meanwhile: readers open the new file)
+                    bump_epoch(self._lease)
             pin.abort()
         lease, self._lease = self._lease, None
         if lease is None:
