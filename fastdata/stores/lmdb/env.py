@@ -74,7 +74,8 @@ def _forget_inherited() -> None:
 # the checks: the tree's branches and the leaves its parent checked before the fork are those of
 # the same file at the same append epoch, so the child takes them over (``Leaves.adopt``) rather
 # than reading every branch again (0.7 s at a million records, in every worker). Where an append
-# began since (another epoch), the child checks the file anew.
+# began since (another epoch), or a thread of the parent was checking the tree at the fork (its
+# checks half done), the child checks the file anew.
 _inherited: dict[tuple[int, int], Leaves] = {}
 
 
@@ -350,8 +351,12 @@ def open_reader(path: str) -> Lease:
                 raise StoreError(f"{data_file}: cannot map its first page: {exc}") from None
             entry.cover()
             kept = _inherited.pop(key, None)
-            if kept is not None and kept.epoch == entry.epoch() and (reserved or kept.all_sound):
-                kept.adopt(f"/proc/self/fd/{entry.fd}")
+            if (
+                kept is not None
+                and kept.epoch == entry.epoch()
+                and (reserved or kept.all_sound)
+                and kept.adopt(f"/proc/self/fd/{entry.fd}")
+            ):
                 entry.leaves = kept
             else:
                 if kept is not None:

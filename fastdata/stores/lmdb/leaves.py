@@ -110,13 +110,18 @@ class Leaves:
             self._shared.close()
             self._shared = None
 
-    def adopt(self, data_file: str) -> None:
+    def adopt(self, data_file: str) -> bool:
         """Taken over by a forked child (NOTE [ Checked once ] in ``env.py``), which opened the
-        same file as ``data_file``: a lock of its own (the parent's may have been held by one
-        of its threads at the fork)."""
+        same file as ``data_file``, with a lock of its own; False (not taken over: the child
+        checks the file anew) where a thread of the parent held the lock at the fork: its check
+        was half done (pages it read counted as seen, not yet as read: met again, they were
+        taken for a loop in the tree) and its state half updated."""
+        self._tree.forked()
+        if self._lock.locked():  # (in the child, no thread of its own holds it)
+            return False
         self._lock = threading.Lock()
         self.data_file = data_file
-        self._tree.forked()
+        return True
 
     def known_sound(self, keys: Sequence[bytes]) -> bool:
         """Whether LMDB may be sent to ``keys`` without a look: every leaf is checked, or every

@@ -122,3 +122,57 @@ def test_a_damaged_leaf_is_found_by_every_worker_however_many_read_it(tmp_path: 
     assert run.returncode == 0, run.stderr
     first, second = run.stdout.splitlines()
     assert "RecordError" in first and "RecordError" in second, run.stdout
+
+
+MID_CHECK = """
+import os, sys, threading
+from fastdata import LMDBImageDataset
+from fastdata.stores.lmdb.pages import tree
+
+ds = LMDBImageDataset(sys.argv[1], output="bytes")
+n = int(sys.argv[2])
+ds.__getitems__([0])  # opened here: its branches checked
+check = tree.Tree._checked_level
+inside, forked = threading.Event(), threading.Event()
+def paused(self, *args, **kw):  # a thread's check has read its leaves, not yet counted them
+    out = check(self, *args, **kw)
+    if threading.current_thread() is not threading.main_thread() and not inside.is_set():
+        inside.set()
+        forked.wait()
+    return out
+tree.Tree._checked_level = paused
+reading = threading.Thread(target=ds.__getitems__, args=(list(range(n // 2, n // 2 + 100)),))
+reading.start()
+inside.wait()
+pid = os.fork()
+if pid == 0:
+    failed = []
+    for i in range(0, n, 64):
+        try:
+            ds.__getitems__(list(range(i, min(n, i + 64))))
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {exc}")
+    print(f"failed {failed}", flush=True)
+    os._exit(0)
+forked.set()
+reading.join()
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_reader_forked_while_a_thread_checks_leaves_finds_no_damage_in_a_sound_store(
+    tmp_path: Path,
+) -> None:
+    """A worker forked while a thread of its parent was checking leaves (a batch read in the
+    background): the leaves that check had read but not yet counted were taken, in the worker,
+    for pages reached twice (a loop in the tree), and a sound store's records for damaged ones.
+    Every record reads."""
+    store = tiny_store(tmp_path, 3000)
+    run = subprocess.run(
+        [sys.executable, "-c", MID_CHECK, str(store), "3000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "failed []", run.stdout
