@@ -92,17 +92,24 @@ child(True)   # its sibling, forked from the same parent afterwards
 """
 
 
-def test_a_leaf_one_worker_found_sound_is_not_checked_again_by_its_sibling(
-    tmp_path: Path,
-) -> None:
-    store = tiny_store(tmp_path, 3000)
+def run_script(script: str, store: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run over the store's 3,000 records in a process of its own, which ended
+    well."""
     run = subprocess.run(
-        [sys.executable, "-c", SIBLINGS, str(store), "3000"],
+        [sys.executable, "-c", script, str(store), "3000"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert run.returncode == 0, run.stderr
+    return run
+
+
+def test_a_leaf_one_worker_found_sound_is_not_checked_again_by_its_sibling(
+    tmp_path: Path,
+) -> None:
+    store = tiny_store(tmp_path, 3000)
+    run = run_script(SIBLINGS, store)
     first, second = run.stdout.splitlines()
     assert first.startswith("checked 0 pages, failed []")  # (not counted in the first)
     assert second == "checked 0 pages, failed []", run.stdout
@@ -113,13 +120,7 @@ def test_a_damaged_leaf_is_found_by_every_worker_however_many_read_it(tmp_path: 
     data_file = store / "data.mdb"
     leaves = [p for p, keys in _leaves(data_file) if keys and keys[0][:1].isdigit()]
     smash(data_file, leaves[len(leaves) // 2], 10, struct.pack("<H", 0))
-    run = subprocess.run(
-        [sys.executable, "-c", SIBLINGS, str(store), "3000"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    run = run_script(SIBLINGS, store)
     first, second = run.stdout.splitlines()
     assert "RecordError" in first and "RecordError" in second, run.stdout
 
@@ -168,11 +169,5 @@ def test_a_reader_forked_while_a_thread_checks_leaves_finds_no_damage_in_a_sound
     for pages reached twice (a loop in the tree), and a sound store's records for damaged ones.
     Every record reads."""
     store = tiny_store(tmp_path, 3000)
-    run = subprocess.run(
-        [sys.executable, "-c", MID_CHECK, str(store), "3000"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    run = run_script(MID_CHECK, store)
     assert run.stdout.strip() == "failed []", run.stdout
