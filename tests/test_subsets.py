@@ -75,7 +75,7 @@ def test_bad_subsets_are_clear_errors(lmdb_store: Path) -> None:
 
 def test_a_class_subset_is_cheap_at_size(tmp_path: Path) -> None:
     """A view over a big store costs its index array, not a read of the store."""
-    from fastdata.stores.reader import MemoryReader
+    from fastdata.stores.memory import MemoryReader
     from fastdata.stores.view import StoreView
 
     n = 2_000_000

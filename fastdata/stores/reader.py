@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import abc
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Foreign",
-    "MemoryReader",
     "ScanBlock",
     "ScanItem",
     "StoreReader",
@@ -327,38 +326,9 @@ class StoreReader(abc.ABC):
             QueryError: a query with an operator, key or field this store cannot take, or a
                 ``where`` that is neither a query nor a predicate (before any record is read).
         """
-        import numpy as np
+        from .selecting import select
 
-        from ..query import compile_query, record_document
-
-        if isinstance(where, Mapping) or not callable(where):
-            from ..query import check_query
-            from ..query_columns import column_mask
-
-            query = check_query(where, self.meta.schema.names, self.location)
-            mask = column_mask(  # (the columns read for it let go after: a view keeps indices)
-                query, len(self), self.labels, lambda name: self.field_column(name, keep=False)
-            )
-            if mask is not None:  # (the store's columns answered it)
-                return np.flatnonzero(mask).astype(np.int64)
-            test = compile_query(query, self.meta.schema.names, self.location)
-            return np.fromiter(
-                (i for i, h in enumerate(self.iter_headers()) if test(record_document(i, h))),
-                np.int64,
-            )
-        found = []
-        for i, h in enumerate(self.iter_headers()):
-            try:
-                if where(h.fields or {}):
-                    found.append(i)
-            except Exception as exc:
-                fields = ", ".join(h.fields or {}) or "none"
-                exc.add_note(
-                    f"{self.location}: where= raised this on record {i} ({h.name}; its fields: "
-                    f"{fields})"
-                )
-                raise
-        return np.asarray(found, dtype=np.int64)
+        return select(self, where)
 
     def columns_cover(self) -> int | None:
         """How many of the records the store's columns cover (all of them: reads and queries
@@ -482,53 +452,3 @@ class StoreReader(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release this process's handle (it reopens on the next read)."""
-
-
-class MemoryReader(StoreReader):
-    """A reader over records held in memory, built from metadata and labels (and, optionally,
-    the records' bytes): the seam for code and tests that need a reader without a store.
-
-    Args:
-        meta: the store's metadata (its ``count`` and ``classes``).
-        labels: one label per record.
-        data: each record's bytes; by default ``b"x"`` for every record.
-    """
-
-    location = "memory"
-    has_checksums = False
-
-    def __init__(self, meta: StoreMeta, labels: Any, data: Sequence[bytes] | None = None) -> None:
-        import numpy as np
-
-        self._meta = meta
-        self._labels = np.asarray(labels, dtype=np.int64)
-        self._data = data
-        self._opened(meta)
-        self.reads = 0
-        """How many times records were read (one per ``read_samples`` call)."""
-
-    def read_samples(
-        self, indices: Sequence[int], *, check: bool = True
-    ) -> list[tuple[bytes, int]]:
-        self.reads += 1  # (no checksums: nothing to check)
-        idx = self.check_indices(indices)
-        return [(self._bytes(i), int(self._labels[i])) for i in idx]
-
-    def read_records(self, indices: Sequence[int]) -> list[Record]:
-        from .. import records
-
-        self.reads += 1
-        out = []
-        for i in self.check_indices(indices):
-            data = self._bytes(i)
-            header = RecordHeader(
-                f"{i}", int(self._labels[i]), len(data), records.checksum(data), "unknown"
-            )
-            out.append(Record(i, header, data))
-        return out
-
-    def _bytes(self, i: int) -> bytes:
-        return b"x" if self._data is None else bytes(self._data[i])
-
-    def close(self) -> None:
-        return None

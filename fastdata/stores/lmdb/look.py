@@ -6,14 +6,17 @@ replacement)."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from typing import Any
 
+from ...errors import StoreError
 from ...records import Progress, SkippedFile, StoreMeta, skipped_file
 from .env import open_reader, reading
 from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY, skipped_key
 from .lease import Lease
 
-__all__ = ["appends_to", "peek", "read_skipped"]
+__all__ = ["appends_to", "interrupted_notes", "peek", "read_skipped"]
 
 
 def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
@@ -65,3 +68,33 @@ def read_skipped(lease: Lease, txn: Any, count: int, where: str) -> list[Skipped
             item = None
         out.append(skipped_file(item, where))
     return out
+
+
+def interrupted_notes(path: str) -> list[str]:
+    """What is unfinished in the store at ``path``: an append, or a replacement left in
+    ``.replacement/`` (each with the command that finishes it, or what happens to it)."""
+    from ..names import aside_folder, data_file
+    from ..reader import append_note
+
+    target = shlex.quote(os.path.abspath(path))
+    notes = []
+    _, pending, _ = peek(path)
+    aside = aside_folder(path)
+    if os.path.exists(data_file(aside)):
+        try:
+            done, building, _ = peek(aside)
+        except StoreError:
+            done = building = None
+        if building is not None:
+            notes.append(
+                f"a replacement (--overwrite) was interrupted after {building.next_sample} "
+                f"of {building.total} samples; finish it with "
+                f"`{building.resume_command(target)}`"
+            )
+        elif done is not None:
+            notes.append(
+                "a finished replacement waits to be moved into place; the next writer moves it"
+            )
+    if pending is not None:
+        notes.append(append_note(pending, target, replacing=bool(notes)))
+    return notes

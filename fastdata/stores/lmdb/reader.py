@@ -27,7 +27,7 @@ from ...records import (
     first_mismatch,
     skipped_file,
 )
-from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, append_note, scan_item
+from ..reader import Foreign, ScanBlock, ScanItem, StoreReader, scan_item
 from . import file as lmdb_file
 from .columns import columns_problems, read_column, read_index
 from .env import data_path, open_reader
@@ -45,7 +45,7 @@ from .layout import (
     skipped_key,
 )
 from .lease import Lease
-from .look import peek, read_skipped
+from .look import interrupted_notes, peek, read_skipped
 from .pages import Tree
 from .walks import Walk, in_place, none_at
 
@@ -107,30 +107,7 @@ class LeasedReader(StoreReader):
 
     def interrupted(self) -> list[str]:
         """An unfinished append in the store, or a replacement left in ``.replacement/``."""
-        from ..names import aside_folder, data_file
-
-        target = shlex.quote(os.path.abspath(self.path))
-        notes = []
-        _, pending, _ = peek(self.path)
-        aside = aside_folder(self.path)
-        if os.path.exists(data_file(aside)):
-            try:
-                done, building, _ = peek(aside)
-            except StoreError:
-                done = building = None
-            if building is not None:
-                notes.append(
-                    f"a replacement (--overwrite) was interrupted after {building.next_sample} "
-                    f"of {building.total} samples; finish it with "
-                    f"`{building.resume_command(target)}`"
-                )
-            elif done is not None:
-                notes.append(
-                    "a finished replacement waits to be moved into place; the next writer moves it"
-                )
-        if pending is not None:
-            notes.append(append_note(pending, target, replacing=bool(notes)))
-        return notes
+        return interrupted_notes(self.path)
 
     @property
     def command_target(self) -> str:
