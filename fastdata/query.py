@@ -216,7 +216,7 @@ class _Compiler:
         if path == ["label"] and not self.inside and _names_a_class(value):
             raise self.error(
                 f"'label' is a record's class index (an int: 0 for the first class), not its "
-                f"name ({value!r}); `fastdata info STORE` lists the classes in their order"
+                f"name ({value!r}); fastdata info lists the classes in their order"
             )
         test = self.operators(value) if _is_operators(value) else self.equals(value)
         return lambda doc: test(resolve(doc, path))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -524,3 +525,16 @@ def test_a_build_of_columns_killed_on_its_way_leaves_the_records_read_and_a_rebu
     assert isinstance(again, FieldBatch)
     assert all(same(a[2], b) for a, b in zip(again, expected, strict=True))
     assert not LMDBStore(store).columns_problems()
+
+
+def test_index_on_an_lmdb_store_prints_commands_that_run(tmp_path: Path) -> None:
+    """An LMDB store has no server to index a key: `fastdata index` says so, and the commands it
+    prints (info, columns) run as printed."""
+    store = make_store(tmp_path, 12)
+    said = run_cli("index", str(store), "fields.score")
+    assert said.returncode == 2 and "Traceback" not in said.stderr, said.stderr
+    commands = [part for part in said.stderr.split("`")[1::2] if part.startswith("fastdata ")]
+    assert [c.split()[1] for c in commands] == ["info", "columns"], said.stderr
+    for command in commands:
+        ran = run_cli(*shlex.split(command)[1:])
+        assert ran.returncode == 0, (command, ran.stderr)

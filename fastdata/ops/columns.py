@@ -41,7 +41,7 @@ def build_columns(store: str | os.PathLike[str]) -> ColumnsReport:
     if is_mongo_uri(store):
         raise UsageError(
             f"{store}: a MongoDB store keeps no columns: its server runs queries; have it "
-            "index a key a query names with `fastdata index URI -c COLLECTION KEY`"
+            "index a key a query names (the command fastdata index, with the store's collection)"
         )
     started = time.perf_counter()
     LMDBStore(store).close()  # (a store to read first: a folder of images, or none, said so)

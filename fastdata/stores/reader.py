@@ -380,8 +380,8 @@ class StoreReader(abc.ABC):
         check_query({key: {"$exists": True}}, self.meta.schema.names, self.location)
         raise UsageError(
             f"{self.location}: an LMDB store has no server to keep an index: it keeps every "
-            "field as a column, which a query reads (`fastdata info` says whether it has them; "
-            "`fastdata columns STORE` builds them; docs/fields.md)"
+            f"field as a column, which a query reads (`fastdata info {self.command_target}` says "
+            f"whether it has them; `fastdata columns {self.command_target}` builds them)"
         )
 
     def identity(self) -> dict[str, Any]:
