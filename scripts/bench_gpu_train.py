@@ -12,7 +12,9 @@ each worker count, in the same run:
 - ``fastdata-gpu``: ``create_loader(..., decode="device")``, the JPEGs decoded on the GPU;
   ``fastdata-gpu[hardware=0.65,regions=0,threads=1,batched=1]`` sets the
   :class:`~fastdata.images.device_decode.DeviceDecoder`'s options (the share of each batch for
-  the hardware JPEG decoders, crop-window decoding, nvImageCodec's host threads);
+  the hardware JPEG decoders, crop-window decoding, nvImageCodec's host threads, the batched
+  resize); ``in=workers`` decodes in the loader's worker processes (``decode_in="workers"``),
+  ``switch=0.001`` sets the interpreter's switch interval for that loader;
 - ``dali`` where NVIDIA DALI is installed: its GPU pipeline (``fn.readers.file``, mixed decode
   with random-resized-crop, resize, flip, normalise) over the same folder.
 
@@ -212,6 +214,12 @@ def decoder_options(name: str) -> dict[str, Any]:
             options[key] = value not in ("0", "false", "no")
         elif key == "threads":
             options[key] = int(value)
+        elif key == "in":  # where the device decode runs: main (a thread here) or workers
+            if value not in ("main", "workers"):
+                raise SystemExit(f"bench_gpu_train.py: {name}: in= takes main or workers")
+            options[key] = value
+        elif key == "switch":  # the interpreter's switch interval, seconds (default 0.005)
+            options[key] = float(value)
         else:
             raise SystemExit(f"bench_gpu_train.py: {name}: unknown option {key!r}")
     return options
@@ -220,6 +228,8 @@ def decoder_options(name: str) -> dict[str, Any]:
 def fastdata_loader(
     store: Path, batch: int, workers: int, decode: str = "cpu", **options: Any
 ) -> tuple[Any, Timed | None]:
+    where = options.pop("in", "main")
+    sys.setswitchinterval(options.pop("switch", 0.005))
     loader = create_loader(
         LMDBImageDataset(store),
         batch,
@@ -227,12 +237,11 @@ def fastdata_loader(
         device="cuda",
         channels_last=True,
         decode=decode,
+        **({"decode_in": where, "decode_options": options} if decode == "device" else {}),
     )
-    if decode != "device":
+    if decode != "device" or where == "workers":  # (a worker's decode is not timed here)
         return loader, None
-    step = loader.device_loader.decode  # the decoder is made on the first batch: set it now
-    for key, value in options.items():
-        setattr(step.decoder, key, value)
+    step = loader.device_loader.decode
     timed = Timed(step)
     loader.device_loader.decode = timed
     return loader, timed

@@ -100,6 +100,16 @@ class SideStream:
         self.device = device
         self._stream: Any = None
 
+    def stream(self) -> Any:
+        """The side stream (made on first use)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        return self._stream
+
+    def current(self) -> Any:
+        """A context in which the side stream is this thread's current stream."""
+        return torch.cuda.stream(self.stream())
+
     def copy(
         self,
         batch: Any,
@@ -112,9 +122,7 @@ class SideStream:
         ``batch`` on the side stream; with ``after_consumer``, after the work the consumer's
         stream has queued so far. ``prepare`` turns the whole batch into another first, on the
         side stream too (a decode on the device)."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
-        stream = self._stream
+        stream = self.stream()
         if after_consumer:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -304,6 +304,8 @@ def create_loader(
     multiprocessing_context: str | None = None,
     decode: str = "cpu",
     decode_backend: str = "auto",
+    decode_in: str = "main",
+    decode_options: Mapping[str, Any] | None = None,
     pad_fields: bool = False,
 ) -> Loader:
     """A loader that yields ``(images, labels)`` batches on the device, normalised there.
@@ -349,6 +351,14 @@ def create_loader(
             fastdata dataset without a ``transform``.
         decode_backend: for ``decode="device"``: ``"auto"``, ``"nvimgcodec"``,
             ``"torchvision"`` or ``"cpu"``.
+        decode_in: for ``decode="device"``: ``"main"``, a thread of this process decodes each
+            batch on the device; ``"workers"``, each worker process decodes its batches on the
+            device and hands them over through CUDA IPC (the workers start with ``spawn`` on
+            CUDA; :mod:`fastdata.loaders.device_workers`), which leaves this process's host
+            core and interpreter lock to the training loop.
+        decode_options: for ``decode="device"``: options of the
+            :class:`~fastdata.images.device_decode.DeviceDecoder` (``hardware``, ``regions``,
+            ``threads``, ``batched``).
 
     Returns:
         A :class:`Loader`.
@@ -358,6 +368,19 @@ def create_loader(
 
     if decode not in ("cpu", "device"):
         raise ValueError(f"decode must be 'cpu' or 'device', got {decode!r}")
+    if decode_in not in ("main", "workers"):
+        raise ValueError(f"decode_in must be 'main' or 'workers', got {decode_in!r}")
+    if decode != "device" and (decode_in != "main" or decode_options):
+        raise ValueError(
+            "decode_in and decode_options are for decode='device' (with decode='cpu' the "
+            "workers already decode, on the CPU)"
+        )
+    options = dict(decode_options or {})
+    unknown = sorted(set(options) - {"hardware", "regions", "threads", "batched"})
+    if unknown:
+        raise ValueError(
+            f"decode_options: unknown {', '.join(unknown)} (of hardware, regions, threads, batched)"
+        )
     with_seeds = False
     decoder = None
     target = torch.device(device) if device is not None else default_device()
@@ -376,9 +399,13 @@ def create_loader(
                     "(decode='cpu', the default) to batch them, or leave fields= out"
                 )
             fast = bool(getattr(chosen, "fast_decode", False))
-            decoder = DeviceDecoder(target, backend=decode_backend, fast=fast)
+            decoder = DeviceDecoder(target, backend=decode_backend, fast=fast, **options)
             chosen, collate_fn = Planned(chosen), collate_encoded
         dataset = dataset.with_pipeline(chosen)
+        if decoder is not None and decode_in == "workers":
+            from .device_workers import DecodingCollate
+
+            collate_fn = DecodingCollate(decoder, dataset)
         with_seeds = True
     elif decode == "device":
         raise ValueError(
@@ -411,7 +438,22 @@ def create_loader(
             "the loader would yield nothing; lower batch_size, or pass drop_last=False to keep "
             "the partial batch"
         )
-    pin = target.type == "cuda" if pin_memory is None else pin_memory
+    # with the workers decoding on CUDA, batches arrive on the device (nothing to pin), from
+    # workers that use CUDA (which a forked child cannot once its parent has)
+    in_workers = decoder is not None and decode_in == "workers" and target.type == "cuda"
+    if in_workers and pin_memory:
+        raise ValueError(
+            "decode_in='workers': the batches arrive on the device, there is nothing to pin: "
+            "leave pin_memory out"
+        )
+    if in_workers and multiprocessing_context == "fork":
+        raise ValueError(
+            "decode_in='workers' on CUDA: a forked worker cannot use CUDA once this process "
+            "has; leave multiprocessing_context out (spawn) or pass 'spawn' or 'forkserver'"
+        )
+    context = multiprocessing_context or ("spawn" if in_workers else None)
+    step = None if decoder is None or decode_in == "workers" else DeviceStep(decoder, dataset)
+    pin = target.type == "cuda" and not in_workers if pin_memory is None else pin_memory
     collate = collate_fn or collate_for(dataset, pad_fields)
 
     def build(workers: int, batch_sampler_source: Any, persistent: bool) -> DataLoader[Any]:
@@ -420,8 +462,8 @@ def create_loader(
             extra["prefetch_factor"] = prefetch_factor or (4 if workers <= 2 else 2)
             extra["persistent_workers"] = persistent
             extra["worker_init_fn"] = _worker_init
-            if multiprocessing_context:
-                extra["multiprocessing_context"] = multiprocessing_context
+            if context:
+                extra["multiprocessing_context"] = context
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -441,9 +483,7 @@ def create_loader(
         def probe_loader(w: int) -> Any:
             loader = build(w, probe, persistent=False)
             # with the device decoding, the rate is the decoded batches', not the bytes'
-            return (
-                loader if decoder is None else DecodedBatches(loader, DeviceStep(decoder, dataset))
-            )
+            return loader if step is None else DecodedBatches(loader, step)
 
         workers, rates = pick_workers(
             probe_loader,
@@ -463,7 +503,8 @@ def create_loader(
         std=std if normalizing else None,
         dtype=dtype,
         channels_last=channels_last,
-        decode=None if decoder is None else DeviceStep(decoder, dataset),
+        decode=step,
+        on_device=in_workers,
     )
     log.info(
         "loader: %d samples, batch %d, %d worker%s, rank %d of %d, device %s, decoded by %s",
@@ -474,6 +515,6 @@ def create_loader(
         rank,
         world,
         target,
-        "the workers" if decoder is None else decoder,
+        "the workers" if decoder is None else f"{decoder} in {decode_in}",
     )
     return Loader(dataloader, sampler, device_loader, seed=seed, worker_rates=rates)

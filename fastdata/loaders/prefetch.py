@@ -51,6 +51,10 @@ class PrefetchLoader:
             stream: a :class:`~fastdata.images.device_decode.DeviceDecoder` turning each
             :class:`~fastdata.loaders.collate.EncodedBatch` into ``(uint8 images, labels)``.
             It runs in a thread, up to two batches ahead of the caller.
+        on_device: the loader's batches arrive already on ``device`` (decoded there by its
+            worker processes and shared by CUDA IPC, :mod:`fastdata.loaders.device_workers`):
+            a thread takes them up to two batches ahead of the caller, converts and normalises
+            them on the side stream into this process's memory, and lets the shared memory go.
 
     Only uint8 4-D tensors (``N x C x H x W`` images) are converted; every other tensor (targets)
     is only moved, and other leaves (strings, ints, None) pass through untouched.
@@ -67,9 +71,11 @@ class PrefetchLoader:
         *,
         normalize: bool = False,
         decode: Callable[[Any], Any] | None = None,
+        on_device: bool = False,
     ) -> None:
         self.loader = loader
         self.decode = decode
+        self.on_device = on_device
         self.device = torch.device(device) if device is not None else default_device()
         if normalize or mean is not None or std is not None:
             mean = tuple(mean) if mean is not None else IMAGENET_MEAN
@@ -117,6 +123,8 @@ class PrefetchLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.decode is not None:
             return self._iter_decoding(self.decode)
+        if self.on_device and self.device.type == "cuda":
+            return self._iter_arriving()
         if self.device.type == "cuda":
             return self._iter_cuda()
         return (map_tensors(batch, self._move) for batch in self.loader)
@@ -151,6 +159,15 @@ class PrefetchLoader:
         with BackgroundGenerator(decoded, max_prefetch=2) as batches:
             for item in batches:
                 yield hand_over(item)
+
+    def _iter_arriving(self) -> Iterator[Any]:
+        from .device_workers import arrivals
+
+        torch.get_num_threads()  # (as in _iter_decoding)
+        taken = arrivals(self.loader, self._side, self._move_async)
+        with BackgroundGenerator(taken, max_prefetch=2) as batches:
+            for item in batches:
+                yield self._side.hand_over(item)
 
     def _iter_cuda(self) -> Iterator[Any]:
         source = iter(self.loader)

@@ -1,0 +1,120 @@
+"""Decoding on the device in the loader's worker processes (``create_loader(decode="device",
+decode_in="workers")``): each worker decodes its batches on the GPU and hands them to the
+training process through CUDA IPC, so the decode shares neither the training process's
+interpreter lock nor its host core.
+
+A decode in a thread of the training process (``decode_in="main"``) took 54-58 ms a batch of 256
+alone and 108-140 ms while ResNet-50 trained beside it on an H100, holding the rate near 2,000
+img/s (docs/gpu.md): the thread and the training loop take turns at the interpreter lock.
+
+How a batch travels:
+
+1. In a worker (started with ``spawn``: a forked child cannot use CUDA once its parent has), the
+   bytes are read and each sample's plan drawn, as with ``decode_in="main"``; the batch is
+   decoded, cropped, resized and flipped on the worker's default stream (:class:`DecodingCollate`)
+   into a fresh ``N x 3 x H x W`` uint8 tensor.
+2. PyTorch shares it by CUDA IPC: the memory's handle and an interprocess event recorded after
+   the decode cross, the pixels never leave the device. Before each batch the worker takes back
+   the memory of the batches the training process has let go (``torch.cuda.ipc_collect``), so it
+   holds a few batches' memory, not one per batch sent.
+3. In the training process, in the prefetch thread (:func:`arrivals`), with the loader's side
+   stream current: the batch is opened (the side stream waits for the worker's event), converted
+   and normalised on the side stream into memory of this process, and the thread waits, without
+   the interpreter lock, for that work before it lets the shared batch go. (PyTorch's release of
+   memory received by IPC synchronises the stream current at that moment: on the training
+   stream, that would wait for the step, holding the interpreter lock.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from .collate import collate_encoded
+from .device import InFlight, SideStream, map_tensors
+
+__all__ = ["DecodingCollate", "arrivals"]
+
+
+class DecodingCollate:
+    """A worker's collate: the samples' bytes and plans, decoded on the device into
+    ``(uint8 images, labels)``; an image no decoder can read is named by its record.
+
+    Args:
+        decoder: a :class:`~fastdata.images.device_decode.DeviceDecoder` (its native decoder is
+            made again in each worker, on first use).
+        dataset: the dataset, to name a record in an error (in a worker, the worker's copy of it
+            is used: the collate does not carry it across).
+    """
+
+    def __init__(self, decoder: Any, dataset: Any) -> None:
+        self.decoder = decoder
+        self.dataset = dataset
+        self._ready = False  # this process has set its device
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["dataset"] = None  # the worker has its own copy (get_worker_info().dataset)
+        state["_ready"] = False
+        return state
+
+    def __call__(self, samples: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        from ..errors import CorruptImageError
+        from ..images.device_decode import BatchImageError
+
+        encoded = collate_encoded(samples)
+        device = self.decoder.device
+        if device.type == "cuda":
+            if not self._ready:
+                torch.cuda.set_device(device)
+                self._ready = True
+            # the memory of batches the training process has let go, back to this process's
+            # allocator (otherwise held until the device is full)
+            torch.cuda.ipc_collect()
+        try:
+            return self.decoder.batch(encoded)
+        except BatchImageError as exc:
+            dataset = self.dataset
+            if dataset is None:
+                info = torch.utils.data.get_worker_info()
+                dataset = info.dataset if info is not None else None
+            index = encoded.indices[exc.position]
+            where = dataset.where(index) if dataset is not None else f"record {index}"
+            raise CorruptImageError(where, exc.reason) from None
+
+    def __repr__(self) -> str:
+        return f"DecodingCollate({self.decoder!r})"
+
+
+def _own(moved: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
+    """``moved`` in memory of this process: a copy where it is still ``received``'s memory (an
+    image batch passed through without conversion)."""
+    if (
+        received.device.type == "cuda"
+        and moved.untyped_storage().data_ptr() == received.untyped_storage().data_ptr()
+    ):
+        return moved.clone(memory_format=torch.preserve_format)
+    return moved
+
+
+def arrivals(
+    loader: Iterable[Any], side: SideStream, move: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[InFlight]:
+    """The loader's batches, decoded on the device by its workers, each ``move``-d (converted,
+    normalised; labels copied) on ``side``'s stream into this process's memory, the shared
+    memory let go once that work is done. Runs in the prefetch thread."""
+    source = iter(loader)
+    while True:
+        with side.current():
+            try:
+                received = next(source)  # the side stream waits for the worker's decode
+            except StopIteration:
+                return
+            moved = map_tensors(received, lambda t: _own(move(t), t))
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()  # (without the interpreter lock)
+            del received  # its release synchronises the side stream: nothing is left on it
+        yield InFlight(moved, done)

@@ -1,0 +1,166 @@
+"""Decoding on the device in the loader's worker processes (``decode_in="workers"``): the same
+batches as a decode in the training process, for any worker count and start method; records
+named in errors; on CUDA, batches handed over by IPC, deterministic, with steady memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import pytest
+import torch
+
+from fastdata import LMDBImageDataset, convert, create_loader
+from fastdata.images.device_backends import available_backends
+from fastdata.images.pipelines import TrainPipeline
+from fastdata.images.synthetic import synthetic_jpeg
+
+from .conftest import png_bytes, write
+
+BACKEND = "nvimgcodec" if "nvimgcodec" in available_backends("cpu") else "cpu"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("src")
+    for i in range(24):
+        data = synthetic_jpeg(160, 120, seed=i) if i % 8 else png_bytes(100, 90, seed=i)
+        write(root / f"c{i % 3}" / f"{i:03d}.{'jpg' if i % 8 else 'png'}", data)
+    dst = tmp_path_factory.mktemp("store") / "s.lmdb"
+    convert(root, dst)
+    return dst
+
+
+def epochs(store: Path, count: int = 2, **options: object) -> list[tuple[torch.Tensor, ...]]:
+    common: dict[str, object] = dict(
+        image_size=48, seed=3, batch_size=8, mean=None, std=None, decode="device"
+    )
+    common.update(options)
+    common.setdefault("device", "cpu")
+    common.setdefault("decode_backend", BACKEND)
+    common.setdefault("pipeline", TrainPipeline(48, fast_decode=False))
+    out = []
+    with create_loader(LMDBImageDataset(store), **common) as loader:  # type: ignore[arg-type]
+        for _ in range(count):
+            out += [(x.cpu().clone(), y.cpu().clone()) for x, y in loader]
+    return out
+
+
+def same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x0, x1) and torch.equal(y0, y1) for (x0, y0), (x1, y1) in zip(a, b)
+    )
+
+
+def test_workers_decode_the_batches_a_decode_in_this_process_gives(store: Path) -> None:
+    want = epochs(store, num_workers=0, decode_in="main")
+    assert want and want[0][0].shape == (8, 3, 48, 48) and want[0][0].dtype == torch.uint8
+    for workers in (0, 2):
+        assert same(epochs(store, num_workers=workers, decode_in="workers"), want), workers
+
+
+def test_spawned_workers_decode_the_same_batches(store: Path) -> None:
+    # the start method the workers take on CUDA: the collate and its decoder cross by pickle
+    want = epochs(store, count=1, num_workers=0)
+    got = epochs(
+        store, count=1, num_workers=1, decode_in="workers", multiprocessing_context="spawn"
+    )
+    assert same(got, want)
+
+
+def test_a_record_no_decoder_reads_is_named_from_a_worker(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    write(root / "a" / "0.jpg", synthetic_jpeg(160, 120, seed=1))
+    write(root / "a" / "1.png", png_bytes(40, 30, seed=1))
+    store = tmp_path / "s.lmdb"
+    convert(root, store)
+    with lmdb.open(str(store), subdir=True, lock=False) as env, env.begin(write=True) as txn:
+        key = b"%010d" % 1
+        txn.put(key, bytes(txn.get(key))[:60])  # the PNG cut short (its checksum fails first)
+    code = f"""
+from fastdata import LMDBImageDataset, create_loader
+loader = create_loader(LMDBImageDataset({str(store)!r}), batch_size=2, device="cpu",
+                       num_workers=1, decode="device", decode_in="workers", train=False)
+next(iter(loader))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "record 1 (a/1.png)" in result.stderr and "s.lmdb" in result.stderr, result.stderr
+
+
+def test_what_decode_in_and_decode_options_take_is_checked(store: Path) -> None:
+    ds = LMDBImageDataset(store)
+    with pytest.raises(ValueError, match="'main' or 'workers'"):
+        create_loader(ds, 4, device="cpu", decode="device", decode_in="gpu")
+    with pytest.raises(ValueError, match="for decode='device'"):
+        create_loader(ds, 4, device="cpu", decode_in="workers")
+    with pytest.raises(ValueError, match="unknown hw"):
+        create_loader(ds, 4, device="cpu", decode="device", decode_options={"hw": 1})
+    with pytest.raises(ValueError, match="hardware=2"):
+        create_loader(ds, 4, device="cpu", decode="device", decode_options={"hardware": 2})
+
+
+def test_decode_options_reach_the_decoder(store: Path) -> None:
+    with create_loader(
+        LMDBImageDataset(store),
+        4,
+        device="cpu",
+        num_workers=0,
+        decode="device",
+        decode_in="workers",
+        decode_options={"regions": False, "batched": True},
+    ) as loader:
+        decoder = loader.dataloader.collate_fn.decoder  # type: ignore[attr-defined]
+        assert decoder.regions is False and decoder.batched is True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [{}, {"hardware": 1.0, "regions": False, "batched": True}])
+def test_on_cuda_workers_hand_over_the_batches_a_decode_in_this_process_gives(
+    store: Path, options: dict[str, object]
+) -> None:
+    common: dict[str, object] = dict(device="cuda", decode_backend="auto", decode_options=options)
+    want = epochs(store, num_workers=0, decode_in="main", **common)
+    for workers in (1, 2):
+        got = epochs(store, num_workers=workers, decode_in="workers", **common)
+        assert same(got, want), (workers, options)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_workers_memory_and_this_process_stay_steady(store: Path) -> None:
+    # the workers take back what this process let go (ipc_collect): over many epochs the
+    # device's free memory and this process's reserved memory do not shrink
+    with create_loader(
+        LMDBImageDataset(store),
+        batch_size=8,
+        image_size=48,
+        device="cuda",
+        num_workers=2,
+        decode="device",
+        decode_in="workers",
+    ) as loader:
+        for _ in range(3):
+            for x, _y in loader:
+                assert x.device.type == "cuda" and x.dtype == torch.float32
+        torch.cuda.synchronize()
+        free, reserved = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+        for _ in range(12):
+            for _x, _y in loader:
+                pass
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_reserved() == reserved
+        assert torch.cuda.mem_get_info()[0] >= free - (64 << 20), (
+            free - torch.cuda.mem_get_info()[0]
+        )
+
+
+@pytest.mark.gpu
+def test_on_cuda_workers_refuse_fork_and_pinning(store: Path) -> None:
+    ds = LMDBImageDataset(store)
+    common: dict[str, object] = dict(device="cuda", decode="device", decode_in="workers")
+    with pytest.raises(ValueError, match="forked worker"):
+        create_loader(ds, 4, multiprocessing_context="fork", **common)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="nothing to pin"):
+        create_loader(ds, 4, pin_memory=True, **common)  # type: ignore[arg-type]
