@@ -50,7 +50,7 @@ def epochs(store: Path, count: int = 2, **options: object) -> list[tuple[torch.T
 
 def same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
     return len(a) == len(b) and all(
-        torch.equal(x0, x1) and torch.equal(y0, y1) for (x0, y0), (x1, y1) in zip(a, b)
+        torch.equal(x0, x1) and torch.equal(y0, y1) for (x0, y0), (x1, y1) in zip(a, b, strict=True)
     )
 
 
@@ -164,3 +164,27 @@ def test_on_cuda_workers_refuse_fork_and_pinning(store: Path) -> None:
         create_loader(ds, 4, multiprocessing_context="fork", **common)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="nothing to pin"):
         create_loader(ds, 4, pin_memory=True, **common)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_on_cuda_closing_mid_epoch_releases_what_the_workers_shared(
+    store: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # batches still on their way when the loader closes are taken and let go before the
+    # workers exit: no worker warns that shared CUDA tensors were not released
+    loader = create_loader(
+        LMDBImageDataset(store),
+        batch_size=4,
+        image_size=48,
+        device="cuda",
+        num_workers=2,
+        decode="device",
+        decode_in="workers",
+    )
+    with loader:
+        for i, (x, _y) in enumerate(loader):
+            assert x.device.type == "cuda"
+            if i == 1:
+                break
+    err = capfd.readouterr().err
+    assert "Producer process" not in err and "Traceback" not in err, err

@@ -27,6 +27,9 @@ How a batch travels:
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -35,7 +38,14 @@ import torch
 from .collate import collate_encoded
 from .device import InFlight, SideStream, map_tensors
 
-__all__ = ["DecodingCollate", "arrivals"]
+__all__ = ["DecodingCollate", "arrivals", "release_shared"]
+
+log = logging.getLogger(__name__)
+
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+RELEASE_SECONDS = 10.0
+"""How long closing a loader waits for the batches its workers are still making (to let them
+go before the workers exit)."""
 
 
 class DecodingCollate:
@@ -50,6 +60,9 @@ class DecodingCollate:
     """
 
     def __init__(self, decoder: Any, dataset: Any) -> None:
+        if decoder.device.type == "cuda" and decoder.device.index is None:
+            # the workers use the device this process uses now (set_device(LOCAL_RANK), ...)
+            decoder.device = torch.device("cuda", torch.cuda.current_device())
         self.decoder = decoder
         self.dataset = dataset
         self._ready = False  # this process has set its device
@@ -68,6 +81,7 @@ class DecodingCollate:
         device = self.decoder.device
         if device.type == "cuda":
             if not self._ready:
+                _sleep_while_waiting(device.index or 0)
                 torch.cuda.set_device(device)
                 self._ready = True
             # the memory of batches the training process has let go, back to this process's
@@ -113,8 +127,52 @@ def arrivals(
             except StopIteration:
                 return
             moved = map_tensors(received, lambda t: _own(move(t), t))
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)
             done.record()
-            done.synchronize()  # (without the interpreter lock)
+            done.synchronize()  # (asleep, without the interpreter lock)
             del received  # its release synchronises the side stream: nothing is left on it
         yield InFlight(moved, done)
+
+
+def _sleep_while_waiting(index: int) -> bool:
+    """Before this process's first CUDA call: ask the driver for a device context whose waits
+    put the thread to sleep instead of spinning on a core (``CU_CTX_SCHED_BLOCKING_SYNC``).
+
+    A worker spends most of a batch waiting for the decoders (nvImageCodec's call returns when
+    the batch is decoded); spinning, that wait took a core. Best effort: without the driver's
+    library, or once CUDA is set up here, nothing changes."""
+    if torch.cuda.is_initialized():
+        return False
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        device = ctypes.c_int()
+        if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), index) != 0:
+            return False
+        return bool(driver.cuDevicePrimaryCtxSetFlags_v2(device, CU_CTX_SCHED_BLOCKING_SYNC) == 0)
+    except (OSError, AttributeError):  # no driver library, or one without the call
+        return False
+
+
+def release_shared(iterator: Any, seconds: float = RELEASE_SECONDS) -> None:
+    """Before a loader's decoding workers stop: take the batches they have sent or are still
+    making, and let them go, so that each worker's memory shared with this process is
+    released before it exits (PyTorch warns on the worker's stderr otherwise).
+
+    ``iterator`` is the DataLoader's multi-process iterator; a batch's release synchronises
+    the stream current then, here a fresh one with nothing on it. Bounded by ``seconds``."""
+    deadline = time.monotonic() + seconds
+    try:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            info = getattr(iterator, "_task_info", {})
+            for key in [k for k, v in info.items() if len(v) > 1]:
+                del info[key]  # batches that came early, held for their turn
+            while iterator._tasks_outstanding > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                ok, data = iterator._try_get_data(timeout=min(left, 1.0))
+                if ok:
+                    iterator._tasks_outstanding -= 1
+                    del data
+    except Exception as exc:  # (a worker that failed, a PyTorch without these internals)
+        log.debug("releasing the workers' shared batches: %s", exc)

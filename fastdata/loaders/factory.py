@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from ..errors import ResumeError
 from .collate import collate_encoded, collate_for
 from .device import DecodedBatches, DeviceStep, default_device
+from .device_workers import DecodingCollate, release_shared
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .position import (
     RESTART,
@@ -69,6 +70,9 @@ def _shut_down(dataloader: DataLoader[Any]) -> None:
 
     iterator = getattr(dataloader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        collate = dataloader.collate_fn
+        if isinstance(collate, DecodingCollate) and collate.decoder.device.type == "cuda":
+            release_shared(iterator)
         iterator._shutdown_workers()
     dataloader._iterator = None
     drop_exited_workers()
@@ -403,8 +407,6 @@ def create_loader(
             chosen, collate_fn = Planned(chosen), collate_encoded
         dataset = dataset.with_pipeline(chosen)
         if decoder is not None and decode_in == "workers":
-            from .device_workers import DecodingCollate
-
             collate_fn = DecodingCollate(decoder, dataset)
         with_seeds = True
     elif decode == "device":
