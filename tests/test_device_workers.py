@@ -16,6 +16,7 @@ from fastdata import LMDBImageDataset, convert, create_loader
 from fastdata.images.device_backends import available_backends
 from fastdata.images.pipelines import TrainPipeline
 from fastdata.images.synthetic import synthetic_jpeg
+from fastdata.loaders.device_workers import worker_start
 
 from .conftest import png_bytes, write
 
@@ -100,6 +101,17 @@ def test_what_decode_in_and_decode_options_take_is_checked(store: Path) -> None:
         create_loader(ds, 4, device="cpu", decode="device", decode_options={"hw": 1})
     with pytest.raises(ValueError, match="hardware=2"):
         create_loader(ds, 4, device="cpu", decode="device", decode_options={"hardware": 2})
+
+
+def test_workers_that_decode_on_cuda_are_spawned_and_pin_nothing() -> None:
+    # (the rule create_loader applies where the device is CUDA; checked here without one)
+    assert worker_start(True, None, None) == "spawn"
+    assert worker_start(True, None, "forkserver") == "forkserver"
+    assert worker_start(False, True, "fork") == "fork" and worker_start(False, None, None) is None
+    with pytest.raises(ValueError, match="forked worker cannot use CUDA"):
+        worker_start(True, None, "fork")
+    with pytest.raises(ValueError, match="nothing to pin"):
+        worker_start(True, True, None)
 
 
 def test_decode_options_reach_the_decoder(store: Path) -> None:

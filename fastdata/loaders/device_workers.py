@@ -30,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ import torch
 from .collate import collate_encoded
 from .device import InFlight, SideStream, map_tensors
 
-__all__ = ["DecodingCollate", "arrivals", "release_shared"]
+__all__ = ["DecodingCollate", "arrivals", "decode_settings", "release_shared", "worker_start"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,61 @@ CU_CTX_SCHED_BLOCKING_SYNC = 0x04
 RELEASE_SECONDS = 10.0
 """How long closing a loader waits for the batches its workers are still making (to let them
 go before the workers exit)."""
+
+
+DECODER_OPTIONS = ("hardware", "regions", "threads", "batched")
+"""The :class:`~fastdata.images.device_decode.DeviceDecoder` options ``decode_options`` takes."""
+
+
+def decode_settings(
+    decode: str, decode_in: str, decode_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """``create_loader``'s ``decode``, ``decode_in`` and ``decode_options`` checked: the
+    decoder's options.
+
+    Raises:
+        ValueError: an unknown value or option, or ``decode_in`` / ``decode_options`` without
+            ``decode="device"``.
+    """
+    if decode not in ("cpu", "device"):
+        raise ValueError(f"decode must be 'cpu' or 'device', got {decode!r}")
+    if decode_in not in ("main", "workers"):
+        raise ValueError(f"decode_in must be 'main' or 'workers', got {decode_in!r}")
+    if decode != "device" and (decode_in != "main" or decode_options):
+        raise ValueError(
+            "decode_in and decode_options are for decode='device' (with decode='cpu' the "
+            "workers already decode, on the CPU)"
+        )
+    options = dict(decode_options or {})
+    unknown = sorted(set(options) - set(DECODER_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"decode_options: unknown {', '.join(unknown)} (of {', '.join(DECODER_OPTIONS)})"
+        )
+    return options
+
+
+def worker_start(
+    in_workers: bool, pin_memory: bool | None, multiprocessing_context: str | None
+) -> str | None:
+    """The workers' start method. Workers that decode on CUDA start with ``spawn`` (a forked
+    child cannot use CUDA once its parent has), and their batches arrive on the device, with
+    nothing to pin.
+
+    Raises:
+        ValueError: ``fork`` or ``pin_memory=True`` for workers that decode on CUDA.
+    """
+    if in_workers and pin_memory:
+        raise ValueError(
+            "decode_in='workers': the batches arrive on the device, there is nothing to pin: "
+            "leave pin_memory out"
+        )
+    if in_workers and multiprocessing_context == "fork":
+        raise ValueError(
+            "decode_in='workers' on CUDA: a forked worker cannot use CUDA once this process "
+            "has; leave multiprocessing_context out (spawn) or pass 'spawn' or 'forkserver'"
+        )
+    return multiprocessing_context or ("spawn" if in_workers else None)
 
 
 class DecodingCollate:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from ..errors import ResumeError
 from .collate import collate_encoded, collate_for
 from .device import DecodedBatches, DeviceStep, default_device
-from .device_workers import DecodingCollate, release_shared
+from .device_workers import DecodingCollate, decode_settings, release_shared, worker_start
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .position import (
     RESTART,
@@ -370,21 +370,7 @@ def create_loader(
     from ..datasets import ImageStoreDataset
     from ..images.pipelines import EvalPipeline, TrainPipeline
 
-    if decode not in ("cpu", "device"):
-        raise ValueError(f"decode must be 'cpu' or 'device', got {decode!r}")
-    if decode_in not in ("main", "workers"):
-        raise ValueError(f"decode_in must be 'main' or 'workers', got {decode_in!r}")
-    if decode != "device" and (decode_in != "main" or decode_options):
-        raise ValueError(
-            "decode_in and decode_options are for decode='device' (with decode='cpu' the "
-            "workers already decode, on the CPU)"
-        )
-    options = dict(decode_options or {})
-    unknown = sorted(set(options) - {"hardware", "regions", "threads", "batched"})
-    if unknown:
-        raise ValueError(
-            f"decode_options: unknown {', '.join(unknown)} (of hardware, regions, threads, batched)"
-        )
+    options = decode_settings(decode, decode_in, decode_options)
     with_seeds = False
     decoder = None
     target = torch.device(device) if device is not None else default_device()
@@ -440,20 +426,8 @@ def create_loader(
             "the loader would yield nothing; lower batch_size, or pass drop_last=False to keep "
             "the partial batch"
         )
-    # with the workers decoding on CUDA, batches arrive on the device (nothing to pin), from
-    # workers that use CUDA (which a forked child cannot once its parent has)
     in_workers = decoder is not None and decode_in == "workers" and target.type == "cuda"
-    if in_workers and pin_memory:
-        raise ValueError(
-            "decode_in='workers': the batches arrive on the device, there is nothing to pin: "
-            "leave pin_memory out"
-        )
-    if in_workers and multiprocessing_context == "fork":
-        raise ValueError(
-            "decode_in='workers' on CUDA: a forked worker cannot use CUDA once this process "
-            "has; leave multiprocessing_context out (spawn) or pass 'spawn' or 'forkserver'"
-        )
-    context = multiprocessing_context or ("spawn" if in_workers else None)
+    context = worker_start(in_workers, pin_memory, multiprocessing_context)
     step = None if decoder is None or decode_in == "workers" else DeviceStep(decoder, dataset)
     pin = target.type == "cuda" and not in_workers if pin_memory is None else pin_memory
     collate = collate_fn or collate_for(dataset, pad_fields)
