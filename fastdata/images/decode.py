@@ -63,10 +63,15 @@ except ImportError as _missing:  # pragma: no cover - a platform without a simpl
 
 
 def decoder_name() -> str:
-    """The JPEG decoder in use, for ``fastdata info`` and ``fastdata bench``."""
+    """The JPEG decoder in use, and how crops are decoded, for ``fastdata info`` and
+    ``fastdata bench``."""
+    from .window import describe  # (it reads this module's pixel limit)
+
     if _simplejpeg is not None:
-        return f"libjpeg-turbo (simplejpeg {getattr(_simplejpeg, '__version__', '?')})"
-    return "Pillow (simplejpeg missing: slower, and no strict JPEG checks)"
+        name = f"libjpeg-turbo (simplejpeg {getattr(_simplejpeg, '__version__', '?')})"
+    else:
+        name = "Pillow (simplejpeg missing: slower, and no strict JPEG checks)"
+    return f"{name}; crops: {describe()}"
 
 
 _limit: list[int | None] = [None]

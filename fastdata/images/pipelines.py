@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from . import window
+from .codec import is_jpeg
 from .decode import decode_array, decode_top, image_size
 
 __all__ = [
@@ -49,8 +51,11 @@ def _resize(region: np.ndarray, out_h: int, out_w: int, flip: bool) -> np.ndarra
     import torch
     import torch.nn.functional as F
 
-    # channels_last in, channels_last out: the kernel's fast path, and the result is already HWC
-    x = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
+    # channels_last in, channels_last out: the kernel's fast path, and the result is already HWC.
+    # (The batch dimension added first: added after the permute, its stride is C, and a whole
+    # contiguous region then passes for channels_last without being it for the kernel, which
+    # took 2-3x as long: measured, 0.55 against 0.23 ms for a 372 x 432 window to 224.)
+    x = torch.from_numpy(region).unsqueeze(0).permute(0, 3, 1, 2)
     x = x.contiguous(memory_format=torch.channels_last)
     if x.shape[2] != out_h or x.shape[3] != out_w:
         x = F.interpolate(x, size=(out_h, out_w), mode="bilinear", antialias=True)
@@ -119,6 +124,13 @@ def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
     out_h, out_w = plan.out
     top, _, kept_h, kept_w = plan.box
     shrink = shrink_for(kept_h, kept_w, out_h, out_w)
+    if window.available() and is_jpeg(data):  # the window alone, where it can be
+        height, width = plan.full
+        box = plan.pixels(-(-height // shrink), -(-width // shrink))
+        region = window.decode_window(data, shrink, box, fast)
+        if region is not None:
+            image = _resize(region, out_h, out_w, plan.flip)
+            return color_jitter(image, plan.jitter) if plan.jitter else image
     # only the rows down to the box's bottom edge (and a scaled pixel more, for the rounding)
     img, rows = decode_top(
         data, math.ceil(top + kept_h) + shrink, shrink=shrink, fast=fast, size=plan.full

@@ -1,0 +1,74 @@
+"""A JPEG's crop window decoded alone, by fastdata's own small compiled module
+(``fastdata/images/_jpegwindow.c``, libjpeg-turbo's ``jpeg_skip_scanlines`` and
+``jpeg_crop_scanline``): the rows above the window are skipped, the columns beside it cropped,
+the rows below it never read. Built by ``pip install`` where a C compiler and libjpeg-turbo's
+headers are found (Debian: ``apt install gcc libjpeg62-turbo-dev``), and never required:
+without it, or for a JPEG it does not take (progressive, arithmetic-coded, CMYK, damaged: any
+warning), the pipelines decode as before (the whole image, or its top rows).
+
+A window it decodes has the pixels of the same window of the whole image's decode, at the same
+scale and with the same IDCT and upsampling (tests/test_window_decode.py checks it bit for bit,
+and runs it under AddressSanitizer on damaged files).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .decode import pixel_limit
+
+if TYPE_CHECKING:
+    import numpy as np
+
+try:
+    from . import _jpegwindow  # type: ignore[attr-defined]
+except ImportError:  # not built here: the pipelines decode as before
+    _jpegwindow = None
+
+__all__ = ["available", "decode_window", "describe", "set_enabled"]
+
+_enabled = [True]
+
+
+def available() -> bool:
+    """Whether crop windows are decoded alone in this process."""
+    return _jpegwindow is not None and _enabled[0]
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Turn the window decode on or off in this process (forked workers inherit it; benchmarks
+    compare the two paths); returns the setting before."""
+    before, _enabled[0] = _enabled[0], enabled
+    return before
+
+
+def describe() -> str:
+    """What decodes crop windows here, said for a person."""
+    if _jpegwindow is None:
+        return (
+            "whole images or their top rows (fastdata's window decoder is not built here: "
+            "a C compiler and libjpeg-turbo's headers, then pip install again)"
+        )
+    state = "" if _enabled[0] else ", turned off"
+    return f"windows alone (fastdata._jpegwindow, {_jpegwindow.version()}{state})"
+
+
+def decode_window(
+    data: bytes | memoryview, shrink: int, box: tuple[int, int, int, int], fast: bool
+) -> np.ndarray | None:
+    """The window ``box`` = ``(y0, x0, y1, x1)`` of the JPEG ``data`` decoded at ``1/shrink``
+    (pixels of that scale): an ``h x w x 3`` uint8 array, or None where the window decoder does
+    not take the image (the caller decodes it otherwise; a damaged image too)."""
+    if not available():
+        return None
+    import numpy as np
+
+    y0, x0, y1, x1 = box
+    most = pixel_limit() or (1 << 62)
+    try:
+        raw = _jpegwindow.decode(data, shrink, y0, x0, y1, x1, fast, most)
+    except (ValueError, OverflowError):  # refused by libjpeg: the other path names the problem
+        return None
+    if raw is None:
+        return None
+    return np.frombuffer(raw, np.uint8).reshape(y1 - y0, x1 - x0, 3)

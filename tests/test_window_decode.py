@@ -1,0 +1,246 @@
+"""The crop window decoded alone (fastdata/images/_jpegwindow.c): bit for bit the same window of
+the whole image's decode, at every scale, subsampling and IDCT; what it does not take left to
+the other path; the pipelines' pixels unchanged; and no memory error on damaged files under
+AddressSanitizer."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastdata.images import window
+from fastdata.images.decode import decode_array, decoder_name
+from fastdata.images.pipelines import EvalPipeline, TrainPipeline
+from fastdata.images.synthetic import synthetic_jpeg
+
+SOURCE = Path(window.__file__).with_name("_jpegwindow.c")
+
+built = pytest.mark.skipif(
+    not window.available(),
+    reason="fastdata's window decoder is not built here (a C compiler and libjpeg-turbo's headers)",
+)
+
+
+def photo(width: int, height: int, seed: int, **save: object) -> bytes:
+    """A JPEG of smooth noise (detail at every scale), saved with Pillow's ``save`` options."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (height // 4 + 1, width // 4 + 1, 3), dtype=np.uint8)
+    img = Image.fromarray(small).resize((width, height), Image.BILINEAR)
+    if save.pop("grey", False):
+        img = img.convert("L")
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90, **save)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def corpus() -> list[bytes]:
+    images = [synthetic_jpeg(500, 375, seed=1)]
+    for subsampling in (0, 1, 2):  # 4:4:4, 4:2:2, 4:2:0
+        for i, (w, h) in enumerate(((333, 250), (17, 9), (97, 203), (640, 481))):
+            images.append(photo(w, h, seed=10 * subsampling + i, subsampling=subsampling))
+    images.append(photo(300, 200, seed=7, grey=True))
+    images.append(photo(250, 170, seed=8, restart_marker_rows=1))  # restart markers
+    return images
+
+
+@built
+def test_a_window_is_the_same_window_of_the_whole_decode_bit_for_bit() -> None:
+    rng = random.Random(5)
+    checked = 0
+    for data in corpus():
+        for shrink in (1, 2, 4, 8):
+            for fast in (False, True):
+                whole = decode_array(data, shrink=shrink, fast=fast)
+                rows, cols = whole.shape[:2]
+                boxes = [(0, 0, rows, cols)]  # the whole image is a window too
+                for _ in range(5):
+                    y0, x0 = rng.randrange(rows), rng.randrange(cols)
+                    boxes.append(
+                        (y0, x0, rng.randrange(y0 + 1, rows + 1), rng.randrange(x0 + 1, cols + 1))
+                    )
+                for y0, x0, y1, x1 in boxes:
+                    got = window.decode_window(data, shrink, (y0, x0, y1, x1), fast)
+                    assert got is not None, (len(data), shrink, fast, (y0, x0, y1, x1))
+                    assert np.array_equal(got, whole[y0:y1, x0:x1]), (
+                        len(data),
+                        shrink,
+                        fast,
+                        (y0, x0, y1, x1),
+                    )
+                    checked += 1
+    assert checked == len(corpus()) * 4 * 2 * 6
+
+
+@built
+def test_what_it_does_not_take_is_left_to_the_other_path() -> None:
+    data = synthetic_jpeg(200, 150, seed=2)
+    progressive = photo(200, 150, seed=3, progressive=True)
+    buf = io.BytesIO()
+    Image.new("CMYK", (64, 48), (10, 20, 30, 40)).save(buf, "JPEG")
+    for other in (progressive, buf.getvalue()):
+        assert window.decode_window(other, 1, (0, 0, 10, 10), False) is None
+    assert window.decode_window(data, 1, (0, 0, 151, 10), False) is None  # past the edge
+    assert window.decode_window(data[: len(data) // 2], 1, (100, 0, 140, 10), False) is None
+    assert window.decode_window(b"not a jpeg", 1, (0, 0, 1, 1), False) is None
+    # what follows the scan decides whether the whole image decodes: a window is decoded
+    # alone only where the end-of-image marker follows (fill bytes before it are the scan's)
+    body = data[:-2]
+    second_frame = body[body.index(b"\xff\xc0") : body.index(b"\xff\xc0") + 19]
+    for extra in (second_frame, b"\xff\xd8", b"\xff\x05\x00\x04\xab\xcd"):
+        assert window.decode_window(body + extra + b"\xff\xd9", 1, (0, 0, 10, 10), False) is None
+    assert window.decode_window(body + b"\xff\xff\xd9", 1, (0, 0, 10, 10), False) is not None
+    with pytest.raises(ValueError, match="out of range"):
+        window._jpegwindow.decode(data, 3, 0, 0, 1, 1, False, 100)
+    with pytest.raises(ValueError, match="over the limit"):
+        window._jpegwindow.decode(data, 1, 0, 0, 100, 100, False, 99)
+
+
+@built
+def test_the_pipelines_give_the_pixels_they_gave_without_it() -> None:
+    pipelines = [TrainPipeline(64), TrainPipeline(48, fast_decode=True, color_jitter=0.3)]
+    pipelines += [EvalPipeline(64), EvalPipeline(32, crop_pct=1.1)]
+    for data in corpus():
+        for pipeline in pipelines:
+            for seed in range(4):
+                window.set_enabled(False)
+                try:
+                    want = pipeline(data, seed)
+                finally:
+                    window.set_enabled(True)
+                assert np.array_equal(pipeline(data, seed), want), (len(data), pipeline, seed)
+
+
+def test_info_and_bench_say_how_crops_are_decoded() -> None:
+    name = decoder_name()
+    assert "crops: " in name
+    if window.available():
+        assert "windows alone (fastdata._jpegwindow, libjpeg" in name
+        before = window.set_enabled(False)
+        try:
+            assert "turned off" in decoder_name()
+        finally:
+            window.set_enabled(before)
+    else:
+        assert "not built here" in name
+
+
+HARNESS = """
+import random, sys
+import _jpegwindow
+rng = random.Random(int(sys.argv[2]))
+count = 0
+for path in sys.argv[3:]:
+    data = open(path, "rb").read()
+    for _ in range(int(sys.argv[1])):
+        shrink = rng.choice((1, 2, 4, 8))
+        y0, x0 = rng.randrange(0, 400), rng.randrange(0, 400)
+        y1, x1 = y0 + rng.randrange(1, 300), x0 + rng.randrange(1, 300)
+        try:
+            _jpegwindow.decode(data, shrink, y0, x0, y1, x1, rng.random() < 0.5, 1 << 26)
+        except ValueError:
+            pass
+        count += 1
+print("decoded", count)
+"""
+
+
+def damaged(seed: int, count: int) -> list[bytes]:
+    """JPEGs cut short, bit-flipped, with bytes inserted and with frames that declare other
+    sizes: what a damaged store or a hostile file holds."""
+    rng = random.Random(seed)
+    sources = corpus()
+    out = []
+    for i in range(count):
+        data = bytearray(rng.choice(sources))
+        kind = i % 4
+        if kind == 0:
+            data = data[: rng.randrange(2, len(data))]
+        elif kind == 1:
+            for _ in range(rng.randrange(1, 8)):
+                data[rng.randrange(2, len(data))] ^= 1 << rng.randrange(8)
+        elif kind == 2:
+            at = rng.randrange(2, len(data))
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16)))
+        else:
+            sof = data.find(b"\xff\xc0")
+            if sof > 0:  # declared height and width: tiny, huge, zero
+                data[sof + 5 : sof + 9] = rng.choice(
+                    (
+                        b"\x00\x01\x00\x01",
+                        b"\xff\xdc\xff\xdc",
+                        b"\x00\x00\x01\x00",
+                        b"\x10\x00\x00\x08",
+                    )
+                )
+        out.append(bytes(data))
+    return out
+
+
+def run_under_asan(tmp_path: Path, count: int, windows: int) -> None:
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    runtime = subprocess.run(
+        [compiler, "-print-file-name=libasan.so"], capture_output=True, text=True
+    ).stdout.strip()
+    if not runtime or not Path(runtime).exists():
+        pytest.skip("no AddressSanitizer runtime here")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    module = tmp_path / f"_jpegwindow{suffix}"
+    build = subprocess.run(
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-g",
+            "-O1",
+            "-fsanitize=address",
+            "-fno-omit-frame-pointer",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(SOURCE),
+            "-ljpeg",
+            "-o",
+            str(module),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if build.returncode != 0:
+        pytest.skip(f"cannot build the window decoder here: {build.stderr[-300:]}")
+    files = []
+    for i, data in enumerate(damaged(seed=count, count=count)):
+        files.append(tmp_path / f"{i}.jpg")
+        files[-1].write_bytes(data)
+    result = subprocess.run(
+        [sys.executable, "-c", HARNESS, str(windows), "3", *map(str, files)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            "LD_PRELOAD": runtime,
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+            "PYTHONPATH": str(tmp_path),
+            "PATH": "/usr/bin:/bin",
+        },
+        timeout=600,
+    )
+    assert result.returncode == 0 and "AddressSanitizer" not in result.stderr, result.stderr[-3000:]
+    assert f"decoded {count * windows}" in result.stdout
+
+
+def test_damaged_files_under_address_sanitizer(tmp_path: Path) -> None:
+    run_under_asan(tmp_path, count=1000, windows=4)
+
+
+@pytest.mark.slow
+def test_many_damaged_files_under_address_sanitizer(tmp_path: Path) -> None:
+    run_under_asan(tmp_path, count=10000, windows=6)
