@@ -4,6 +4,7 @@ named in errors; on CUDA, batches handed over by IPC, deterministic, with steady
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,34 @@ def test_on_cuda_closing_mid_epoch_releases_what_the_workers_shared(
                 break
     err = capfd.readouterr().err
     assert "Producer process" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"hardware": "0.5"}, "hardware='0.5'"),
+        ({"hardware": True}, "hardware=True"),
+        ({"threads": "4"}, "threads='4'"),
+        ({"threads": None}, "threads=None"),
+        ({"threads": 10**6}, "threads=1000000"),
+        ({"batched": "false"}, "batched='false'"),
+        ({"regions": None}, "regions=None"),
+        ("hardware", "must be a dict"),
+        ([("threads", 1)], "must be a dict"),
+    ],
+)
+def test_decode_options_of_the_wrong_type_are_refused_up_front_by_name(
+    store: Path, options: object, named: str
+) -> None:
+    # before: a TypeError from a comparison, "false" taken as True, a bool as a share, or a
+    # thread count the decoder only refused at its first batch, in a worker
+    with pytest.raises(ValueError, match=f"decode_options.*{re.escape(named)}"):
+        create_loader(
+            LMDBImageDataset(store),
+            4,
+            device="cpu",
+            num_workers=0,
+            decode="device",
+            decode_in="workers",
+            decode_options=options,  # type: ignore[arg-type]
+        )

@@ -25,9 +25,12 @@ decoder is the CPU one, said once. Which backends this machine has is
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..errors import CorruptImageError
 from . import pipelines
@@ -41,8 +44,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GROUP_PIXELS",
+    "MAX_THREADS",
     "BatchImageError",
     "DeviceDecoder",
+    "checked_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,58 @@ class BatchImageError(CorruptImageError):
     def __init__(self, position: int, error: CorruptImageError) -> None:
         super().__init__(f"image {position} of the batch", error.reason)
         self.position = position
+
+
+MAX_THREADS = 1024
+"""The most host threads ``threads`` may ask nvImageCodec for (it starts as many as asked)."""
+
+
+def _share(hardware: Any) -> float | None:
+    """``hardware`` checked: a number from 0 to 1 (not a bool, not a string), or None."""
+    if hardware is None:
+        return None
+    if isinstance(hardware, bool) or not isinstance(hardware, numbers.Real):
+        raise ValueError(
+            f"hardware={hardware!r}: give a share from 0 to 1 as a number (1.0: all to the "
+            "hardware decoders), or None"
+        )
+    share = float(hardware)
+    if not 0 <= share <= 1:
+        raise ValueError(f"hardware={hardware!r}: give a share from 0 to 1, or None")
+    return share
+
+
+def _thread_count(threads: Any) -> int:
+    """``threads`` checked: an integer from 0 (one per core) to :data:`MAX_THREADS`."""
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
+        raise ValueError(f"threads={threads!r}: give an integer, 0 (one per core) or more")
+    count = int(threads)
+    if not 0 <= count <= MAX_THREADS:
+        raise ValueError(f"threads={threads!r}: give 0 (one per core) or more, up to {MAX_THREADS}")
+    return count
+
+
+def _flag(name: str, value: Any) -> bool:
+    """An on/off option checked: True or False (``"false"`` is not False)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}={value!r}: give True or False")
+    return bool(value)
+
+
+CHECKS = {"hardware": _share, "threads": _thread_count}
+
+
+def checked_options(options: dict[str, Any]) -> dict[str, Any]:
+    """:class:`DeviceDecoder`'s ``hardware``, ``regions``, ``threads`` and ``batched`` among
+    ``options``, checked (as its constructor checks them) and made plain Python values.
+
+    Raises:
+        ValueError: a value of the wrong type or out of range, named with what to give.
+    """
+    return {
+        name: CHECKS[name](value) if name in CHECKS else _flag(name, value)
+        for name, value in options.items()
+    }
 
 
 class DeviceDecoder:
@@ -114,14 +171,8 @@ class DeviceDecoder:
     ) -> None:
         import torch
 
-        if hardware is not None and not 0 <= hardware <= 1:
-            raise ValueError(f"hardware={hardware!r}: give a share from 0 to 1, or None")
-        if threads < 0:
-            raise ValueError(f"threads={threads!r}: give 0 (one per core) or more")
-        self.hardware = hardware
-        self.regions = regions
-        self.threads = threads
-        self.batched = batched
+        self.hardware, self.threads = _share(hardware), _thread_count(threads)
+        self.regions, self.batched = _flag("regions", regions), _flag("batched", batched)
 
         if backend not in BACKENDS:
             raise ValueError(f"decode backend {backend!r}: choose one of {', '.join(BACKENDS)}")

@@ -71,13 +71,28 @@ def decode_settings(
             "decode_in and decode_options are for decode='device' (with decode='cpu' the "
             "workers already decode, on the CPU)"
         )
-    options = dict(decode_options or {})
-    unknown = sorted(set(options) - set(DECODER_OPTIONS))
-    if unknown:
+    if decode_options is None:
+        return {}
+    if not isinstance(decode_options, Mapping):
         raise ValueError(
-            f"decode_options: unknown {', '.join(unknown)} (of {', '.join(DECODER_OPTIONS)})"
+            "decode_options must be a dict of the decoder's options "
+            f"({', '.join(DECODER_OPTIONS)}), got {type(decode_options).__name__} "
+            f"{decode_options!r}: e.g. "
+            "decode_options={'hardware': 1.0, 'regions': False}"
         )
-    return options
+    unknown = sorted(map(str, set(decode_options) - set(DECODER_OPTIONS)))
+    if unknown:
+        backend = "; the decoder is chosen by decode_backend=" if "backend" in unknown else ""
+        raise ValueError(
+            f"decode_options: unknown {', '.join(unknown)} (of {', '.join(DECODER_OPTIONS)}"
+            f"{backend})"
+        )
+    from ..images.device_decode import checked_options
+
+    try:
+        return checked_options(dict(decode_options))
+    except ValueError as exc:
+        raise ValueError(f"decode_options: {exc}") from None
 
 
 def worker_start(
