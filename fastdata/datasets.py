@@ -178,6 +178,12 @@ class ImageStoreDataset(Dataset):
             self.__dict__["_field_schema"] = cached
         return cached
 
+    @property
+    def samples_carry_fields(self) -> bool:
+        """Whether a sample is more than ``(image, target)``: ``(image, target, fields)``
+        (``fields=`` given, even an empty list) or a dict (``as_dict=True``)."""
+        return self._with_fields or self.as_dict
+
     # -- ImageFolder-compatible attributes
 
     def __len__(self) -> int:

@@ -232,3 +232,17 @@ def test_decode_options_of_the_wrong_type_are_refused_up_front_by_name(
             decode_in="workers",
             decode_options=options,  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.parametrize("carries", [{"as_dict": True}, {"fields": []}, {"fields": "*"}])
+@pytest.mark.parametrize("decode_in", ["main", "workers"])
+def test_samples_with_fields_are_refused_for_the_device_before_the_first_batch(
+    store: Path, carries: dict[str, object], decode_in: str
+) -> None:
+    # a store without fields, read with fields= or as dicts: before, the loader was made and
+    # its first batch failed ("too many values to unpack", "invalid literal for int()")
+    ds = LMDBImageDataset(store, **carries)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"images and targets only.*decode='cpu'"):
+        create_loader(ds, 4, device="cpu", num_workers=0, decode="device", decode_in=decode_in)
+    with create_loader(ds, 4, device="cpu", num_workers=0) as loader:  # (the CPU batches them)
+        assert len(next(iter(loader))) in (2, 3)  # (a dict of image and target, or a triple)

@@ -38,7 +38,14 @@ import torch
 from .collate import collate_encoded
 from .device import InFlight, SideStream, map_tensors
 
-__all__ = ["DecodingCollate", "arrivals", "decode_settings", "release_shared", "worker_start"]
+__all__ = [
+    "DecodingCollate",
+    "arrivals",
+    "decode_settings",
+    "refuse_fields",
+    "release_shared",
+    "worker_start",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +100,27 @@ def decode_settings(
         return checked_options(dict(decode_options))
     except ValueError as exc:
         raise ValueError(f"decode_options: {exc}") from None
+
+
+def refuse_fields(dataset: Any) -> None:
+    """A dataset whose samples are more than ``(image, target)`` refused for ``decode="device"``.
+
+    Raises:
+        ValueError: samples with fields (``fields=``, even none) or as dicts (``as_dict``).
+    """
+    if not dataset.samples_carry_fields:
+        return
+    if dataset.fields:
+        carries = f"reads the fields {', '.join(dataset.fields)}"
+    elif dataset.as_dict:
+        carries = "gives each sample as a dict (as_dict=True)"
+    else:  # (fields=[], or "*" over a store without fields)
+        carries = "gives each sample as (image, target, fields) (fields= given)"
+    raise ValueError(
+        f"decode='device' batches images and targets only, and this dataset {carries}: "
+        "decode on the CPU (decode='cpu', the default) to batch them, or leave fields= and "
+        "as_dict= out"
+    )
 
 
 def worker_start(

@@ -15,7 +15,13 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from ..errors import ResumeError
 from .collate import collate_encoded, collate_for
 from .device import DecodedBatches, DeviceStep, default_device
-from .device_workers import DecodingCollate, decode_settings, release_shared, worker_start
+from .device_workers import (
+    DecodingCollate,
+    decode_settings,
+    refuse_fields,
+    release_shared,
+    worker_start,
+)
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 from .position import (
     RESTART,
@@ -382,12 +388,7 @@ def create_loader(
 
             if collate_fn is not None:
                 raise ValueError("decode='device' batches the encoded images itself: no collate_fn")
-            if dataset.field_schema:
-                raise ValueError(
-                    f"decode='device' batches images and targets only, and this dataset reads "
-                    f"the fields {', '.join(dataset.field_schema.names)}: decode on the CPU "
-                    "(decode='cpu', the default) to batch them, or leave fields= out"
-                )
+            refuse_fields(dataset)
             fast = bool(getattr(chosen, "fast_decode", False))
             decoder = DeviceDecoder(target, backend=decode_backend, fast=fast, **options)
             chosen, collate_fn = Planned(chosen), collate_encoded
