@@ -4,6 +4,7 @@ named in errors; on CUDA, batches handed over by IPC, deterministic, with steady
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import subprocess
 import sys
@@ -246,3 +247,13 @@ def test_samples_with_fields_are_refused_for_the_device_before_the_first_batch(
         create_loader(ds, 4, device="cpu", num_workers=0, decode="device", decode_in=decode_in)
     with create_loader(ds, 4, device="cpu", num_workers=0) as loader:  # (the CPU batches them)
         assert len(next(iter(loader))) in (2, 3)  # (a dict of image and target, or a triple)
+
+
+def test_a_fork_context_is_refused_for_workers_that_decode_on_cuda_as_fork_is() -> None:
+    # DataLoader takes a context as well as a name: multiprocessing.get_context("fork") went
+    # past the refusal, and the forked workers failed at their first CUDA call
+    fork = multiprocessing.get_context("fork")
+    with pytest.raises(ValueError, match="forked worker cannot use CUDA"):
+        worker_start(True, None, fork)
+    spawn = multiprocessing.get_context("spawn")
+    assert worker_start(True, None, spawn) is spawn and worker_start(False, None, fork) is fork

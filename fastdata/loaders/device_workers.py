@@ -123,22 +123,24 @@ def refuse_fields(dataset: Any) -> None:
     )
 
 
-def worker_start(
-    in_workers: bool, pin_memory: bool | None, multiprocessing_context: str | None
-) -> str | None:
-    """The workers' start method. Workers that decode on CUDA start with ``spawn`` (a forked
-    child cannot use CUDA once its parent has), and their batches arrive on the device, with
-    nothing to pin.
+def worker_start(in_workers: bool, pin_memory: bool | None, multiprocessing_context: Any) -> Any:
+    """The workers' start method (a name, or a context as ``multiprocessing.get_context``
+    gives it). Workers that decode on CUDA start with ``spawn`` (a forked child cannot use CUDA
+    once its parent has), and their batches arrive on the device, with nothing to pin.
 
     Raises:
-        ValueError: ``fork`` or ``pin_memory=True`` for workers that decode on CUDA.
+        ValueError: ``fork`` (by name or context) or ``pin_memory=True`` for workers that
+            decode on CUDA.
     """
+    method = multiprocessing_context
+    if method is not None and not isinstance(method, str):
+        method = getattr(method, "get_start_method", lambda: None)()
     if in_workers and pin_memory:
         raise ValueError(
             "decode_in='workers': the batches arrive on the device, there is nothing to pin: "
             "leave pin_memory out"
         )
-    if in_workers and multiprocessing_context == "fork":
+    if in_workers and method == "fork":
         raise ValueError(
             "decode_in='workers' on CUDA: a forked worker cannot use CUDA once this process "
             "has; leave multiprocessing_context out (spawn) or pass 'spawn' or 'forkserver'"
