@@ -257,3 +257,29 @@ def test_a_fork_context_is_refused_for_workers_that_decode_on_cuda_as_fork_is() 
         worker_start(True, None, fork)
     spawn = multiprocessing.get_context("spawn")
     assert worker_start(True, None, spawn) is spawn and worker_start(False, None, fork) is fork
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode_in", ["main", "workers"])
+def test_on_cuda_batches_land_on_the_device_current_when_the_loader_was_made(
+    store: Path, decode_in: str
+) -> None:
+    # torch.cuda.set_device(LOCAL_RANK), then device="cuda": the prefetch thread, which starts
+    # on device 0, decoded (decode_in="main") or received (decode_in="workers") and moved the
+    # batches to cuda:0 on every rank. (With one GPU the loader's device must still say which.)
+    last = torch.cuda.device_count() - 1
+    with (
+        torch.cuda.device(last),
+        create_loader(
+            LMDBImageDataset(store),
+            batch_size=4,
+            image_size=48,
+            device="cuda",
+            num_workers=1,
+            decode="device",
+            decode_in=decode_in,
+        ) as loader,
+    ):
+        assert loader.device == torch.device("cuda", last)
+        for x, y in loader:
+            assert x.device == y.device == torch.device("cuda", last)

@@ -185,11 +185,9 @@ class _DeviceTransfer:
     """Moves batches to a device inside the producer thread (on a side stream on CUDA)."""
 
     def __init__(self, device: Any) -> None:
-        import torch
+        from .device import SideStream, pinned_device
 
-        from .device import SideStream, default_device
-
-        self.device = torch.device(device) if device != "auto" else default_device()
+        self.device = pinned_device(device if device != "auto" else None)
         self._side = SideStream(self.device)
 
     def __call__(self, batch: Any) -> Any:

@@ -27,6 +27,7 @@ __all__ = [
     "default_device",
     "is_image_batch",
     "map_tensors",
+    "pinned_device",
     "record_stream",
     "to_device",
 ]
@@ -59,6 +60,20 @@ def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def pinned_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a device with its index: ``"cuda"`` is the device current in this thread
+    now (``torch.cuda.set_device(LOCAL_RANK)``); None is :func:`default_device`.
+
+    A thread starts on device 0 whatever the thread that made it had set, so a bare ``"cuda"``
+    used in a prefetch thread meant ``cuda:0`` there, and on every rank."""
+    if device is None:
+        return default_device()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def is_image_batch(t: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from ..errors import ResumeError
 from .collate import collate_encoded, collate_for
-from .device import DecodedBatches, DeviceStep, default_device
+from .device import DecodedBatches, DeviceStep, pinned_device
 from .device_workers import (
     DecodingCollate,
     decode_settings,
@@ -379,7 +379,7 @@ def create_loader(
     options = decode_settings(decode, decode_in, decode_options)
     with_seeds = False
     decoder = None
-    target = torch.device(device) if device is not None else default_device()
+    target = pinned_device(device)  # (the decoding thread's device is this thread's)
     if isinstance(dataset, ImageStoreDataset) and dataset.transform is None:
         chosen = pipeline or (TrainPipeline(image_size) if train else EvalPipeline(image_size))
         if decode == "device":

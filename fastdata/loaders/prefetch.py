@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .background import BackgroundGenerator
-from .device import SideStream, copy_async, default_device, map_tensors
+from .device import SideStream, copy_async, map_tensors, pinned_device
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 
 __all__ = ["PrefetchLoader"]
@@ -76,7 +76,7 @@ class PrefetchLoader:
         self.loader = loader
         self.decode = decode
         self.on_device = on_device
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = pinned_device(device)
         if normalize or mean is not None or std is not None:
             mean = tuple(mean) if mean is not None else IMAGENET_MEAN
             std = tuple(std) if std is not None else IMAGENET_STD
