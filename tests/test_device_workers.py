@@ -283,3 +283,28 @@ def test_on_cuda_batches_land_on_the_device_current_when_the_loader_was_made(
         assert loader.device == torch.device("cuda", last)
         for x, y in loader:
             assert x.device == y.device == torch.device("cuda", last)
+
+
+@pytest.mark.gpu
+def test_on_cuda_num_workers_auto_lets_go_what_the_measured_workers_shared(
+    store: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each count measured stops in the middle of an epoch: its workers exited holding batches
+    # this process had not taken, and each warned ("Producer process has been terminated ...")
+    import fastdata.loaders.tuning as tuning
+
+    monkeypatch.setattr(tuning, "worker_candidates", lambda: [1, 2])
+    with create_loader(
+        LMDBImageDataset(store),
+        batch_size=4,
+        image_size=48,
+        device="cuda",
+        num_workers="auto",
+        auto_seconds=0.05,
+        decode="device",
+        decode_in="workers",
+    ) as loader:
+        assert set(loader.worker_rates) == {1, 2}
+        assert sum(len(y) for _x, y in loader) == 24
+    err = capfd.readouterr().err
+    assert "Producer process" not in err and "Traceback" not in err, err

@@ -40,6 +40,7 @@ from .device import InFlight, SideStream, map_tensors
 
 __all__ = [
     "DecodingCollate",
+    "Probed",
     "arrivals",
     "decode_settings",
     "refuse_fields",
@@ -276,3 +277,21 @@ def release_shared(iterator: Any, seconds: float = RELEASE_SECONDS) -> None:
                     del data
     except Exception as exc:  # (a worker that failed, a PyTorch without these internals)
         log.debug("releasing the workers' shared batches: %s", exc)
+
+
+class Probed:
+    """A loader of workers that decode on CUDA as ``num_workers="auto"`` measures it: an
+    iteration left in the middle (where the measurement stops) takes and lets go the batches
+    the workers still share before they stop, as closing a loader does."""
+
+    def __init__(self, dataloader: Any) -> None:
+        self.dataloader = dataloader
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self.dataloader)
+        try:
+            yield from iterator
+        finally:
+            if hasattr(iterator, "_shutdown_workers"):  # (workers, not this process)
+                release_shared(iterator)
+                iterator._shutdown_workers()

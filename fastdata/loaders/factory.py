@@ -17,6 +17,7 @@ from .collate import collate_encoded, collate_for
 from .device import DecodedBatches, DeviceStep, pinned_device
 from .device_workers import (
     DecodingCollate,
+    Probed,
     decode_settings,
     refuse_fields,
     release_shared,
@@ -459,6 +460,8 @@ def create_loader(
 
         def probe_loader(w: int) -> Any:
             loader = build(w, probe, persistent=False)
+            if in_workers:  # (measurement stops mid-epoch: what the workers share let go)
+                return Probed(loader)
             # with the device decoding, the rate is the decoded batches', not the bytes'
             return loader if step is None else DecodedBatches(loader, step)
 
