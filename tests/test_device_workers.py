@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fastdata import LMDBImageDataset, convert, create_loader
+from fastdata.errors import UsageError
 from fastdata.images.device_backends import available_backends
 from fastdata.images.pipelines import TrainPipeline
 from fastdata.images.synthetic import synthetic_jpeg
@@ -308,3 +309,27 @@ def test_on_cuda_num_workers_auto_lets_go_what_the_measured_workers_shared(
         assert sum(len(y) for _x, y in loader) == 24
     err = capfd.readouterr().err
     assert "Producer process" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("decode_in", ["main", "workers"])
+def test_a_loop_the_loader_was_closed_under_says_so_and_the_rest_follows(
+    store: Path, decode_in: str
+) -> None:
+    # before: the loop took the few batches already made, then ended as if the epoch were
+    # done (the loader's position moved to the next epoch: the rest was never delivered)
+    want = epochs(store, count=1, num_workers=0, decode_in="main")
+    options: dict[str, object] = dict(
+        image_size=48, seed=3, batch_size=8, mean=None, std=None, decode="device"
+    )
+    options.update(device="cpu", decode_backend=BACKEND, decode_in=decode_in)
+    options.update(pipeline=TrainPipeline(48, fast_decode=False), num_workers=2)
+    loader = create_loader(LMDBImageDataset(store), **options)  # type: ignore[arg-type]
+    got = []
+    with pytest.raises(UsageError, match="closed during epoch 0, after 1 of its 3 batches"):
+        for x, y in loader:
+            got.append((x.clone(), y.clone()))
+            loader.close()
+    assert loader.state_dict()["epoch"] == 0
+    got += [(x.clone(), y.clone()) for x, y in loader]  # (the workers start again)
+    loader.close()
+    assert same(got, want)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import weakref
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from ..errors import ResumeError
+from ..errors import ResumeError, UsageError
 from .collate import collate_encoded, collate_for
 from .device import DecodedBatches, DeviceStep, pinned_device
 from .device_workers import (
@@ -36,7 +37,7 @@ from .position import (
     same_samples,
 )
 from .prefetch import PrefetchLoader
-from .sampler import EpochSampler
+from .sampler import EpochSampler, ranks
 from .tuning import pick_workers
 
 __all__ = ["Loader", "create_loader"]
@@ -55,20 +56,6 @@ def _worker_init(worker_id: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     tune_malloc()
-
-
-def _distributed(distributed: bool | None) -> tuple[int, int]:
-    available = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if distributed is None:
-        distributed = available
-    if not distributed:
-        return 0, 1
-    if not available:
-        raise RuntimeError(
-            "distributed=True but no torch.distributed process group is initialised; call "
-            "torch.distributed.init_process_group first"
-        )
-    return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 def _shut_down(dataloader: DataLoader[Any]) -> None:
@@ -123,6 +110,7 @@ class Loader:
         """What the last ``load_state_dict`` continues, said for a person (``resuming epoch 3
         on 2 ranks instead of 4: 61,440 samples left, 30,720 each``)."""
         self._finalizer = weakref.finalize(self, _shut_down, dataloader)
+        self._batches: Callable[[], Any] = lambda: None  # the device loader's iterator now
 
     @property
     def worker_pids(self) -> list[int]:
@@ -135,6 +123,10 @@ class Loader:
     def close(self) -> None:
         """Stop the worker processes and release their shared-memory batch slots (batches still
         referenced keep theirs until they go). Also done when the loader is garbage-collected."""
+        iterating = self._batches()
+        if iterating is not None:  # (a loop under way stops taking batches: see __iter__)
+            with contextlib.suppress(ValueError):  # (running in another thread: it ends there)
+                iterating.close()
         self._finalizer()
 
     def __enter__(self) -> Loader:
@@ -189,16 +181,24 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         self._place()
+        expected, open_before = len(self), self._finalizer.alive
         self._resume, self._consumed, self._iterating = None, 0, True
         mine = self._latest = self._current = object()
         finished = False
         try:
             batches = iter(self.device_loader)
+            self._batches = weakref.ref(batches)
             # an iterator left behind when another began stops: the batches are the other's
             while self._latest is mine:
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    if open_before and not self._finalizer.alive and self._consumed < expected:
+                        raise UsageError(
+                            f"the loader was closed during epoch {self.sampler.epoch}, after "
+                            f"{self._consumed} of its {expected} batches: iterate it again to "
+                            "deliver the rest (its workers start again), or stop using it"
+                        ) from None
                     finished = True
                     break
                 if self._current is mine:
@@ -403,15 +403,13 @@ def create_loader(
             "transform: the device follows the built-in pipelines' crops"
         )
     if len(dataset) == 0:  # type: ignore[arg-type]
-        from ..errors import UsageError
-
         where = getattr(getattr(dataset, "reader", None), "location", "the dataset")
         raise UsageError(
             f"{where}: the dataset is empty (a selection that matched no record?): the loader "
             "would yield nothing, an epoch that looks like success; check its where=, classes= "
             "or indices="
         )
-    rank, world = _distributed(distributed)
+    rank, world = ranks(distributed)
     drop = train if drop_last is None else drop_last
     sampler = EpochSampler(
         len(dataset),  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["EpochSampler", "sample_seed"]
+__all__ = ["EpochSampler", "ranks", "sample_seed"]
 
 _MASK = (1 << 63) - 1
 
@@ -22,6 +22,22 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     x ^= x >> 31
     x = (x * 0xD6E8FEB86659FD93) & _MASK
     return x ^ (x >> 32)
+
+
+def ranks(distributed: bool | None) -> tuple[int, int]:
+    """This process's rank and the world size: ``(0, 1)`` unless ``distributed`` (None: where a
+    ``torch.distributed`` process group is initialised)."""
+    available = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed is None:
+        distributed = available
+    if not distributed:
+        return 0, 1
+    if not available:
+        raise RuntimeError(
+            "distributed=True but no torch.distributed process group is initialised; call "
+            "torch.distributed.init_process_group first"
+        )
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 class EpochSampler(Sampler[Any]):
