@@ -333,3 +333,29 @@ def test_a_loop_the_loader_was_closed_under_says_so_and_the_rest_follows(
     got += [(x.clone(), y.clone()) for x, y in loader]  # (the workers start again)
     loader.close()
     assert same(got, want)
+
+
+@pytest.mark.gpu
+def test_on_cuda_workers_of_one_epoch_let_go_what_they_shared_when_it_is_left_early(
+    store: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # persistent_workers=False: the epoch's iterator is not the loader's to close; left in the
+    # middle, its workers exited holding batches this process had not taken, each warning
+    with create_loader(
+        LMDBImageDataset(store),
+        batch_size=4,
+        image_size=48,
+        device="cuda",
+        num_workers=2,
+        persistent_workers=False,
+        decode="device",
+        decode_in="workers",
+    ) as loader:
+        for _ in range(2):
+            for i, (x, _y) in enumerate(loader):
+                assert x.device.type == "cuda"
+                if i == 1:
+                    break
+        assert sum(len(y) for _x, y in loader) == 24 - 16  # (the epoch goes on where it was)
+    err = capfd.readouterr().err
+    assert "Producer process" not in err and "Traceback" not in err, err

@@ -220,19 +220,25 @@ def arrivals(
     """The loader's batches, decoded on the device by its workers, each ``move``-d (converted,
     normalised; labels copied) on ``side``'s stream into this process's memory, the shared
     memory let go once that work is done. Runs in the prefetch thread."""
-    source = iter(loader)
-    while True:
-        with side.current():
-            try:
-                received = next(source)  # the side stream waits for the worker's decode
-            except StopIteration:
-                return
-            moved = map_tensors(received, lambda t: _own(move(t), t))
-            done = torch.cuda.Event(blocking=True)
-            done.record()
-            done.synchronize()  # (asleep, without the interpreter lock)
-            del received  # its release synchronises the side stream: nothing is left on it
-        yield InFlight(moved, done)
+    with side.current():  # (what persistent workers made for an epoch left early is let go as
+        source = iter(loader)  # they start again: on the side stream, not the training one)
+    try:
+        while True:
+            with side.current():
+                try:
+                    received = next(source)  # the side stream waits for the worker's decode
+                except StopIteration:
+                    return
+                moved = map_tensors(received, lambda t: _own(move(t), t))
+                done = torch.cuda.Event(blocking=True)
+                done.record()
+                done.synchronize()  # (asleep, without the interpreter lock)
+                del received  # its release synchronises the side stream: nothing is left on it
+            yield InFlight(moved, done)
+    finally:
+        if source is not getattr(loader, "_iterator", None):  # workers of this epoch only:
+            release_shared(source, side.device)  # they stop now, the batches they shared let go
+            getattr(source, "_shutdown_workers", lambda: None)()
 
 
 def _sleep_while_waiting(index: int) -> bool:
@@ -254,16 +260,19 @@ def _sleep_while_waiting(index: int) -> bool:
         return False
 
 
-def release_shared(iterator: Any, seconds: float = RELEASE_SECONDS) -> None:
+def release_shared(
+    iterator: Any, device: torch.device | None = None, seconds: float = RELEASE_SECONDS
+) -> None:
     """Before a loader's decoding workers stop: take the batches they have sent or are still
     making, and let them go, so that each worker's memory shared with this process is
     released before it exits (PyTorch warns on the worker's stderr otherwise).
 
     ``iterator`` is the DataLoader's multi-process iterator; a batch's release synchronises
-    the stream current then, here a fresh one with nothing on it. Bounded by ``seconds``."""
+    the stream current then on the batch's ``device``, here a fresh one with nothing on it.
+    Bounded by ``seconds``."""
     deadline = time.monotonic() + seconds
     try:
-        with torch.cuda.stream(torch.cuda.Stream()):
+        with torch.cuda.stream(torch.cuda.Stream(device=device)):
             info = getattr(iterator, "_task_info", {})
             for key in [k for k, v in info.items() if len(v) > 1]:
                 del info[key]  # batches that came early, held for their turn
@@ -293,5 +302,5 @@ class Probed:
             yield from iterator
         finally:
             if hasattr(iterator, "_shutdown_workers"):  # (workers, not this process)
-                release_shared(iterator)
+                release_shared(iterator, self.dataloader.collate_fn.decoder.device)
                 iterator._shutdown_workers()

@@ -66,7 +66,7 @@ def _shut_down(dataloader: DataLoader[Any]) -> None:
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         collate = dataloader.collate_fn
         if isinstance(collate, DecodingCollate) and collate.decoder.device.type == "cuda":
-            release_shared(iterator)
+            release_shared(iterator, collate.decoder.device)
         iterator._shutdown_workers()
     dataloader._iterator = None
     drop_exited_workers()
