@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata.images import window
+from fastdata.images import decode, window
 from fastdata.images.decode import decode_array, decoder_name
 from fastdata.images.pipelines import EvalPipeline, TrainPipeline
 from fastdata.images.synthetic import synthetic_jpeg
+
+from .handmade_jpeg import handmade_jpeg
 
 SOURCE = Path(window.__file__).with_name("_jpegwindow.c")
 
@@ -131,6 +133,57 @@ def test_info_and_bench_say_how_crops_are_decoded() -> None:
             window.set_enabled(before)
     else:
         assert "not built here" in name
+
+
+def smooth(width: int, height: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (height // 4 + 1, width // 4 + 1, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(small).resize((width, height), Image.BILINEAR))
+
+
+def same_with_and_without(data: bytes, pipelines: list, seeds: range) -> None:
+    for pipeline in pipelines:
+        for seed in seeds:
+            window.set_enabled(False)
+            try:
+                want = pipeline(data, seed)
+            finally:
+                window.set_enabled(True)
+            assert np.array_equal(pipeline(data, seed), want), (pipeline, seed)
+
+
+@built
+def test_a_jpeg_libjpeg_turbo_does_not_decode_gets_the_pixels_it_got_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 3x1 luma: simplejpeg refuses the header (no TurboJPEG subsampling has it), and the whole
+    # image is decoded by Pillow, with its own IDCT and upsampling
+    data = handmade_jpeg(smooth(160, 120, seed=1), [(3, 1), (1, 1), (1, 1)])
+    whole = decode_array(data, fast=True)
+    for box in ((0, 0, 120, 160), (30, 50, 90, 130)):
+        got = window.decode_window(data, 1, box, True)
+        assert got is None or np.array_equal(got, whole[box[0] : box[2], box[1] : box[3]])
+    pipelines = [TrainPipeline(48, fast_decode=True), EvalPipeline(32, crop_pct=1.1)]
+    same_with_and_without(data, pipelines, range(4))
+    # and where simplejpeg is not installed, every JPEG is decoded by Pillow
+    monkeypatch.setattr(decode, "_simplejpeg", None)
+    same_with_and_without(photo(200, 150, seed=2), pipelines, range(2))
+
+
+@built
+def test_an_image_of_a_few_pixels_gets_the_scale_the_whole_decode_gets() -> None:
+    # TurboJPEG decodes a 3 x 3 image asked for at 1/2 (2 x 2 pixels) at 3/4, not 1/2
+    rng = np.random.default_rng(3)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)).save(buf, "JPEG")
+    data = buf.getvalue()
+    for shrink in (2, 4, 8):
+        for fast in (False, True):
+            whole = decode_array(data, shrink=shrink, fast=fast)
+            box = (0, 0, *whole.shape[:2])
+            got = window.decode_window(data, shrink, box, fast)
+            assert got is None or np.array_equal(got, whole), (shrink, fast)
+    same_with_and_without(data, [EvalPipeline(1), TrainPipeline(1, fast_decode=True)], range(3))
 
 
 HARNESS = """

@@ -47,6 +47,7 @@ __all__ = [
     "load_pillow",
     "pixel_limit",
     "set_pixel_limit",
+    "turbo_scale",
 ]
 
 log = logging.getLogger(__name__)
@@ -320,6 +321,27 @@ def _turbo(
         buffer=None if strict else np.zeros(scaled[0] * scaled[1] * 3, np.uint8),
         strict=strict,
     )
+
+
+def turbo_scale(data: bytes | memoryview, shrink: int) -> bool:
+    """Whether :func:`decode_array` decodes the JPEG ``data`` with libjpeg-turbo at exactly
+    ``1/shrink`` (as libjpeg's ``scale_denom``), for a decoder of its own that must give the same
+    pixels (:mod:`fastdata.images.window`). Not where simplejpeg is missing or refuses the header
+    (sampling factors TurboJPEG has no subsampling for, such as 3x1 luma, or a warning in the
+    headers): Pillow decodes those, with its own IDCT and upsampling. Nor where TurboJPEG decodes
+    at another scale: it takes the largest of its n/8 factors that gives the size asked for,
+    which for sides of a few pixels is not ``1/shrink`` (a 3 x 3 image at 1/2 is decoded at 3/4,
+    the same 2 x 2 pixels). Costs a header read (about 2 us)."""
+    if _simplejpeg is None:
+        return False
+    try:
+        height, width, _, _ = _simplejpeg.decode_jpeg_header(data)
+    except (ValueError, KeyError):  # (KeyError: a subsampling simplejpeg has no name for)
+        return False
+    if shrink == 1:
+        return True
+    larger = 8 // shrink + 1  # the next factor up, larger/8, must give a larger size
+    return any(-(-side * larger // 8) > -(-side // shrink) for side in (int(height), int(width)))
 
 
 def decode_pil(data: bytes | memoryview, name: str = "<bytes>") -> Image.Image:

@@ -8,14 +8,17 @@ warning), the pipelines decode as before (the whole image, or its top rows).
 
 A window it decodes has the pixels of the same window of the whole image's decode, at the same
 scale and with the same IDCT and upsampling (tests/test_window_decode.py checks it bit for bit,
-and runs it under AddressSanitizer on damaged files).
+and runs it under AddressSanitizer on damaged files). It takes only JPEGs that the whole decode
+gives to libjpeg-turbo at exactly ``1/shrink`` (:func:`~fastdata.images.decode.turbo_scale`):
+not where simplejpeg is missing or refuses the header (Pillow decodes those), nor images of a few
+pixels that TurboJPEG decodes at another of its scales.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .decode import pixel_limit
+from .decode import has_turbo, pixel_limit, turbo_scale
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +34,9 @@ _enabled = [True]
 
 
 def available() -> bool:
-    """Whether crop windows are decoded alone in this process."""
-    return _jpegwindow is not None and _enabled[0]
+    """Whether crop windows are decoded alone in this process (never without simplejpeg: the
+    pipelines' other path then decodes JPEGs with Pillow, whose pixels differ)."""
+    return _jpegwindow is not None and _enabled[0] and has_turbo()
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -49,6 +53,11 @@ def describe() -> str:
             "whole images or their top rows (fastdata's window decoder is not built here: "
             "a C compiler and libjpeg-turbo's headers, then pip install again)"
         )
+    if not has_turbo():
+        return (
+            "whole images or their top rows (fastdata's window decoder matches libjpeg-turbo's "
+            "pixels, and simplejpeg is missing: pip install simplejpeg)"
+        )
     state = "" if _enabled[0] else ", turned off"
     return f"windows alone (fastdata._jpegwindow, {_jpegwindow.version()}{state})"
 
@@ -59,7 +68,7 @@ def decode_window(
     """The window ``box`` = ``(y0, x0, y1, x1)`` of the JPEG ``data`` decoded at ``1/shrink``
     (pixels of that scale): an ``h x w x 3`` uint8 array, or None where the window decoder does
     not take the image (the caller decodes it otherwise; a damaged image too)."""
-    if not available():
+    if not available() or not turbo_scale(data, shrink):  # the other path decodes it otherwise
         return None
     import numpy as np
 
