@@ -23,6 +23,7 @@ from fastdata.images.pipelines import EvalPipeline, TrainPipeline
 from fastdata.images.synthetic import synthetic_jpeg
 
 from .handmade_jpeg import handmade_jpeg
+from .procs import run_script
 
 SOURCE = Path(window.__file__).with_name("_jpegwindow.c")
 
@@ -184,6 +185,67 @@ def test_an_image_of_a_few_pixels_gets_the_scale_the_whole_decode_gets() -> None
             got = window.decode_window(data, shrink, box, fast)
             assert got is None or np.array_equal(got, whole), (shrink, fast)
     same_with_and_without(data, [EvalPipeline(1), TrainPipeline(1, fast_decode=True)], range(3))
+
+
+@built
+def test_no_window_holds_memory_libjpeg_never_wrote() -> None:
+    # 2x4 luma at 1/2: libjpeg-turbo before 3.0 crops the chroma rows short
+    # (jpeg_crop_scanline) and the colour conversion reads memory never written
+    data = handmade_jpeg(smooth(160, 120, seed=4), [(2, 4), (1, 1), (1, 1)])
+    for shrink in (2, 4):
+        height, width = -(-120 // shrink), -(-160 // shrink)
+        full = window._jpegwindow.decode(data, shrink, 0, 0, height, width, False, 1 << 30)
+        for y0, x0, y1, x1 in ((5, width // 2, 20, width), (2, 10, height - 3, width // 2)):
+            got = window._jpegwindow.decode(data, shrink, y0, x0, y1, x1, False, 1 << 30)
+            if got is not None:
+                assert full is not None
+                rows = np.frombuffer(full, np.uint8).reshape(height, width, 3)[y0:y1, x0:x1]
+                assert np.array_equal(np.frombuffer(got, np.uint8), rows.ravel()), shrink
+
+
+MEMORY = """
+import re, sys
+from fastdata.images import window
+data = open(sys.argv[1], "rb").read()
+def peak():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak resident size, from now
+except OSError:
+    sys.exit("no clear_refs")
+before = peak()
+window.decode_window(data, 1, (0, 0, 16, 16), False)
+print((peak() - before) // 1024)
+"""
+
+
+@built
+def test_a_window_costs_no_memory_for_what_a_file_declares(tmp_path: Path) -> None:
+    # A frame of 8000 x 8000 whose first scan holds one component: libjpeg reads every scan
+    # into coefficients of the whole image before the first row (128 MB for the luma alone)
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("no /proc/self/clear_refs here (Linux's peak resident size)")
+    rng = np.random.default_rng(5)
+    pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    data = bytearray(handmade_jpeg(pixels, [(1, 1)] * 3, scans=[[0]]))
+    at = data.index(b"\xff\xc0") + 5
+    data[at : at + 4] = (8000).to_bytes(2, "big") * 2
+    path = tmp_path / "declares.jpg"
+    path.write_bytes(data)
+    result = run_script(MEMORY, path)
+    if "no clear_refs" in result.stderr:
+        pytest.skip("/proc/self/clear_refs cannot be written here")
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) < 32, f"{result.stdout.strip()} MB for a window of 16 x 16"
+
+
+@built
+def test_a_window_larger_than_any_jpeg_is_not_taken() -> None:
+    # its size times 3 bytes overflowed, and Python refused the allocation with SystemError
+    side = 2**31 - 1
+    data = synthetic_jpeg(64, 48, seed=1)
+    assert window._jpegwindow.decode(data, 1, 0, 0, side, side, False, 1 << 62) is None
 
 
 HARNESS = """

@@ -12,11 +12,13 @@
  *   max_pixels: the most window pixels allowed.
  *
  *   Returns the window's (y1 - y0) x (x1 - x0) x 3 RGB bytes, or None where this decoder does
- *   not take the image: not a sequential Huffman-coded JPEG of 1 or 3 components whose scan is
- *   followed by the end-of-image marker (ends_after_scan), a window
- *   outside the scaled image, or any warning from libjpeg (damaged data: the caller's decode
- *   decides what its pixels are). Raises ValueError on arguments out of range, and on an image
- *   libjpeg refuses (its message).
+ *   not take the image: not a sequential Huffman-coded JPEG of 1 or 3 components whose one scan
+ *   holds them all and is followed by the end-of-image marker (ends_after_scan), 4x2 or 2x4
+ *   subsampling at a reduced scale (rows_whole_when_cropped), a window outside the scaled image,
+ *   or any warning from libjpeg (damaged data: the caller's decode decides what its pixels
+ *   are). Raises ValueError on arguments out of range, and on an image libjpeg refuses (its
+ *   message). Which scale and which decoder the caller's other path uses for an image is the
+ *   caller's to check (fastdata.images.window).
  *
  * Exactness: one iMCU of margin is decoded on each side of the window (where the image has it)
  * and dropped, so that the upsampling of the window's edge pixels sees the same neighbours as
@@ -79,6 +81,25 @@ static int ends_after_scan(const unsigned char *p, const unsigned char *end) {
     return 0;
 }
 
+/* Whether jpeg_crop_scanline sizes every component's rows right: not, before libjpeg-turbo 3.0,
+ * for a component upsampled partly by a larger IDCT and partly by the upsampler (4x2 and 2x4
+ * subsampling at a reduced scale): its rows are upsampled short, and the colour conversion
+ * reads memory never written (libjpeg-turbo issue 669). */
+static int rows_whole_when_cropped(const struct jpeg_decompress_struct *cinfo) {
+    int ci;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        const jpeg_component_info *c = &cinfo->comp_info[ci];
+        if (c->DCT_scaled_size != cinfo->min_DCT_scaled_size &&
+            (c->h_samp_factor * c->DCT_scaled_size !=
+                 cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size ||
+             c->v_samp_factor * c->DCT_scaled_size !=
+                 cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 struct request {
     const unsigned char *data;
     size_t size;
@@ -107,7 +128,12 @@ static enum outcome decode_window(struct request *r, struct failure *err) {
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, r->data, (unsigned long)r->size);
     if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) goto done;
-    if (cinfo.progressive_mode || cinfo.arith_code) goto done; /* every scan is read whole */
+    /* every scan is read whole: progressive, arithmetic-coded, and a first scan that does not
+     * hold every component (a scan per component: jpeg_start_decompress reads them all into
+     * coefficients for the whole image, memory sized by the frame's declared size) */
+    if (cinfo.progressive_mode || cinfo.arith_code || cinfo.comps_in_scan != cinfo.num_components) {
+        goto done;
+    }
     if (!ends_after_scan(cinfo.src->next_input_byte, r->data + r->size)) goto done;
     if (cinfo.num_components == 3) {
         if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_RGB) goto done;
@@ -121,7 +147,7 @@ static enum outcome decode_window(struct request *r, struct failure *err) {
     cinfo.do_fancy_upsampling = r->fast ? FALSE : TRUE;
     jpeg_start_decompress(&cinfo);
     if (err->warnings || cinfo.output_components != 3 || (long)cinfo.output_height < r->y1 ||
-        (long)cinfo.output_width < r->x1) {
+        (long)cinfo.output_width < r->x1 || !rows_whole_when_cropped(&cinfo)) {
         goto done;
     }
     {
@@ -196,6 +222,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "window (%d, %d, %d, %d) at 1/%d: out of range", r.y0,
                      r.x0, r.y1, r.x1, r.shrink);
         return NULL;
+    }
+    if (r.y1 > JPEG_MAX_DIMENSION || r.x1 > JPEG_MAX_DIMENSION) {
+        PyBuffer_Release(&view); /* in no JPEG (and its size times 3 could overflow) */
+        Py_RETURN_NONE;
     }
     pixels = (long long)(r.y1 - r.y0) * (long long)(r.x1 - r.x0);
     if (pixels > max_pixels) {
