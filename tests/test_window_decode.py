@@ -5,8 +5,10 @@ AddressSanitizer."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +128,7 @@ def test_info_and_bench_say_how_crops_are_decoded() -> None:
     name = decoder_name()
     assert "crops: " in name
     if window.available():
-        assert "windows alone (fastdata._jpegwindow, libjpeg" in name
+        assert "windows alone (fastdata.images._jpegwindow, libjpeg" in name
         before = window.set_enabled(False)
         try:
             assert "turned off" in decoder_name()
@@ -134,6 +136,21 @@ def test_info_and_bench_say_how_crops_are_decoded() -> None:
             window.set_enabled(before)
     else:
         assert "not built here" in name
+
+
+def test_info_names_the_module_it_uses_or_the_command_that_builds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if window.available():
+        found = re.search(r"windows alone \(([\w.]+), ", decoder_name())
+        assert found, decoder_name()
+        importlib.import_module(found.group(1))  # the module info names is one that imports
+    monkeypatch.setattr(window, "_jpegwindow", None)
+    said = decoder_name()
+    assert "not built here" in said
+    # the headers a build needs (Python's too), and a command that runs as printed
+    assert "headers of Python and libjpeg-turbo" in said
+    assert "pip install -v -e . again in fastdata's checkout" in said
 
 
 def smooth(width: int, height: int, seed: int) -> np.ndarray:

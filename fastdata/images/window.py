@@ -1,10 +1,10 @@
 """A JPEG's crop window decoded alone, by fastdata's own small compiled module
 (``fastdata/images/_jpegwindow.c``, libjpeg-turbo's ``jpeg_skip_scanlines`` and
 ``jpeg_crop_scanline``): the rows above the window are skipped, the columns beside it cropped,
-the rows below it never read. Built by ``pip install`` where a C compiler and libjpeg-turbo's
-headers are found (Debian: ``apt install gcc libjpeg62-turbo-dev``), and never required:
-without it, or for a JPEG it does not take (progressive, arithmetic-coded, CMYK, damaged: any
-warning), the pipelines decode as before (the whole image, or its top rows).
+the rows below it never read. Built by ``pip install`` where a C compiler and the headers of
+Python and libjpeg-turbo are found (Debian, Ubuntu: ``apt install gcc python3-dev libjpeg-dev``),
+and never required: without it, or for a JPEG it does not take (progressive, arithmetic-coded,
+CMYK, damaged: any warning), the pipelines decode as before (the whole image, or its top rows).
 
 A window it decodes has the pixels of the same window of the whole image's decode, at the same
 scale and with the same IDCT and upsampling (tests/test_window_decode.py checks it bit for bit,
@@ -51,7 +51,8 @@ def describe() -> str:
     if _jpegwindow is None:
         return (
             "whole images or their top rows (fastdata's window decoder is not built here: "
-            "a C compiler and libjpeg-turbo's headers, then pip install again)"
+            "install a C compiler and the headers of Python and libjpeg-turbo, then run "
+            "pip install -v -e . again in fastdata's checkout, which shows any build error)"
         )
     if not has_turbo():
         return (
@@ -59,7 +60,7 @@ def describe() -> str:
             "pixels, and simplejpeg is missing: pip install simplejpeg)"
         )
     state = "" if _enabled[0] else ", turned off"
-    return f"windows alone (fastdata._jpegwindow, {_jpegwindow.version()}{state})"
+    return f"windows alone ({_jpegwindow.__name__}, {_jpegwindow.version()}{state})"
 
 
 def decode_window(
