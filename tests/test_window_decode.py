@@ -376,3 +376,42 @@ def test_damaged_files_under_address_sanitizer(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_many_damaged_files_under_address_sanitizer(tmp_path: Path) -> None:
     run_under_asan(tmp_path, count=10000, windows=6)
+
+
+@built
+def test_a_window_decoder_that_rounds_otherwise_than_simplejpeg_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the module links the system's libjpeg-turbo, simplejpeg its own: a version that decodes
+    # otherwise must not change a crop's pixels (checked once a process, said once)
+    real = window._jpegwindow
+
+    class OffByOne:
+        __name__ = real.__name__
+
+        @staticmethod
+        def version() -> str:
+            return "libjpeg-turbo 9.9.9"
+
+        @staticmethod
+        def decode(*args: object) -> bytearray | None:
+            raw = real.decode(*args)
+            if raw is not None and len(raw) > 7:
+                raw[7] ^= 1
+            return raw
+
+    data = synthetic_jpeg(200, 150, seed=4)
+    pipeline = TrainPipeline(64)
+    window.set_enabled(False)
+    try:
+        want = pipeline(data, 3)
+    finally:
+        window.set_enabled(True)
+    monkeypatch.setattr(window, "_jpegwindow", OffByOne)
+    monkeypatch.setattr(window, "_agrees", [])
+    with caplog.at_level("WARNING", logger="fastdata.images.window"):
+        assert not window.available() and not window.available()
+        assert window.decode_window(data, 1, (0, 0, 10, 10), False) is None
+        assert np.array_equal(pipeline(data, 3), want)
+    assert sum("does not give the pixels" in r.getMessage() for r in caplog.records) == 1
+    assert "does not give simplejpeg's pixels here" in window.describe()

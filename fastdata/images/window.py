@@ -16,9 +16,11 @@ pixels that TurboJPEG decodes at another of its scales.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import TYPE_CHECKING
 
-from .decode import has_turbo, pixel_limit, turbo_scale
+from .decode import decode_array, has_turbo, pixel_limit, turbo_scale
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,13 +32,62 @@ except ImportError:  # not built here: the pipelines decode as before
 
 __all__ = ["available", "decode_window", "describe", "set_enabled"]
 
+log = logging.getLogger(__name__)
+
 _enabled = [True]
+_agrees: list[bool] = []  # [whether this machine's two libjpeg-turbos agree], checked once
+_check_lock = threading.Lock()
 
 
 def available() -> bool:
     """Whether crop windows are decoded alone in this process (never without simplejpeg: the
-    pipelines' other path then decodes JPEGs with Pillow, whose pixels differ)."""
-    return _jpegwindow is not None and _enabled[0] and has_turbo()
+    pipelines' other path then decodes JPEGs with Pillow, whose pixels differ; nor where the
+    system's libjpeg-turbo, which the module links, decodes otherwise than simplejpeg's own)."""
+    return _jpegwindow is not None and _enabled[0] and has_turbo() and _libraries_agree()
+
+
+def _libraries_agree() -> bool:
+    """Whether windows of a few small JPEGs (three subsamplings, two scales, both IDCTs)
+    decoded by the module are the same windows of simplejpeg's whole decodes: the module
+    links the system's libjpeg-turbo, simplejpeg its own, and another version could round
+    otherwise. Checked once per process (about a millisecond); where they differ, crops are
+    decoded as without the module, said once in the log."""
+    if _agrees:
+        return _agrees[0]
+    with _check_lock:
+        if not _agrees:
+            _agrees.append(_same_pixels())
+            if not _agrees[0]:
+                log.warning(
+                    "fastdata's window decoder (%s) does not give the pixels simplejpeg's "
+                    "libjpeg-turbo gives; crops are decoded whole instead",
+                    _jpegwindow.version(),
+                )
+    return _agrees[0]
+
+
+def _same_pixels() -> bool:
+    import numpy as np
+    import simplejpeg
+
+    y, x = np.mgrid[0:40, 0:56]
+    image = np.stack([x * 4, y * 6, (x * y) % 251], -1).astype(np.uint8)
+    for subsampling in ("420", "422", "444"):
+        data = simplejpeg.encode_jpeg(image, quality=85, colorsubsampling=subsampling)
+        for shrink in (1, 2):
+            for fast in (False, True):
+                whole = decode_array(data, shrink=shrink, fast=fast)
+                y1, x1 = whole.shape[0] - 3, whole.shape[1] - 5
+                try:
+                    raw = _jpegwindow.decode(data, shrink, 3, 5, y1, x1, fast, 1 << 20)
+                except ValueError:
+                    return False
+                if raw is None:
+                    return False
+                window = np.frombuffer(raw, np.uint8).reshape(y1 - 3, x1 - 5, 3)
+                if not np.array_equal(window, whole[3:y1, 5:x1]):
+                    return False
+    return True
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -58,6 +109,11 @@ def describe() -> str:
         return (
             "whole images or their top rows (fastdata's window decoder matches libjpeg-turbo's "
             "pixels, and simplejpeg is missing: pip install simplejpeg)"
+        )
+    if not _libraries_agree():
+        return (
+            f"whole images or their top rows ({_jpegwindow.__name__}, linked to the system's "
+            f"{_jpegwindow.version()}, does not give simplejpeg's pixels here)"
         )
     state = "" if _enabled[0] else ", turned off"
     return f"windows alone ({_jpegwindow.__name__}, {_jpegwindow.version()}{state})"
