@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -50,6 +51,23 @@ def epochs(store: Path, count: int = 2, **options: object) -> list[tuple[torch.T
         for _ in range(count):
             out += [(x.cpu().clone(), y.cpu().clone()) for x, y in loader]
     return out
+
+
+def on_cuda(store: Path, **options: object) -> Any:
+    """A loader whose 2 workers decode on CUDA, batches of 4 at 48 px, unless ``options`` say
+    otherwise (what the gpu-marked tests take)."""
+    common: dict[str, object] = dict(
+        batch_size=4, image_size=48, device="cuda", num_workers=2, decode="device"
+    )
+    common["decode_in"] = "workers"
+    common.update(options)
+    return create_loader(LMDBImageDataset(store), **common)  # type: ignore[arg-type]
+
+
+def assert_no_worker_warned(capfd: pytest.CaptureFixture[str]) -> None:
+    """No worker warned, as it exited, that shared CUDA tensors were not released."""
+    err = capfd.readouterr().err
+    assert "Producer process" not in err and "Traceback" not in err, err
 
 
 def same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
@@ -147,15 +165,7 @@ def test_on_cuda_workers_hand_over_the_batches_a_decode_in_this_process_gives(
 def test_on_cuda_the_workers_memory_and_this_process_stay_steady(store: Path) -> None:
     # the workers take back what this process let go (ipc_collect): over many epochs the
     # device's free memory and this process's reserved memory do not shrink
-    with create_loader(
-        LMDBImageDataset(store),
-        batch_size=8,
-        image_size=48,
-        device="cuda",
-        num_workers=2,
-        decode="device",
-        decode_in="workers",
-    ) as loader:
+    with on_cuda(store, batch_size=8) as loader:
         for _ in range(3):
             for x, _y in loader:
                 assert x.device.type == "cuda" and x.dtype == torch.float32
@@ -187,22 +197,12 @@ def test_on_cuda_closing_mid_epoch_releases_what_the_workers_shared(
 ) -> None:
     # batches still on their way when the loader closes are taken and let go before the
     # workers exit: no worker warns that shared CUDA tensors were not released
-    loader = create_loader(
-        LMDBImageDataset(store),
-        batch_size=4,
-        image_size=48,
-        device="cuda",
-        num_workers=2,
-        decode="device",
-        decode_in="workers",
-    )
-    with loader:
+    with on_cuda(store) as loader:
         for i, (x, _y) in enumerate(loader):
             assert x.device.type == "cuda"
             if i == 1:
                 break
-    err = capfd.readouterr().err
-    assert "Producer process" not in err and "Traceback" not in err, err
+    assert_no_worker_warned(capfd)
 
 
 @pytest.mark.parametrize(
@@ -271,15 +271,7 @@ def test_on_cuda_batches_land_on_the_device_current_when_the_loader_was_made(
     last = torch.cuda.device_count() - 1
     with (
         torch.cuda.device(last),
-        create_loader(
-            LMDBImageDataset(store),
-            batch_size=4,
-            image_size=48,
-            device="cuda",
-            num_workers=1,
-            decode="device",
-            decode_in=decode_in,
-        ) as loader,
+        on_cuda(store, num_workers=1, decode_in=decode_in) as loader,
     ):
         assert loader.device == torch.device("cuda", last)
         for x, y in loader:
@@ -295,20 +287,10 @@ def test_on_cuda_num_workers_auto_lets_go_what_the_measured_workers_shared(
     import fastdata.loaders.tuning as tuning
 
     monkeypatch.setattr(tuning, "worker_candidates", lambda: [1, 2])
-    with create_loader(
-        LMDBImageDataset(store),
-        batch_size=4,
-        image_size=48,
-        device="cuda",
-        num_workers="auto",
-        auto_seconds=0.05,
-        decode="device",
-        decode_in="workers",
-    ) as loader:
+    with on_cuda(store, num_workers="auto", auto_seconds=0.05) as loader:
         assert set(loader.worker_rates) == {1, 2}
         assert sum(len(y) for _x, y in loader) == 24
-    err = capfd.readouterr().err
-    assert "Producer process" not in err and "Traceback" not in err, err
+    assert_no_worker_warned(capfd)
 
 
 @pytest.mark.parametrize("decode_in", ["main", "workers"])
@@ -341,21 +323,11 @@ def test_on_cuda_workers_of_one_epoch_let_go_what_they_shared_when_it_is_left_ea
 ) -> None:
     # persistent_workers=False: the epoch's iterator is not the loader's to close; left in the
     # middle, its workers exited holding batches this process had not taken, each warning
-    with create_loader(
-        LMDBImageDataset(store),
-        batch_size=4,
-        image_size=48,
-        device="cuda",
-        num_workers=2,
-        persistent_workers=False,
-        decode="device",
-        decode_in="workers",
-    ) as loader:
+    with on_cuda(store, persistent_workers=False) as loader:
         for _ in range(2):
             for i, (x, _y) in enumerate(loader):
                 assert x.device.type == "cuda"
                 if i == 1:
                     break
         assert sum(len(y) for _x, y in loader) == 24 - 16  # (the epoch goes on where it was)
-    err = capfd.readouterr().err
-    assert "Producer process" not in err and "Traceback" not in err, err
+    assert_no_worker_warned(capfd)
