@@ -124,22 +124,22 @@ def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
     out_h, out_w = plan.out
     top, _, kept_h, kept_w = plan.box
     shrink = shrink_for(kept_h, kept_w, out_h, out_w)
+    region = None
     if window.available() and is_jpeg(data):  # the window alone, where it can be
         height, width = plan.full
         box = plan.pixels(-(-height // shrink), -(-width // shrink))
         region = window.decode_window(data, shrink, box, fast)
-        if region is not None:
-            image = _resize(region, out_h, out_w, plan.flip)
-            return color_jitter(image, plan.jitter) if plan.jitter else image
-    # only the rows down to the box's bottom edge (and a scaled pixel more, for the rounding)
-    img, rows = decode_top(
-        data, math.ceil(top + kept_h) + shrink, shrink=shrink, fast=fast, size=plan.full
-    )
-    y0, x0, y1, x1 = plan.pixels(rows, img.shape[1])
-    if y1 > img.shape[0]:  # (never, by the margins above; but never a cut-off crop either)
-        img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
-        y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
-    image = _resize(img[y0:y1, x0:x1], out_h, out_w, plan.flip)
+    if region is None:
+        # only the rows down to the box's bottom edge (and a scaled pixel more, for the rounding)
+        img, rows = decode_top(
+            data, math.ceil(top + kept_h) + shrink, shrink=shrink, fast=fast, size=plan.full
+        )
+        y0, x0, y1, x1 = plan.pixels(rows, img.shape[1])
+        if y1 > img.shape[0]:  # (never, by the margins above; but never a cut-off crop either)
+            img = decode_array(data, shrink=shrink, fast=fast, size=plan.full)
+            y0, x0, y1, x1 = plan.pixels(img.shape[0], img.shape[1])
+        region = img[y0:y1, x0:x1]
+    image = _resize(region, out_h, out_w, plan.flip)
     return color_jitter(image, plan.jitter) if plan.jitter else image
 
 

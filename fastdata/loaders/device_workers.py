@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .collate import collate_encoded
-from .device import InFlight, SideStream, map_tensors
+from .device import InFlight, SideStream, map_tensors, pinned_device
 
 __all__ = [
     "DecodingCollate",
@@ -45,6 +45,7 @@ __all__ = [
     "decode_settings",
     "refuse_fields",
     "release_shared",
+    "stop_workers",
     "worker_start",
 ]
 
@@ -161,9 +162,8 @@ class DecodingCollate:
     """
 
     def __init__(self, decoder: Any, dataset: Any) -> None:
-        if decoder.device.type == "cuda" and decoder.device.index is None:
-            # the workers use the device this process uses now (set_device(LOCAL_RANK), ...)
-            decoder.device = torch.device("cuda", torch.cuda.current_device())
+        # the workers use the device this process uses now (set_device(LOCAL_RANK), ...)
+        decoder.device = pinned_device(decoder.device)
         self.decoder = decoder
         self.dataset = dataset
         self._ready = False  # this process has set its device
@@ -237,8 +237,7 @@ def arrivals(
             yield InFlight(moved, done)
     finally:
         if source is not getattr(loader, "_iterator", None):  # workers of this epoch only:
-            release_shared(source, side.device)  # they stop now, the batches they shared let go
-            getattr(source, "_shutdown_workers", lambda: None)()
+            stop_workers(source, side.device)  # they stop now, the batches they shared let go
 
 
 def _sleep_while_waiting(index: int) -> bool:
@@ -288,6 +287,14 @@ def release_shared(
         log.debug("releasing the workers' shared batches: %s", exc)
 
 
+def stop_workers(iterator: Any, device: torch.device) -> None:
+    """Stop the workers of a DataLoader's iterator (none: nothing to do), the batches they
+    shared with this process on ``device`` let go first (:func:`release_shared`)."""
+    if hasattr(iterator, "_shutdown_workers"):  # (workers, not this process)
+        release_shared(iterator, device)
+        iterator._shutdown_workers()
+
+
 class Probed:
     """A loader of workers that decode on CUDA as ``num_workers="auto"`` measures it: an
     iteration left in the middle (where the measurement stops) takes and lets go the batches
@@ -301,6 +308,4 @@ class Probed:
         try:
             yield from iterator
         finally:
-            if hasattr(iterator, "_shutdown_workers"):  # (workers, not this process)
-                release_shared(iterator, self.dataloader.collate_fn.decoder.device)
-                iterator._shutdown_workers()
+            stop_workers(iterator, self.dataloader.collate_fn.decoder.device)

@@ -21,7 +21,7 @@ from .device_workers import (
     Probed,
     decode_settings,
     refuse_fields,
-    release_shared,
+    stop_workers,
     worker_start,
 )
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
@@ -63,10 +63,10 @@ def _shut_down(dataloader: DataLoader[Any]) -> None:
     from .slots import drop_exited_workers
 
     iterator = getattr(dataloader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        collate = dataloader.collate_fn
-        if isinstance(collate, DecodingCollate) and collate.decoder.device.type == "cuda":
-            release_shared(iterator, collate.decoder.device)
+    collate = dataloader.collate_fn
+    if isinstance(collate, DecodingCollate) and collate.decoder.device.type == "cuda":
+        stop_workers(iterator, collate.decoder.device)  # (what they shared let go first)
+    elif iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
     dataloader._iterator = None
     drop_exited_workers()
