@@ -13,7 +13,7 @@ from typing import Any
 
 from .file import open_tree
 from .pages import Damage
-from .pages.advice import resident
+from .pages.advice import resident_pages
 
 __all__ = ["Leaves"]
 
@@ -61,7 +61,27 @@ class Leaves:
         }
         self._values_unread = len(self._values & self._unread)
         self._headers_unread = len(self._headers & self._unread)
+        self._pending = routes, self._lows, [*self._lows[1:], None]
+        """The routes a key may still need read (every route not read yet, and some read
+        since), in key order, with their lows and the low of the route after each (None: the
+        last): a key's route looked up among a few, not among every leaf's, once most are read
+        (NOTE [ Leaves beside a read ])."""
+        self._cursor = _start(len(routes))
+        """Where, among the pending routes, the next leaves checked beside a read's own are
+        looked for."""
         self._sound()
+
+    def _shrink(self) -> None:
+        """The pending routes less those read, once they are at most half of them."""
+        routes, lows, nexts = self._pending
+        unread = self._unread
+        if 2 * len(unread) >= len(routes):
+            return
+        kept = [n for n, r in enumerate(routes) if r[0] in unread]
+        self._cursor = bisect_right(kept, self._cursor - 1)  # (the first kept at or past it)
+        self._pending = [routes[n] for n in kept], [lows[n] for n in kept], [nexts[n] for n in kept]
+        if self._cursor >= len(kept):
+            self._cursor = 0
 
     def _read(self, pages: set[int]) -> None:
         """``pages`` were read and checked (each sound, or damaged and listed); the sound leaves
@@ -77,6 +97,7 @@ class Leaves:
         self._unread -= pages
         self._values_unread -= len(pages & self._values)
         self._headers_unread -= len(pages & self._headers)
+        self._shrink()
         self._sound()
 
     def _sound(self) -> None:
@@ -90,10 +111,11 @@ class Leaves:
         """The same of the leaves of the records' values and of their headers (a checked read's
         shortest path, ``Lease.values_at``)."""
 
-    def _checked(self, wanted: list[Any], cold: bool = True) -> None:
+    def _checked(self, wanted: list[Any], cold: bool = True) -> bool:
         """Read and check the pages of ``wanted`` routes; a branch among them (where a leaf
         should be: the header's depth lies) gives way to its children, to be read in turn
-        (``cold``: they may be on the disk: asked for first)."""
+        (``cold``: they may be on the disk: asked for first). Whether it did (the routes
+        changed); if not, every one of ``wanted`` is read now."""
         below = self._tree.check(wanted, self._seen, cold=cold)
         if below:
             damaged = {d.page for d in self._tree.found}
@@ -101,8 +123,9 @@ class Leaves:
             gone = {r[0] for r in wanted} - damaged - sound
             kept = [r for r in self._routes if r[0] not in gone]
             self._set_routes(sorted(kept + below, key=lambda r: r[2] or b""))
-        else:
-            self._read({r[0] for r in wanted})
+            return True
+        self._read({r[0] for r in wanted})
+        return False
 
     def close(self) -> None:
         self._tree.close()
@@ -121,6 +144,7 @@ class Leaves:
             return False
         self._lock = threading.Lock()
         self.data_file = data_file
+        self._cursor = _start(len(self._pending[0]))  # (not where the parent's or a sibling's is)
         return True
 
     def known_sound(self, keys: Sequence[bytes]) -> bool:
@@ -145,19 +169,24 @@ class Leaves:
     ) -> list[Damage | None]:
         """For each of ``keys``, the damaged page LMDB would meet on its way to it (None: none),
         the leaves it would land on read and checked first where they were not yet; with
-        ``more``, as many other leaves not read yet beside them, checked side by side, of
-        those in memory (``mapped``: where this process maps the file's first byte, to ask the
-        kernel: a few calls then check every leaf of a store in memory, where one a leaf costs
-        as much; none is read from the disk for it); ``ahead`` (a scan in key order), the
-        leaves after them, whether in memory or not: the scan reads them next; ``cold``: the
-        leaves may be on the disk (the reader's cold-read policy says so): asked for first."""
+        ``more``, at least as many other leaves not read yet beside them, checked side by side
+        (NOTE [ Leaves beside a read ]): of those in memory (``mapped``: where this process
+        maps the file's first byte, to ask the kernel; none is read from the disk for it), or
+        with ``ahead`` (a scan in key order) the leaves after the keys, whether in memory or
+        not: the scan reads them next; ``cold``: the leaves may be on the disk (the reader's
+        cold-read policy says so): asked for first."""
         with self._lock:
             for _ in range(64):  # (a branch where a leaf should be is checked, then its children)
                 wanted: dict[int, Any] = {}
-                for key in keys if self._routes else ():  # (none: the root is damaged)
-                    route = self._routes[max(0, bisect_right(self._lows, key) - 1)]
-                    if route[0] in self._unread:
-                        wanted[route[0]] = route
+                unread = self._unread
+                routes, lows, nexts = self._pending
+                for key in keys if unread else ():
+                    n = bisect_right(lows, key) - 1  # (-1: before the first pending route, so
+                    if n < 0:  # in one read)
+                        continue
+                    route, after = routes[n], nexts[n]  # (past the next route's low: the key
+                    if route[0] in unread and (after is None or key < after):  # is in a later
+                        wanted[route[0]] = route  # route, read)
                 shared = self._shared
                 if wanted and shared is not None:  # (checked sound by a process beside this)
                     known = {p for p in wanted if p < len(shared) and shared[p]}
@@ -166,22 +195,57 @@ class Leaves:
                         wanted = {p: r for p, r in wanted.items() if p not in known}
                 if not wanted:
                     break
-                if more and (mapped is not None or ahead):  # (the leaves after the first
-                    psize = self._tree.head.psize  # wanted, in key order, those the kernel
-                    at = bisect_right(self._lows, min(keys)) if keys else 0  # holds: a few looks)
-                    base = mapped or 0
+                if more and ahead:  # (the leaves after the first wanted, in key order)
+                    at = bisect_right(self._lows, min(keys)) if keys else 0
                     for r in self._routes[at : at + 2 * more]:
-                        fresh = r[0] in self._unread and r[0] not in wanted
-                        if fresh and (ahead or resident(base + r[0] * psize)):
-                            wanted[r[0]] = r
-                        elif fresh:
-                            break  # (one the kernel does not hold: a store read from the disk)
-                    more = 0
-                self._checked(list(wanted.values()), cold or ahead)
+                        if r[0] in unread:
+                            wanted.setdefault(r[0], r)
+                elif more and mapped is not None:
+                    self._beside(wanted, more, mapped)
+                more = 0
+                if not self._checked(list(wanted.values()), cold or ahead):
+                    break  # (every route wanted is read now)
             found = self._tree.found
             if not found:
                 return [None] * len(keys)
             return [next((d for d in reversed(found) if d.covers(k)), None) for k in keys]
+
+    def _beside(self, wanted: dict[int, Any], more: int, mapped: int) -> None:
+        """Add to ``wanted`` leaves not read yet from the cursor on, those the kernel holds
+        (NOTE [ Leaves beside a read ]): at least ``more``, and a 256th of those left, so that
+        a store of any size is checked in its first few hundred batches."""
+        routes = self._pending[0]
+        unread, shared = self._unread, self._shared
+        count = len(routes)
+        if not count or not unread:
+            return
+        more = min(max(more, len(unread) >> 8), MOST_BESIDE)
+        psize = self._tree.head.psize
+        at, looked, known = self._cursor % count, 0, set()
+        fresh: list[int] = []  # (places among the pending routes)
+        while looked < min(count, 4 * more) and len(fresh) < 2 * more:  # (a bounded look
+            page = routes[at][0]  # past those read already)
+            if page in unread and page not in wanted:
+                if shared is not None and page < len(shared) and shared[page]:
+                    known.add(page)
+                else:
+                    fresh.append(at)
+            at = (at + 1) % count
+            looked += 1
+        held = resident_pages(mapped, [routes[n][0] for n in fresh], psize)
+        taken = passed = 0
+        for n, in_memory in zip(fresh, held, strict=True):
+            if in_memory:
+                wanted[routes[n][0]] = routes[n]
+                taken += 1
+            else:  # (left to the read that wants it, or to a later pass)
+                passed += 1
+            if taken >= more or passed > taken + PASSED_MOST:  # (enough; a store on the disk)
+                at = (n + 1) % count
+                break
+        self._cursor = at
+        if known:
+            self._read(known)
 
     def check_all(self) -> tuple[Damage, ...]:
         """Read and check every leaf not read yet (what a walk of every key would meet, the
@@ -193,6 +257,32 @@ class Leaves:
                     break
                 self._checked(wanted)
             return tuple(self._tree.found)
+
+
+# NOTE [ Leaves beside a read ]
+# A leaf is checked the first time a key under it is wanted. Were that all, a store read at
+# random would check about two leaves for each of its first records, with a lookup per key into
+# a list of every leaf (a million of them at a million records, 2 us a lookup), through most of
+# its first epoch: a third of the read's cost of a small image at a million records, where a
+# store of ten thousand is checked whole in its first batches. So each batch of a store in memory
+# also checks leaves of its own choosing: from a cursor (each process's starting elsewhere, so
+# that workers do not check the same leaves side by side), the next not read yet that the kernel
+# holds, at least a 256th of those left; side by side they cost 5 us a leaf. A store in memory is
+# then checked whole within its first few hundred batches, whatever its size, after which its
+# reads take the shortest path (``known_sound``). A leaf the kernel does not hold is passed (a
+# read that wants it checks it, or a later pass of the cursor once it is in memory), and a store
+# on the disk, where most are not held, has none read for this. Until every leaf is read, a
+# key's route is looked up among the routes still pending, a list that halves as they are read.
+MOST_BESIDE = 4096
+"""The most leaves checked beside a batch's own (about 20 ms)."""
+PASSED_MOST = 64
+"""Leaves the kernel does not hold that the cursor passes, beyond those it took, before it
+stops for the batch (a store on the disk)."""
+
+
+def _start(count: int) -> int:
+    """Where a process's cursor begins among ``count`` routes: spread by its process id."""
+    return (os.getpid() * 2654435761) % count if count else 0
 
 
 VALUES, HEADERS = (b"0", b":"), (b"#0", b"#:")
