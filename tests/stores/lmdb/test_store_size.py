@@ -13,6 +13,7 @@ import random
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastdata import LMDBImageDataset
@@ -160,3 +161,25 @@ def test_a_child_forked_while_the_map_is_filled_opens_the_store_again(tmp_path: 
     child.join(timeout=60)
     assert child.exitcode == 0
     assert out.get(timeout=5) == (7).to_bytes(4, "big")
+
+
+def test_which_pages_are_in_memory_is_asked_a_stretch_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``resident_pages`` answers as asking page by page does, in stretches of pages, pages
+    far apart and repeated included."""
+    data = tmp_path / "f"
+    data.write_bytes(os.urandom(64 * mmap.PAGESIZE))
+    _evicted(data)
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        m.madvise(mmap.MADV_RANDOM)  # (no read-ahead around the pages touched)
+        for page in (1, 2, 3, 40, 41):
+            m[page * mmap.PAGESIZE]  # (these in memory now)
+        base = int(np.frombuffer(m, np.uint8).ctypes.data)
+        pages = [41, 0, 3, 63, 2, 40, 41, 17, 1]
+        alone = [bool(advice.resident(base + p * mmap.PAGESIZE)) for p in pages]
+        monkeypatch.setattr(advice, "RESIDENT_SPAN_MOST", 4)
+        assert advice.resident_pages(base, pages, mmap.PAGESIZE) == alone
+        monkeypatch.setattr(advice, "RESIDENT_SPAN_MOST", 1 << 16)
+        assert advice.resident_pages(base, pages, mmap.PAGESIZE) == alone
+        assert alone[2] and not all(alone)  # (some in memory, some not)

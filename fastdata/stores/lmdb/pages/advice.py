@@ -121,22 +121,31 @@ MAP_CHUNK = 64 << 20
 
 def resident_pages(base: int, pages: list[int], psize: int) -> list[bool]:
     """Whether each of ``pages`` (numbers of ``psize`` bytes from ``base``, an address of this
-    process's map) is in memory, asked of the kernel once for the span they lie in where it
-    is short (a file's leaves in key order mostly are), else once each; False where it
-    cannot tell."""
+    process's map) is in memory: the kernel asked once for each stretch of at most
+    :data:`RESIDENT_SPAN_MOST` pages they lie in (a file's leaves in key order mostly lie in
+    one); False where it cannot tell."""
     libc = c_library()
     if not libc or not pages:
         return [False] * len(pages)
-    low, high = min(pages), max(pages)
     per = psize // mmap.PAGESIZE or 1
-    span = (high - low + 1) * per
-    if span > RESIDENT_SPAN_MOST:
-        return [bool(resident(base + page * psize)) for page in pages]
-    vec = ctypes.create_string_buffer(span)
-    if libc.mincore(base + low * psize, span * mmap.PAGESIZE, vec) != 0:
-        return [False] * len(pages)
-    held = vec.raw
-    return [bool(held[(page - low) * per] & 1) for page in pages]
+    stretch = max(1, RESIDENT_SPAN_MOST // per)
+    held: dict[int, bool] = {}
+    ordered = sorted(set(pages))
+    at = 0
+    while at < len(ordered):
+        low = ordered[at]
+        end = at
+        while end < len(ordered) and ordered[end] - low < stretch:
+            end += 1
+        span = (ordered[end - 1] - low + 1) * per
+        vec = ctypes.create_string_buffer(span)
+        if libc.mincore(base + low * psize, span * mmap.PAGESIZE, vec) != 0:
+            return [False] * len(pages)
+        raw = vec.raw
+        for page in ordered[at:end]:
+            held[page] = bool(raw[(page - low) * per] & 1)
+        at = end
+    return [held[page] for page in pages]
 
 
 RESIDENT_SPAN_MOST = 1 << 16
