@@ -22,6 +22,26 @@ STRETCH_BYTES = 1 << 20
 than this is read alone)."""
 DEEPEST = 64
 """A page reached deeper than this is taken for a loop."""
+def read_pages(fd: int, numbers: list[int], psize: int) -> tuple[bytearray, np.ndarray]:
+    """The pages ``numbers`` of the file ``fd``, in that order, one after the other (zeros
+    past the end of the file), and whether each was read whole: a read for each run of pages
+    that follow one another in the file (a file's leaves mostly do, in key order), not one a
+    page."""
+    buf = bytearray(len(numbers) * psize)
+    whole = np.ones(len(numbers), bool)
+    view = memoryview(buf)
+    at = 0
+    while at < len(numbers):
+        end = at + 1
+        while end < len(numbers) and numbers[end] == numbers[end - 1] + 1:
+            end += 1
+        got = os.preadv(fd, [view[at * psize : end * psize]], numbers[at] * psize)
+        if got < (end - at) * psize:  # (the file ends inside the run: the rest stays zeros)
+            whole[at + got // psize : end] = False
+        at = end
+    return buf, whole
+
+
 BRANCHES_AT_ONCE = 1024
 """Branch pages :meth:`Tree.branches` reads and checks side by side, at most (4 MiB of 4 KiB
 pages)."""
@@ -217,9 +237,7 @@ class Tree:
         numbers = [c[0] for c in level]
         if cold and len(numbers) > 1:
             advice.prefetch(self._fd, numbers, psize)
-        pages = [os.pread(self._fd, psize, n * psize) for n in numbers]
-        whole = np.array([len(page) == psize for page in pages])
-        buf = b"".join(page.ljust(psize, b"\0") for page in pages)
+        buf, whole = read_pages(self._fd, numbers, psize)
         lows, highs = [c[2] for c in level], [c[3] for c in level]
         last = self.head.last_page
         # (a page's own number is not checked: LMDB never reads it, and what a page holds is
