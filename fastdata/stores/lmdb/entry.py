@@ -37,9 +37,6 @@ class Entry:
     """Where the zeros covering the map past the file's end begin (NOTE [ Past the end of the
     file ] in ``guard.py``); 0: nothing is covered."""
     map_end: int = 0
-    fill: Any = None
-    """The thread that maps in the pages of the file the kernel holds (``advice.MapFill``);
-    None in a writer's environment and for a small file."""
     leaves: Any = None
     """The tree's pages that LMDB meets on its way to a key, checked (``leaves.Leaves``: the
     branches when the file was opened, a leaf when a key under it is first wanted): LMDB is
@@ -119,9 +116,6 @@ class Entry:
         return int(info["map_size"])
 
     def close(self) -> None:
-        if self.fill is not None:  # (before the map is gone)
-            self.fill.stop()
-            self.fill = None
         if self.leaves is not None:
             self.leaves.close()
             self.leaves = None

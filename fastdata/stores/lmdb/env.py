@@ -28,7 +28,6 @@ from .entry import Entry
 from .layout import EPOCH_BYTES, OWN_KEYS
 from .lease import Lease
 from .leaves import Leaves
-from .pages import advice
 
 # --------------------------------------------------------------------------- environment registry
 #
@@ -363,8 +362,6 @@ def open_reader(path: str) -> Lease:
                 if kept is not None:
                     kept.close()
                 entry.leaves = _leaves(entry, data_file, whole=not reserved)  # (at this epoch)
-            if entry.span is not None and size >= FILL_FROM:
-                entry.fill = advice.MapFill(entry.span[0], entry.span[1] - entry.span[0])
             return _lease(entry)
     raise StoreError(f"{path}: the store kept being replaced while it was opened; try again")
 
@@ -411,9 +408,6 @@ WRITER_SETTINGS: dict[str, Any] = {
 }
 
 
-FILL_FROM = 64 << 20
-"""A reader's map of a data file at least this large is filled in by a thread (``MapFill``):
-below it, the page faults of a whole epoch cost less than starting the thread."""
 READER_MAP_SIZE = 1 << 40
 """Readers map this much address space (not memory): a store that grows by an append while they
 read stays inside their map, so they never have to remap it under other threads' reads."""

@@ -1,23 +1,18 @@
 """A reader's costs do not grow with the store: its leaves are checked in the first batches
-whatever its size (NOTE [ Leaves beside a read ] in leaves.py), and the pages of its map that
-the kernel holds are mapped in ahead of the reads (``advice.MapFill``), without reading from the
-disk what the kernel does not hold."""
+whatever its size (NOTE [ Leaves beside a read ] in leaves.py), without reading from the disk
+what the kernel does not hold."""
 
 from __future__ import annotations
 
-import ctypes
 import mmap
-import multiprocessing
 import os
 import random
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fastdata import LMDBImageDataset
-from fastdata.stores.lmdb import env as env_module
 from fastdata.stores.lmdb.pages import advice
 
 from ...test_hostile_input import write_store_with
@@ -34,15 +29,6 @@ def _evicted(data_file: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-
-
-def _held_share(span: tuple[int, int]) -> float:
-    """The share of the pages of this process's map ``span`` that the kernel holds."""
-    libc = advice.c_library()
-    pages = -(-(span[1] - span[0]) // mmap.PAGESIZE)
-    vec = ctypes.create_string_buffer(pages)
-    assert libc.mincore(span[0], span[1] - span[0], vec) == 0
-    return sum(b & 1 for b in vec.raw) / pages
 
 
 def _mapped_in(span: tuple[int, int]) -> int:
@@ -104,63 +90,17 @@ def test_leaves_the_kernel_does_not_hold_are_left_to_the_reads_that_want_them(
     assert checked <= 2 * len(batch) + 8  # (its own: a value's leaf and a header's each)
 
 
-@pytest.fixture
-def fill_every_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(env_module, "FILL_FROM", 0)
-
-
-def _entry(ds: LMDBImageDataset) -> object:
-    return ds.reader._env().entry  # type: ignore[attr-defined]
-
-
-@pytest.mark.usefixtures("fill_every_store")
-def test_a_store_in_memory_is_mapped_in_ahead_of_its_reads(tmp_path: Path) -> None:
+def test_a_reader_maps_in_only_the_pages_it_reads(tmp_path: Path) -> None:
+    """A store in memory is not mapped in ahead of its reads (that would save a page fault a
+    read, and make every worker's RSS the whole store at once: where a job's memory is
+    counted as its processes' RSS summed, workers x the store)."""
     write_store_with(tmp_path / "s.lmdb", _values(3000))
-    data_file = tmp_path / "s.lmdb" / "data.mdb"
-    with open(data_file, "rb") as f:
+    with open(tmp_path / "s.lmdb" / "data.mdb", "rb") as f:
         f.read()  # (in the page cache)
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
-    ds[0]
-    entry = _entry(ds)
-    entry.fill._thread.join(timeout=30)  # type: ignore[attr-defined]
-    span = entry.span  # type: ignore[attr-defined]
-    assert _mapped_in(span) >= 0.9 * (span[1] - span[0])
-    ds.reader.close()
-    assert not [t for t in threading.enumerate() if t.name == "fastdata-map-fill"]
-
-
-@pytest.mark.usefixtures("fill_every_store")
-def test_mapping_in_reads_nothing_from_the_disk(tmp_path: Path) -> None:
-    write_store_with(tmp_path / "s.lmdb", _values(3000))
-    _evicted(tmp_path / "s.lmdb" / "data.mdb")
-    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
-    ds[0]
-    entry = _entry(ds)
-    entry.fill._thread.join(timeout=30)  # type: ignore[attr-defined]
-    assert _held_share(entry.span) < 0.5  # type: ignore[attr-defined]
-    assert ds[2999][0] == _values(3000)[2999]  # (and reads go on as before)
-
-
-def _open_and_read(store: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    out.put(LMDBImageDataset(store, output="bytes")[7][0][-4:])
-
-
-@pytest.mark.usefixtures("fill_every_store")
-def test_a_child_forked_while_the_map_is_filled_opens_the_store_again(tmp_path: Path) -> None:
-    """The thread that fills the map may hold its lock at a fork; the child, which closes what
-    it inherited before it opens the store again, does not wait for a thread it lacks."""
-    write_store_with(tmp_path / "s.lmdb", _values(500))
-    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
-    ds[0]
-    fill = _entry(ds).fill  # type: ignore[attr-defined]
-    ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    with fill._lock:  # (as if a chunk were being mapped in at the fork)
-        child = ctx.Process(target=_open_and_read, args=(str(tmp_path / "s.lmdb"), out))
-        child.start()
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    assert out.get(timeout=5) == (7).to_bytes(4, "big")
+    assert ds.__getitems__([0, 1500])[1][0] == _values(3000)[1500]
+    span = ds.reader._env().entry.span  # type: ignore[attr-defined]
+    assert _mapped_in(span) < 0.25 * (span[1] - span[0])
 
 
 def test_which_pages_are_in_memory_is_asked_a_stretch_at_a_time(

@@ -112,13 +112,6 @@ def resident(address: int) -> bool | None:
     return bool(vec.raw[0] & 1)
 
 
-MADV_POPULATE_READ = 22
-"""Linux 5.14's advice to map a range's pages now, as reads would fault them in."""
-MAP_MOST = 16 << 30
-"""The most of a file's map :class:`MapFill` maps ahead (its page tables: 32 MiB)."""
-MAP_CHUNK = 64 << 20
-
-
 def resident_pages(base: int, pages: list[int], psize: int) -> list[bool]:
     """Whether each of ``pages`` (numbers of ``psize`` bytes from ``base``, an address of this
     process's map) is in memory: the kernel asked once for each stretch of at most
@@ -150,60 +143,6 @@ def resident_pages(base: int, pages: list[int], psize: int) -> list[bool]:
 
 RESIDENT_SPAN_MOST = 1 << 16
 """The most pages :func:`resident_pages` asks about at once (its answer: a byte a page)."""
-
-
-class MapFill:
-    """A thread that maps into this process the pages of a file's map that the kernel holds
-    already (``mincore``, then ``madvise(MADV_POPULATE_READ)`` on each run of them), so that a
-    read landing on one takes no page fault: at random over a store in memory, a read meets a
-    page of its own each time, and its fault costs more than LMDB's lookup (3 us against 1.4,
-    at a million records). A page the kernel does not hold is left alone: nothing is read from
-    the disk for it. Stopped (:meth:`stop`) before the map is unmapped; where the kernel lacks
-    the advice, it ends at once."""
-
-    def __init__(self, address: int, length: int) -> None:
-        self._address, self._length = address, min(length, MAP_MOST)
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, name="fastdata-map-fill", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if os.getpid() != self._pid:  # (a forked child: the thread is not there, and its lock
-            self._stopped = True  # may have been held at the fork)
-            return
-        with self._lock:  # (a chunk being mapped is finished first: a few milliseconds)
-            self._stopped = True
-        self._thread.join()
-
-    def _run(self) -> None:
-        libc = c_library()
-        if not libc:
-            return
-        import numpy as np
-
-        psize = mmap.PAGESIZE
-        vec = ctypes.create_string_buffer(MAP_CHUNK // psize)
-        for offset in range(0, self._length, MAP_CHUNK):
-            with self._lock:
-                if self._stopped:
-                    return
-                start = self._address + offset
-                n = min(MAP_CHUNK, self._length - offset)
-                pages = -(-n // psize)
-                if libc.mincore(start, n, vec) != 0:
-                    return
-                held = np.frombuffer(vec.raw, np.uint8, pages) & 1
-                edges = np.flatnonzero(np.diff(held, prepend=0, append=0))
-                for first, end in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-                    if (
-                        libc.madvise(
-                            start + first * psize, (end - first) * psize, MADV_POPULATE_READ
-                        )
-                        != 0
-                    ):
-                        return  # (a kernel without the advice, or the map changed)
 
 
 class ReadAhead:

@@ -22,6 +22,8 @@ STRETCH_BYTES = 1 << 20
 than this is read alone)."""
 DEEPEST = 64
 """A page reached deeper than this is taken for a loop."""
+
+
 def read_pages(fd: int, numbers: list[int], psize: int) -> tuple[bytearray, np.ndarray]:
     """The pages ``numbers`` of the file ``fd``, in that order, one after the other (zeros
     past the end of the file), and whether each was read whole: a read for each run of pages
