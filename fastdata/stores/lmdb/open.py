@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import Any
 
 from ...errors import (
     FastdataError,
@@ -48,10 +49,16 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
                 f"{path}: an empty store: a conversion into it stopped before it began; run "
                 f"fastdata convert again, from its image folder into {shlex.quote(path)}"
             )
-        with reading(path), lease.env.begin(buffers=True) as txn:
-            has_meta = txn.get(META_KEY) is not None
-            raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
-            has_keys = txn.get(KEYS_KEY) is not None
+
+        def first_look(txn: Any) -> tuple[bool, bytes | None, bool]:
+            return (
+                txn.get(META_KEY) is not None,
+                lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress"),
+                txn.get(KEYS_KEY) is not None,
+            )
+
+        with reading(path):  # (its pages checked, and read again where the store grew since
+            has_meta, raw_progress, has_keys = lease.read(first_look, path)  # it was mapped)
         if has_meta:
             return LMDBStore(path, lease)
         if has_keys and allow_pickle:
