@@ -211,28 +211,29 @@ class Leaves:
             return [next((d for d in reversed(found) if d.covers(k)), None) for k in keys]
 
     def _beside(self, wanted: dict[int, Any], more: int, mapped: int) -> None:
-        """Add to ``wanted`` leaves not read yet from the cursor on, those the kernel holds
-        (NOTE [ Leaves beside a read ]): at least ``more``, and a 256th of those left, so that
-        a store of any size is checked in its first few hundred batches."""
+        """Add to ``wanted`` the leaves not read yet among the next pending routes from the
+        cursor, those the kernel holds (NOTE [ Leaves beside a read ]): as many routes as the
+        larger of ``more`` and a 256th of those left, so that a store of any size is checked in
+        its first few hundred batches."""
         routes = self._pending[0]
         unread, shared = self._unread, self._shared
         count = len(routes)
         if not count or not unread:
             return
         more = min(max(more, len(unread) >> 8), MOST_BESIDE)
-        psize = self._tree.head.psize
-        at, looked, known = self._cursor % count, 0, set()
-        fresh: list[int] = []  # (places among the pending routes)
-        while looked < min(count, 4 * more) and len(fresh) < 2 * more:  # (a bounded look
-            page = routes[at][0]  # past those read already)
-            if page in unread and page not in wanted:
-                if shared is not None and page < len(shared) and shared[page]:
-                    known.add(page)
-                else:
-                    fresh.append(at)
-            at = (at + 1) % count
-            looked += 1
-        held = resident_pages(mapped, [routes[n][0] for n in fresh], psize)
+        at = self._cursor % count
+        look = min(count, 2 * more)  # (routes looked at: some are read already)
+        places = [*range(at, min(count, at + look)), *range(max(0, at + look - count))]
+        fresh = [n for n in places if routes[n][0] in unread and routes[n][0] not in wanted]
+        fresh = fresh[: more + PASSED_MOST]
+        end = (fresh[-1] + 1) if len(fresh) == more + PASSED_MOST else at + look
+        known: set[int] = set()
+        if shared is not None:  # (checked sound by a process beside this: read, not again)
+            known = {
+                routes[n][0] for n in fresh if routes[n][0] < len(shared) and shared[routes[n][0]]
+            }
+            fresh = [n for n in fresh if routes[n][0] not in known]
+        held = resident_pages(mapped, [routes[n][0] for n in fresh], self._tree.head.psize)
         taken = passed = 0
         for n, in_memory in zip(fresh, held, strict=True):
             if in_memory:
@@ -240,12 +241,12 @@ class Leaves:
                 taken += 1
             else:  # (left to the read that wants it, or to a later pass)
                 passed += 1
-            if taken >= more or passed > taken + PASSED_MOST:  # (enough; a store on the disk)
-                at = (n + 1) % count
+            if taken >= more or passed > taken + PASSED_MOST:  # (enough; or a store on the
+                end = n + 1  # disk, none read for this: the next batch looks past these)
                 break
-        self._cursor = at
+        self._cursor = end % count
         if known:
-            self._read(known)
+            self._read(known)  # (last: the pending routes may shrink, the cursor with them)
 
     def check_all(self) -> tuple[Damage, ...]:
         """Read and check every leaf not read yet (what a walk of every key would meet, the
