@@ -200,8 +200,8 @@ def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
             declared = (-(-max(rows, 1) // mcu_rows) + 1) * mcu_rows
             if height == 0 or height > _MOST_SIDE or declared >= height:
                 return None
-            after = _MARKER_AFTER_SCAN.search(data, pos + 2 + length)
-            if after is None or data[after.end() - 1] != 0xD9:
+            after = marker_after(data, pos + 2 + length)
+            if after is None or data[after + 1] != 0xD9:
                 return None
             view = memoryview(data)
             short = b"".join((view[:at], declared.to_bytes(2, "big"), view[at + 2 :]))
@@ -218,6 +218,32 @@ _MOST_SIDE = 65500
 _MARKER_AFTER_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 """The first marker after a scan's entropy-coded data (in which every ``FF`` is followed by
 ``00``, a restart marker or more ``FF`` fill)."""
+_SEARCH_AS_ARRAY = 16 << 10
+"""From this many bytes to search, :func:`marker_after` compares them as an array (2x the
+pattern's speed on a 500x375 JPEG's 115 kB: 34 against 69 us; slower on a few kB)."""
+_SEARCH_CHUNK = 256 << 10
+"""Bytes compared at once (the comparison's memory: about 20x this at most, for a run of ``FF``)."""
+
+
+def marker_after(data: bytes | memoryview, start: int) -> int | None:
+    """Where the first marker at or after ``start`` begins (its ``FF``: an ``FF`` followed by
+    anything but ``00``, a restart marker's ``D0``-``D7`` or more ``FF``), as the pattern
+    :data:`_MARKER_AFTER_SCAN` finds it; None where there is none."""
+    n = len(data)
+    if n - start < _SEARCH_AS_ARRAY:
+        found = _MARKER_AFTER_SCAN.search(data, start)
+        return None if found is None else found.start()
+    import numpy as np
+
+    a = np.frombuffer(data, np.uint8)
+    for at in range(start, n - 1, _SEARCH_CHUNK):
+        ff = np.flatnonzero(a[at : min(at + _SEARCH_CHUNK, n - 1)] == 0xFF)  # (each with a
+        if len(ff):  # byte after it)
+            after = a[ff + at + 1]
+            marker = ff[(after != 0) & (after != 0xFF) & ((after < 0xD0) | (after > 0xD7))]
+            if len(marker):
+                return int(marker[0]) + at
+    return None
 
 
 @dataclass(frozen=True)
@@ -380,10 +406,10 @@ def read_scans(data: bytes | memoryview) -> JpegScans | None:
                     al=data[at + 2] & 0x0F,
                 )
             )
-            after = _MARKER_AFTER_SCAN.search(data, end)
+            after = marker_after(data, end)
             if after is None:  # (the data ends in the scan: no marker after it)
                 return found(cut=False)
-            pos = after.start()
+            pos = after
             continue
         pos = end
     return found(cut=False, stopped=True)
