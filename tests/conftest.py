@@ -48,6 +48,16 @@ def write(path: Path, data: bytes) -> Path:
     return path
 
 
+def evicted(path: Path) -> None:
+    """Drop the file ``path`` from the page cache (its pages this process maps stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def tiny_store(tmp_path: Path, n: int) -> Path:
     """A store of ``n`` tiny JPEGs in one class, converted from ``tmp_path/src``."""
     from fastdata import convert

@@ -19,7 +19,7 @@ from fastdata.errors import (
 )
 from fastdata.sources.folder import scan_folder
 
-from .conftest import jpeg_bytes
+from .conftest import evicted, jpeg_bytes
 
 
 @pytest.fixture
@@ -203,15 +203,6 @@ def _disk_bytes() -> int | None:
         return None
 
 
-def _evict(path: Path) -> None:
-    import os
-
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-
-
 def test_a_cold_random_read_of_a_small_record_reads_about_its_own_pages(tmp_path: Path) -> None:
     """A store larger than memory must not pay megabytes of read-ahead per 2 kB image."""
     import random
@@ -233,14 +224,14 @@ def test_a_cold_random_read_of_a_small_record_reads_about_its_own_pages(tmp_path
         assert before is not None and after is not None
         return (after - before) / len(picks)
 
-    _evict(data)
+    evicted(data)
     env = lmdb.open(str(data), subdir=False, readonly=True, lock=False, readahead=True)
     with env.begin() as txn:
         control = disk_per_read(lambda i: txn.get(b"%010d" % i))
     env.close()
     if _disk_bytes() is None or control < 64 << 10:
         pytest.skip("this file system shows no read-ahead to measure against")
-    _evict(data)
+    evicted(data)
     store = LMDBStore(tmp_path / "s.lmdb")
     ours = disk_per_read(lambda i: store.read_data([i]))
     store.close()

@@ -268,14 +268,14 @@ class Leaves:
 # store of ten thousand is checked whole in its first batches. So each batch of a store in memory
 # also checks leaves of its own choosing: from a cursor (each process's starting elsewhere, so
 # that workers do not check the same leaves side by side), the next not read yet that the kernel
-# holds, at least a 256th of those left; side by side they cost 5 us a leaf. A store in memory is
+# holds, at least a 256th of those left; side by side they cost 2-3 us a leaf. A store in memory is
 # then checked whole within its first few hundred batches, whatever its size, after which its
 # reads take the shortest path (``known_sound``). A leaf the kernel does not hold is passed (a
 # read that wants it checks it, or a later pass of the cursor once it is in memory), and a store
 # on the disk, where most are not held, has none read for this. Until every leaf is read, a
 # key's route is looked up among the routes still pending, a list that halves as they are read.
 MOST_BESIDE = 4096
-"""The most leaves checked beside a batch's own (about 20 ms)."""
+"""The most leaves checked beside a batch's own (about 10 ms)."""
 PASSED_MOST = 64
 """Leaves the kernel does not hold that the cursor passes, beyond those it took, before it
 stops for the batch (a store on the disk)."""

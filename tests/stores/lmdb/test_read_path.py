@@ -16,7 +16,7 @@ from fastdata import LMDBImageDataset, convert
 from fastdata.stores.lmdb import address as address_module
 from fastdata.stores.lmdb.layout import record_key
 
-from ...conftest import jpeg_bytes, write
+from ...conftest import evicted, jpeg_bytes, write
 
 
 @pytest.fixture
@@ -359,15 +359,6 @@ def _covered(place: tuple[int, int], asked: list[tuple[int, int]]) -> bool:
     return reached >= at + n
 
 
-def _evicted(data_file: Path) -> None:
-    fd = os.open(data_file, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_a_value_of_many_pages_from_the_disk_is_asked_for_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -381,7 +372,7 @@ def test_a_value_of_many_pages_from_the_disk_is_asked_for_whole(
     rng = np.random.default_rng(6)
     images = [rng.bytes(900_000), rng.bytes(200), rng.bytes(300_000)]
     write_store_with(tmp_path / "s.lmdb", images)
-    _evicted(tmp_path / "s.lmdb" / "data.mdb")
+    evicted(tmp_path / "s.lmdb" / "data.mdb")
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
     lease = ds.reader._env()  # type: ignore[attr-defined]
     places = _own_pages(lease, [record_key(0), record_key(2)])
@@ -405,7 +396,7 @@ def test_a_store_opened_from_the_disk_asks_for_its_labels_and_names_whole(
     for i in range(1000):
         write(tmp_path / "images" / f"c{i % 2}" / f"{i:04d}.jpg", image)
     convert(tmp_path / "images", tmp_path / "s.lmdb")
-    _evicted(tmp_path / "s.lmdb" / "data.mdb")
+    evicted(tmp_path / "s.lmdb" / "data.mdb")
     asked = _asks(monkeypatch)
     reader = open_store(tmp_path / "s.lmdb")
     lease = reader._env()  # type: ignore[attr-defined]
@@ -433,7 +424,7 @@ def test_the_read_ahead_of_a_check_fills_the_page_cache_with_or_without_sendfile
     path.write_bytes(np.random.default_rng(7).bytes(size))
 
     def read_all() -> list[int]:
-        _evicted(path)
+        evicted(path)
         fd = os.open(path, os.O_RDONLY)
         sink = _Sink()
         try:

@@ -15,20 +15,12 @@ import pytest
 from fastdata import LMDBImageDataset
 from fastdata.stores.lmdb.pages import advice
 
+from ...conftest import evicted
 from ...test_hostile_input import write_store_with
 
 
 def _values(n: int) -> list[bytes]:
     return [bytes([i % 251]) * 1400 + i.to_bytes(4, "big") for i in range(n)]  # 2 a leaf
-
-
-def _evicted(data_file: Path) -> None:
-    fd = os.open(data_file, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _mapped_in(span: tuple[int, int]) -> int:
@@ -76,13 +68,13 @@ def test_leaves_the_kernel_does_not_hold_are_left_to_the_reads_that_want_them(
     read from the disk for the check alone."""
     values = _values(4000)
     write_store_with(tmp_path / "s.lmdb", values)
-    _evicted(tmp_path / "s.lmdb" / "data.mdb")
+    evicted(tmp_path / "s.lmdb" / "data.mdb")
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
     ds[0]
     lease = ds.reader._env()  # type: ignore[attr-defined]
     lease.cold_reads.announce_left = 0  # (taken for a store in memory: the cursor is tried)
     leaves = lease.entry.leaves
-    _evicted(tmp_path / "s.lmdb" / "data.mdb")  # (what the first read brought in)
+    evicted(tmp_path / "s.lmdb" / "data.mdb")  # (what the first read brought in)
     before = len(leaves._unread)
     batch = list(range(0, 4000, 125))
     assert [d for d, _ in ds.__getitems__(batch)] == [values[i] for i in batch]
@@ -110,7 +102,7 @@ def test_which_pages_are_in_memory_is_asked_a_stretch_at_a_time(
     far apart and repeated included."""
     data = tmp_path / "f"
     data.write_bytes(os.urandom(64 * mmap.PAGESIZE))
-    _evicted(data)
+    evicted(data)
     with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         m.madvise(mmap.MADV_RANDOM)  # (no read-ahead around the pages touched)
         for page in (1, 2, 3, 40, 41):
