@@ -5,6 +5,7 @@ check it fails, naming the node and the reason, as LMDB would meet them one afte
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from collections.abc import Sequence
@@ -183,6 +184,23 @@ def _bounds(bounds: Sequence[Bound], width: int) -> tuple[np.ndarray, np.ndarray
     lens = np.array([len(b or b"") for b in bounds], np.int64)
     flat = b"".join((b or b"").ljust(width, b"\0") for b in bounds)
     return np.frombuffer(flat, np.uint8).reshape(len(bounds), width), lens, given
+
+
+def read_pages(
+    fd: int, numbers: Sequence[int] | np.ndarray, psize: int
+) -> tuple[bytearray, np.ndarray]:
+    """The pages ``numbers`` of the file ``fd``, in that order, one after the other (zeros
+    past the end of the file), for :func:`check_pages`, and whether each was read whole: one
+    read for each run of pages that follow one another in the file (a file's leaves mostly do,
+    in key order), not one a page."""
+    n = len(numbers)
+    buf = bytearray(n * psize)
+    view, whole = memoryview(buf), np.zeros(n, bool)
+    edges = [0, *(np.flatnonzero(np.diff(numbers) != 1) + 1).tolist(), n] if n else []
+    for c, d in itertools.pairwise(edges):
+        read = os.preadv(fd, [view[c * psize : d * psize]], int(numbers[c]) * psize)
+        whole[c : c + read // psize] = True  # (the file ends inside the run: the rest zeros)
+    return buf, whole
 
 
 def check_pages(

@@ -5,7 +5,6 @@ descent to a few keys' values, advice only, is :mod:`.places`.)"""
 
 from __future__ import annotations
 
-import itertools
 import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
@@ -15,33 +14,13 @@ import numpy as np
 
 from . import advice
 from . import format as mdb
-from .check import NAMED, Checked, check_file, check_overflow, check_pages
+from .check import NAMED, Checked, check_file, check_overflow, check_pages, read_pages
 
 STRETCH_BYTES = 1 << 20
 """The most bytes of values on pages of their own that a check reads in one call (a value larger
 than this is read alone)."""
 DEEPEST = 64
 """A page reached deeper than this is taken for a loop."""
-
-
-def read_pages(fd: int, numbers: list[int], psize: int) -> tuple[bytearray, np.ndarray]:
-    """The pages ``numbers`` of the file ``fd``, in that order, one after the other (zeros
-    past the end of the file), and whether each was read whole: a read for each run of pages
-    that follow one another in the file (a file's leaves mostly do, in key order), not one a
-    page."""
-    buf = bytearray(len(numbers) * psize)
-    whole = np.ones(len(numbers), bool)
-    view = memoryview(buf)
-    at = 0
-    while at < len(numbers):
-        end = at + 1
-        while end < len(numbers) and numbers[end] == numbers[end - 1] + 1:
-            end += 1
-        got = os.preadv(fd, [view[at * psize : end * psize]], numbers[at] * psize)
-        if got < (end - at) * psize:  # (the file ends inside the run: the rest stays zeros)
-            whole[at + got // psize : end] = False
-        at = end
-    return buf, whole
 
 
 BRANCHES_AT_ONCE = 1024
@@ -360,12 +339,8 @@ class Tree:
             return
         numbers = numbers[:n]
         psize, last = self.head.psize, self.head.last_page
-        buf = bytearray(n * psize)
-        view, got = memoryview(buf), np.zeros(n, bool)
-        edges = [0, *(np.flatnonzero(np.diff(numbers) != 1) + 1).tolist(), n]
-        for c, d in itertools.pairwise(edges):
-            read = os.preadv(self._fd, [view[c * psize : d * psize]], int(numbers[c]) * psize)
-            got[c : c + read // psize] = True
+        buf, got = read_pages(self._fd, numbers, psize)
+        view = memoryview(buf)
         kids = below[a : a + n]
         lows, highs = [c[2] for c in kids], [c[3] for c in kids]
         checked = check_pages(buf, numbers, lows, highs, last, psize, got)
