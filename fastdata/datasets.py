@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from .errors import CorruptImageError, RecordError, UsageError
 from .images.decode import decode_numpy, decode_pil
-from .images.pipelines import Pipeline
+from .images.pipelines import Pipeline, takes_scan_end
 from .records import bytes_problem
 from .sample_fields import FieldBatch, FieldValues, field_reader
 from .stores.reader import StoreReader
@@ -216,11 +216,13 @@ class ImageStoreDataset(Dataset):
 
     # -- reading
 
-    def _decode(self, data: bytes, index: int, seed: int | None) -> Any:
+    def _decode(self, data: bytes, index: int, seed: int | None, scan_end: int = -1) -> Any:
         try:
             if self.pipeline is not None and self.transform is None:
                 if getattr(self.pipeline, "wants_index", False):
                     return self.pipeline(data, seed, index)  # type: ignore[call-arg]
+                if scan_end >= 0:
+                    return self.pipeline(data, seed, scan_end=scan_end)  # type: ignore[call-arg]
                 return self.pipeline(data, seed)
             if self.output == "bytes":
                 return data
@@ -256,13 +258,17 @@ class ImageStoreDataset(Dataset):
             seeds = [int(k[1]) if isinstance(k, tuple) else None for k in keys]
         if self._with_fields or self.as_dict:
             return self._samples_with_fields(indices, seeds)
-        samples = self.reader.read_samples(indices, check=self._checked)
-        if self.output == "bytes" and self._plain:
-            return samples  # nothing to apply
+        if self._takes_scan_end:
+            samples, ends = self.reader.read_samples_ends(indices)
+        else:
+            samples = self.reader.read_samples(indices, check=self._checked)
+            if self.output == "bytes" and self._plain:
+                return samples  # nothing to apply
+            ends = [-1] * len(samples)  # (not read: searched where needed)
         transform, target_transform = self.transform, self.target_transform
         out = []
-        for i, seed, (data, label) in zip(indices, seeds, samples, strict=True):
-            image = self._decode(data, int(i), seed)
+        for i, seed, (data, label), end in zip(indices, seeds, samples, ends, strict=True):
+            image = self._decode(data, int(i), seed, end)
             if transform is not None:
                 image = transform(image)
             out.append((image, label if target_transform is None else target_transform(label)))
@@ -275,14 +281,18 @@ class ImageStoreDataset(Dataset):
         one round trip."""
         columns = self.reader.field_batch(indices, self.fields) if self.fields else None
         if columns is not None:
-            samples = self.reader.read_samples(indices, check=self._checked)
+            if self._takes_scan_end:
+                samples, ends = self.reader.read_samples_ends(indices)
+            else:
+                samples = self.reader.read_samples(indices, check=self._checked)
+                ends = [-1] * len(samples)
             if self.output == "bytes" and self._plain:  # (nothing to apply)
                 images, targets = [d for d, _ in samples], [t for _, t in samples]
             else:
                 images, targets = [], []
                 transform, target_transform = self.transform, self.target_transform
-                for i, seed, (data, label) in zip(indices, seeds, samples, strict=True):
-                    image = self._decode(data, int(i), seed)
+                for i, seed, (data, label), end in zip(indices, seeds, samples, ends, strict=True):
+                    image = self._decode(data, int(i), seed, end)
                     images.append(image if transform is None else transform(image))
                     targets.append(label if target_transform is None else target_transform(label))
             return FieldBatch(images, targets, columns, self.field_schema, self.as_dict)
@@ -298,7 +308,7 @@ class ImageStoreDataset(Dataset):
                 why = bytes_problem(h.size, h.crc32, record.data)
                 if why is not None:
                     raise self.reader.mismatch(int(i), h.name, why)
-            image = self._decode(record.data, int(i), seed)
+            image = self._decode(record.data, int(i), seed, record.header.scan_end)
             if transform is not None:
                 image = transform(image)
             label = record.header.label
@@ -322,6 +332,14 @@ class ImageStoreDataset(Dataset):
         """Whether reads are checked: always where records are decoded, and where raw bytes are
         given unless ``check=False``."""
         return self.check or self.pipeline is not None or self.output != "bytes"
+
+    @property
+    def _takes_scan_end(self) -> bool:
+        """Whether each record's scan end goes to the pipeline (NOTE [ Scan ends ] in
+        :mod:`fastdata.images.codec`): read with the bytes, from the headers a checked read
+        reads anyway."""
+        pipeline = self.pipeline
+        return pipeline is not None and self.transform is None and takes_scan_end(pipeline)
 
     @property
     def _plain(self) -> bool:

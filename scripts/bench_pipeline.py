@@ -10,7 +10,12 @@ worker), in interleaved rounds, prints per image:
   is built) and without (the whole image, or its top rows), and their ratio to the yardstick
   (goal: at most 1.0);
 - the parts: the plan (header read and crop drawn), the window's decode, the resize, and what is
-  left (the per-image cost of everything but the decode and the resize).
+  left (the per-image cost of everything but the decode and the resize);
+- what a read does beside the decode, in microseconds, for JPEGs from 160x120 to 4000x3000:
+  the record's header read (size, CRC-32 and scan end, as a checked read reads a batch's), the
+  CRC-32 of its bytes, the plan, the decoder's look at the header, and the search for the end
+  of the first scan that the header's recorded ``scan_end`` saves (NOTE [ Scan ends ] in
+  fastdata/images/codec.py). All but the CRC-32 stay flat as the bytes grow.
 
     python scripts/bench_pipeline.py [--images 300] [--rounds 3] [--store STORE]
 """
@@ -24,9 +29,11 @@ from collections.abc import Callable
 
 import torch
 
-from fastdata.images import window
+from fastdata.images import codec, window
+from fastdata.images.decode import turbo_scale
 from fastdata.images.pipelines import TrainPipeline, _resize, shrink_for
 from fastdata.images.synthetic import synthetic_jpeg
+from fastdata.records import RecordHeader, checksum, first_mismatch
 
 
 def per_image(fn: Callable[[int], object], count: int) -> float:
@@ -56,6 +63,7 @@ def main() -> None:
     import simplejpeg
 
     datas = images(args)
+    ends = [codec.scan_end(d) for d in datas]  # (as each record's header gives it)
     n = len(datas)
     pipeline = TrainPipeline(224)
     plans = [pipeline.plan(d, i) for i, d in enumerate(datas)]
@@ -71,7 +79,7 @@ def main() -> None:
         def run(i: int) -> object:
             before = window.set_enabled(on)
             try:
-                return pipeline(datas[i], i)
+                return pipeline(datas[i], i, scan_end=ends[i])
             finally:
                 window.set_enabled(before)
 
@@ -82,7 +90,7 @@ def main() -> None:
         "pipeline, windows alone": with_windows(True),
         "pipeline, without": with_windows(False),
         "  plan (header, crop drawn)": lambda i: pipeline.plan(datas[i], i),
-        "  window decode": lambda i: window.decode_window(datas[i], *boxes[i], False),
+        "  window decode": lambda i: window.decode_window(datas[i], *boxes[i], False, ends[i]),
         "  resize to 224": lambda i: (
             _resize(regions[i], 224, 224, plans[i].flip) if regions[i] is not None else None
         ),
@@ -110,6 +118,66 @@ def main() -> None:
         print(f"  ({n - taken} of {n} images not taken by the window decoder)")
     ratio = med["pipeline, windows alone"] / med["pipeline, without"]
     print(f"pipeline with windows / without: {ratio:.2f}")
+    beside_the_decode(args.rounds)
+
+
+SIDES = ((160, 120), (500, 375), (1600, 1200), (4000, 3000))
+"""The image sizes of the table of what a read does beside the decode."""
+
+
+def per_call_us(fn: Callable[[], object], least: float = 0.05) -> float:
+    """CPU microseconds per call of ``fn``, called until ``least`` seconds have gone by."""
+    calls, start = 0, time.process_time()
+    while True:
+        for _ in range(16):
+            fn()
+        calls += 16
+        spent = time.process_time() - start
+        if spent >= least:
+            return 1e6 * spent / calls
+
+
+def costs_beside(data: bytes, rounds: int) -> dict[str, float]:
+    """CPU microseconds per read of ``data`` for each step beside its decode (medians)."""
+    pipeline = TrainPipeline(224)
+    end = codec.scan_end(data)
+    head = RecordHeader("class/image.jpg", 3, len(data), checksum(data), "jpeg", scan_end=end)
+    heads, datas = [head.to_json()] * 256, [data] * 256  # (a batch's headers read at once)
+    start = codec._first_scan(data)[0]
+    steps: dict[str, tuple[Callable[[], object], int]] = {
+        "header read (size, CRC-32, scan end)": (lambda: first_mismatch(heads, datas, str), 256),
+        "CRC-32 of the bytes": (lambda: [checksum(d) for d in datas], 256),
+        "plan (image size, crop drawn)": (lambda: pipeline.plan(data, 1), 1),
+        "decoder's look at the header": (lambda: turbo_scale(data, 2), 1),
+        "scan end, recorded (2 bytes)": (lambda: data[end : end + 2] == codec.EOI, 1),
+        "scan end, searched (saved)": (lambda: codec.marker_after(data, start), 1),
+    }
+    found = {
+        name: statistics.median(per_call_us(fn) for _ in range(max(1, rounds))) / reads
+        for name, (fn, reads) in steps.items()
+    }
+    found["header read (size, CRC-32, scan end)"] -= found["CRC-32 of the bytes"]
+    flat = sum(v for k, v in found.items() if "CRC" not in k and "searched" not in k)
+    found["all beside the decode, less the CRC"] = flat
+    found["all beside the decode"] = flat + found["CRC-32 of the bytes"]
+    return found
+
+
+def beside_the_decode(rounds: int) -> None:
+    """Print, per image size, the microseconds a read spends beside the decode (median of
+    ``rounds``): each a flat cost (the header's) or one that grows with the bytes."""
+    rows: dict[str, list[str]] = {}
+    for width, height in SIDES:
+        data = synthetic_jpeg(width, height, seed=7)
+        rows.setdefault("image bytes", []).append(f"{len(data):,}")
+        for name, value in costs_beside(data, rounds).items():
+            rows.setdefault(name, []).append(f"{value:.2f}")
+    print()
+    search = "memchr, in C" if codec._jpegwindow is not None else "in Python"
+    print(f"Beside the decode, per read (CPU us; the scan searched {search}):")
+    print(f"{'':<40}" + "".join(f"{f'{w}x{h}':>12}" for w, h in SIDES))
+    for name, values in rows.items():
+        print(f"{name:<40}" + "".join(f"{v:>12}" for v in values))
 
 
 if __name__ == "__main__":

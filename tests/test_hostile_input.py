@@ -394,7 +394,7 @@ def _headers_one_at_a_time(heads: list[bytes]) -> list[object]:
     for head in heads:
         try:
             h = RecordHeader.from_json(head)
-            out.append((name_bytes(h.name), h.label, h.size, h.crc32, h.fields))
+            out.append((name_bytes(h.name), h.label, h.size, h.crc32, h.fields, h.scan_end))
         except (RecordError, UnicodeEncodeError):
             out.append(None)
     return out
@@ -420,10 +420,20 @@ HOSTILE_HEADERS = [
     b'","repaired":false}',
     b'{"name":"a","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}\n'
     b'{"name":"b","label":1,"size":1,"crc32":7,"format":"jpeg","repaired":false}',
+    # scan ends: one in its bytes, one past them, malformed ones
+    b'{"name":"a","label":1,"size":3,"crc32":7,"format":"jpeg","repaired":false,"scan_end":2}',
+    b'{"name":"a","label":1,"size":3,"crc32":7,"format":"jpeg","repaired":false,"scan_end":3}',
+    b'{"name":"a","label":1,"size":3,"crc32":7,"format":"jpeg","repaired":false,"scan_end":01}',
+    b'{"name":"a","label":1,"size":3,"crc32":7,"format":"jpeg","repaired":false,"scan_end":-1}',
+    b'{"name":"a","label":1,"size":3,"crc32":7,"format":"jpeg","repaired":false,"scan_end":"2"}',
+    b'{"name":"a","label":1,"size":3,"crc32":7,"format":"jpeg","repaired":false,"scan_end":2,'
+    b'"scan_end":5}',
 ]
 
 
-@pytest.mark.parametrize("picked", [[0], [0, 1], [0, 1, 0], *([0, k] for k in range(2, 16))])
+@pytest.mark.parametrize(
+    "picked", [[0], [0, 1], [0, 1, 0], [16, 0], *([0, k] for k in range(2, len(HOSTILE_HEADERS)))]
+)
 def test_headers_read_at_once_are_read_as_one_at_a_time(picked: list[int]) -> None:
     """The headers a check reads many at once: every one read alike, or the whole lot left to
     be read one at a time (where each is accepted or named)."""
@@ -435,11 +445,12 @@ def test_headers_read_at_once_are_read_as_one_at_a_time(picked: list[int]) -> No
     single = _headers_one_at_a_time(heads)
     together = plain_headers(list(heads))
     if together is None:
-        assert picked != [0] and picked != [0, 1, 0]  # (the plain ones are read at once)
+        assert picked not in ([0], [0, 1, 0], [16, 0])  # (the plain ones are read at once)
         return
     assert all(h is not None and h[4] is None for h in single), picked
-    names, labels, sizes, crcs = together
+    names, labels, sizes, crcs, ends = together
     assert names == b"\0".join(h[0] for h in single)  # type: ignore[index]
     assert np.array_equal(labels, [h[1] for h in single])  # type: ignore[index]
     assert np.array_equal(sizes, [h[2] for h in single])  # type: ignore[index]
     assert np.array_equal(crcs, [h[3] for h in single])  # type: ignore[index]
+    assert np.array_equal(ends, [h[5] for h in single])  # type: ignore[index]

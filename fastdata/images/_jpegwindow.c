@@ -4,12 +4,13 @@
  * and libjpeg-turbo's headers are found), and whatever it cannot decode exactly as the whole
  * image's decode would, it leaves to the caller's other path (a result of None).
  *
- * decode(data, shrink, y0, x0, y1, x1, fast, max_pixels) -> bytearray | None
+ * decode(data, shrink, y0, x0, y1, x1, fast, max_pixels, scan_end=-1) -> bytearray | None
  *
  *   data: the JPEG's bytes (any buffer); shrink: 1, 2, 4 or 8 (libjpeg's DCT scaling);
  *   y0, x0, y1, x1: the window in pixels of the image decoded at 1/shrink; fast: the fast
  *   integer IDCT and plain upsampling (as TurboJPEG's FASTDCT and FASTUPSAMPLE flags);
- *   max_pixels: the most window pixels allowed.
+ *   max_pixels: the most window pixels allowed; scan_end: where the first scan's data ends
+ *   as the record's header gives it (the offset of the marker after it), or -1 to search.
  *
  *   Returns the window's (y1 - y0) x (x1 - x0) x 3 RGB bytes, or None where this decoder does
  *   not take the image: not a sequential Huffman-coded JPEG of 1 or 3 components whose one scan
@@ -19,6 +20,12 @@
  *   are). Raises ValueError on arguments out of range, and on an image libjpeg refuses (its
  *   message). Which scale and which decoder the caller's other path uses for an image is the
  *   caller's to check (fastdata.images.window).
+ *
+ * marker_after(data, start) -> int: the offset of the first marker at or after start (an FF
+ *   followed by anything but 00, a restart marker or more FF), or -1: where a JPEG's first scan
+ *   ends, which a conversion records in each record's header (fastdata.images.codec.scan_end).
+ *
+ * ABI: 2 (the arguments above); fastdata.images.window uses only a module built with it.
  *
  * Exactness: one iMCU of margin is decoded on each side of the window (where the image has it)
  * and dropped, so that the upsampling of the window's edge pixels sees the same neighbours as
@@ -60,25 +67,39 @@ static void on_message(j_common_ptr cinfo, int level) {
 
 static void quiet(j_common_ptr cinfo) { (void)cinfo; }
 
-/* Whether the first marker after the scan that begins at p is the end of the image. A
- * decoder that reads the whole image could fail on anything else there (a second frame or
- * scan, another image's start, a marker libjpeg refuses): the window is then not decoded here,
- * so that a crop of such a file gets what its whole decode gets, whatever the window. In the
- * entropy-coded data every FF is followed by 00, a restart marker or more FF (memchr: a
- * hundred kilobytes in microseconds). */
-static int ends_after_scan(const unsigned char *p, const unsigned char *end) {
+/* The first marker at or after p (its FF), or NULL: in entropy-coded data every FF is followed
+ * by 00, a restart marker or more FF (memchr: a hundred kilobytes in microseconds). */
+static const unsigned char *find_marker(const unsigned char *p, const unsigned char *end) {
     while (p != NULL && p < end) {
         p = (const unsigned char *)memchr(p, 0xFF, (size_t)(end - p));
-        if (p == NULL || p + 1 >= end) return 0;
+        if (p == NULL || p + 1 >= end) return NULL;
         if (p[1] == 0x00 || (p[1] >= 0xD0 && p[1] <= 0xD7)) {
             p += 2;
         } else if (p[1] == 0xFF) {
             p += 1; /* fill: the marker is after it */
         } else {
-            return p[1] == 0xD9;
+            return p;
         }
     }
-    return 0;
+    return NULL;
+}
+
+/* Whether the first marker after the scan that begins at p is the end of the image. A
+ * decoder that reads the whole image could fail on anything else there (a second frame or
+ * scan, another image's start, a marker libjpeg refuses): the window is then not decoded here,
+ * so that a crop of such a file gets what its whole decode gets, whatever the window. Where
+ * the record's header gives that marker's offset (scan_end >= 0: found once, when the record
+ * was written), only the two bytes there are looked at, and it must lie past p; otherwise the
+ * scan's data is searched. */
+static int ends_after_scan(const unsigned char *p, const unsigned char *data, size_t size,
+                           Py_ssize_t scan_end) {
+    const unsigned char *marker;
+    if (scan_end >= 0) {
+        return p != NULL && (size_t)scan_end + 1 < size && data + scan_end >= p &&
+               data[scan_end] == 0xFF && data[scan_end + 1] == 0xD9;
+    }
+    marker = find_marker(p, data + size);
+    return marker != NULL && marker[1] == 0xD9;
 }
 
 /* Whether jpeg_crop_scanline sizes every component's rows right: not, before libjpeg-turbo 3.0,
@@ -104,6 +125,7 @@ struct request {
     const unsigned char *data;
     size_t size;
     int shrink, y0, x0, y1, x1, fast;
+    Py_ssize_t scan_end; /* -1: searched */
     unsigned char *out; /* (y1 - y0) * (x1 - x0) * 3 bytes */
 };
 
@@ -134,7 +156,7 @@ static enum outcome decode_window(struct request *r, struct failure *err) {
     if (cinfo.progressive_mode || cinfo.arith_code || cinfo.comps_in_scan != cinfo.num_components) {
         goto done;
     }
-    if (!ends_after_scan(cinfo.src->next_input_byte, r->data + r->size)) goto done;
+    if (!ends_after_scan(cinfo.src->next_input_byte, r->data, r->size, r->scan_end)) goto done;
     if (cinfo.num_components == 3) {
         if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_RGB) goto done;
     } else if (cinfo.num_components != 1) {
@@ -212,8 +234,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     enum outcome result;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "y*iiiiipL", &view, &r.shrink, &r.y0, &r.x0, &r.y1, &r.x1,
-                          &r.fast, &max_pixels)) {
+    r.scan_end = -1;
+    if (!PyArg_ParseTuple(args, "y*iiiiipL|n", &view, &r.shrink, &r.y0, &r.x0, &r.y1, &r.x1,
+                          &r.fast, &max_pixels, &r.scan_end)) {
         return NULL;
     }
     if (!(r.shrink == 1 || r.shrink == 2 || r.shrink == 4 || r.shrink == 8) || r.y0 < 0 ||
@@ -256,6 +279,24 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *marker_after(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, found = -1;
+    const unsigned char *data, *marker;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "y*n", &view, &start)) return NULL;
+    if (start >= 0 && start < view.len) {
+        data = (const unsigned char *)view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        marker = find_marker(data + start, data + view.len);
+        Py_END_ALLOW_THREADS
+        if (marker != NULL) found = marker - data;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(found);
+}
+
 static PyObject *version(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -270,6 +311,8 @@ static PyObject *version(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, "A JPEG's window decoded alone (see the module's source)."},
+    {"marker_after", marker_after, METH_VARARGS,
+     "Where the first marker at or after an offset begins, or -1 (see the module's source)."},
     {"version", version, METH_NOARGS, "The libjpeg this module was built against."},
     {NULL, NULL, 0, NULL},
 };
@@ -279,4 +322,11 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__jpegwindow(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__jpegwindow(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

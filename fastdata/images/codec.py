@@ -22,6 +22,14 @@ from dataclasses import dataclass
 
 from ..errors import CorruptImageError
 
+try:  # fastdata's own compiled module, where it is built: its memchr finds markers
+    from . import _jpegwindow  # type: ignore[attr-defined]
+
+    if getattr(_jpegwindow, "ABI", 1) < 2:  # (built from an older source: pip install again)
+        _jpegwindow = None
+except ImportError:
+    _jpegwindow = None
+
 __all__ = [
     "EOI",
     "JpegScans",
@@ -35,6 +43,7 @@ __all__ = [
     "read_scans",
     "repair_if_cut",
     "repair_jpeg",
+    "scan_end",
     "sniff",
 ]
 
@@ -107,36 +116,9 @@ def inspect_jpeg(data: bytes) -> tuple[JpegState, str]:
     Returns:
         The state and, for anything but OK, a short human-readable reason.
     """
-    n = len(data)
-    if not data.startswith(SOI):
-        return JpegState.CORRUPT, "not a JPEG (no start-of-image marker FF D8)"
-    pos = 2
-    while True:
-        # Fill bytes (FF FF ...) may precede a marker.
-        while pos < n and data[pos] == 0xFF and pos + 1 < n and data[pos + 1] == 0xFF:
-            pos += 1
-        if pos + 2 > n:
-            return JpegState.CORRUPT, f"truncated in its headers at byte {pos} (no image data)"
-        if data[pos] != 0xFF:
-            found = f"{data[pos]:02X}"
-            return JpegState.CORRUPT, f"bad marker at byte {pos} (expected FF, found {found})"
-        marker = data[pos + 1]
-        if marker == 0xD9:
-            return JpegState.CORRUPT, f"end-of-image at byte {pos} before any image data"
-        if marker in _STANDALONE:
-            pos += 2
-            continue
-        if pos + 4 > n:
-            return JpegState.CORRUPT, f"truncated in its headers at byte {pos} (no image data)"
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        if length < 2:
-            return JpegState.CORRUPT, f"bad segment length {length} at byte {pos}"
-        end = pos + 2 + length
-        if end > n:
-            return JpegState.CORRUPT, f"truncated in its headers at byte {pos} (no image data)"
-        if marker == _SOS:
-            break
-        pos = end
+    end, reason = _first_scan(data)
+    if end < 0:
+        return JpegState.CORRUPT, reason
     # `end` is where the first scan's entropy-coded data starts. Searching from the back finds
     # the marker at once in the usual file that ends with it.
     if data.rfind(EOI, end) >= 0:
@@ -144,7 +126,70 @@ def inspect_jpeg(data: bytes) -> tuple[JpegState, str]:
     return JpegState.MISSING_EOI, "end-of-image marker FF D9 missing"
 
 
-def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
+def _first_scan(data: bytes | memoryview) -> tuple[int, str]:
+    """Where the first scan's entropy-coded data starts in the JPEG ``data`` (after its
+    start-of-scan segment), and ""; or -1 and why there is none (not a JPEG, cut or damaged in
+    its headers)."""
+    n = len(data)
+    if data[:2] != SOI:
+        return -1, "not a JPEG (no start-of-image marker FF D8)"
+    pos = 2
+    while True:
+        # Fill bytes (FF FF ...) may precede a marker.
+        while pos < n and data[pos] == 0xFF and pos + 1 < n and data[pos + 1] == 0xFF:
+            pos += 1
+        if pos + 2 > n:
+            return -1, f"truncated in its headers at byte {pos} (no image data)"
+        if data[pos] != 0xFF:
+            return -1, f"bad marker at byte {pos} (expected FF, found {data[pos]:02X})"
+        marker = data[pos + 1]
+        if marker == 0xD9:
+            return -1, f"end-of-image at byte {pos} before any image data"
+        if marker in _STANDALONE:
+            pos += 2
+            continue
+        if pos + 4 > n:
+            return -1, f"truncated in its headers at byte {pos} (no image data)"
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2:
+            return -1, f"bad segment length {length} at byte {pos}"
+        end = pos + 2 + length
+        if end > n:
+            return -1, f"truncated in its headers at byte {pos} (no image data)"
+        if marker == _SOS:
+            return end, ""
+        pos = end
+
+
+def scan_end(data: bytes | memoryview) -> int:
+    """Where the first scan's entropy-coded data ends in the JPEG ``data``: the offset of the
+    marker after it (NOTE [ Scan ends ]); -1 where there is none (not a JPEG, no scan, or data
+    that ends inside it). A conversion, an append and a copy record it in each JPEG record's
+    header, so that a read that decodes only part of the image looks at two bytes, not the
+    whole scan."""
+    start, _ = _first_scan(data)
+    if start < 0:
+        return -1
+    found = marker_after(data, start)
+    return -1 if found is None else found
+
+
+# NOTE [ Scan ends ]
+# A read that decodes only the top rows (first_rows) or a window (fastdata.images.window) of a
+# sequential JPEG must know that the marker after its first scan is the end of the image: a
+# decoder that read the whole image could fail on anything else there, and the part decoded
+# must get what the whole decode gets. Finding that marker means searching the scan's data, all
+# the image's bytes. Every JPEG is read whole when it is stored anyway, so the conversion (and
+# an append, and a copy from a store written before) records the marker's offset in the record's
+# header as "scan_end" (records.RecordHeader); a read then looks at the two bytes there, which
+# must be FF D9 and lie past the scan's start, or it decodes as without it. Records without it
+# (stores written before, other tools' stores) are searched as before. `fastdata verify` checks
+# each recorded offset against the bytes. With it, what a read does beside the decode depends
+# on the headers' size, not the image's, except the CRC-32 that checks every read's bytes
+# (scripts/bench_pipeline.py prints both).
+
+
+def first_rows(data: bytes | memoryview, rows: int, scan_end: int = -1) -> tuple[bytes, int] | None:
     """The JPEG ``data`` declaring only its first rows: a copy whose frame header gives a height
     of at least ``rows`` (whole rows of MCUs, plus one row of MCUs so that the chroma upsampling
     of the last rows wanted sees the rows below them). A decoder then decodes only those rows,
@@ -158,6 +203,9 @@ def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
     marker after that scan (a decoder that reads the whole image might fail there), a height
     left to a DNL marker, sides over a decoder's 65,500, headers that do not parse or take more
     than :data:`_MOST_STEPS` steps to walk, or ``rows`` within the last row of MCUs.
+
+    ``scan_end``: where the first scan ends as the record's header gives it (NOTE [ Scan ends ]);
+    -1: searched.
     """
     if not isinstance(data, bytes):
         data = bytes(data)  # (indexed as bytes, whatever buffer it came in)
@@ -200,8 +248,12 @@ def first_rows(data: bytes | memoryview, rows: int) -> tuple[bytes, int] | None:
             declared = (-(-max(rows, 1) // mcu_rows) + 1) * mcu_rows
             if height == 0 or height > _MOST_SIDE or declared >= height:
                 return None
-            after = marker_after(data, pos + 2 + length)
-            if after is None or data[after + 1] != 0xD9:
+            start = pos + 2 + length
+            if scan_end < 0:
+                after = marker_after(data, start)
+                if after is None or data[after + 1] != 0xD9:
+                    return None
+            elif not (start <= scan_end < n - 1 and data[scan_end : scan_end + 2] == EOI):
                 return None
             view = memoryview(data)
             short = b"".join((view[:at], declared.to_bytes(2, "big"), view[at + 2 :]))
@@ -230,6 +282,9 @@ def marker_after(data: bytes | memoryview, start: int) -> int | None:
     anything but ``00``, a restart marker's ``D0``-``D7`` or more ``FF``), as the pattern
     :data:`_MARKER_AFTER_SCAN` finds it; None where there is none."""
     n = len(data)
+    if _jpegwindow is not None:  # (memchr: about 1 us for 100 kB)
+        found_at: int = _jpegwindow.marker_after(data, start)
+        return None if found_at < 0 else found_at
     if n - start < _SEARCH_AS_ARRAY:
         found = _MARKER_AFTER_SCAN.search(data, start)
         return None if found is None else found.start()

@@ -266,11 +266,13 @@ def decode_top(
     shrink: int = 1,
     fast: bool = False,
     size: tuple[int, int],
+    scan_end: int = -1,
 ) -> tuple[np.ndarray, int]:
     """Decode at least the first ``rows`` rows (counted at full size) of an image, leniently, at
     ``1/shrink`` of its size as :func:`decode_array` does; a JPEG whose scan can end early is
     decoded only that far (:func:`~fastdata.images.codec.first_rows`: the same pixels, for about
-    that share of the time). ``size`` is ``(height, width)`` as :func:`image_size` gave it.
+    that share of the time). ``size`` is ``(height, width)`` as :func:`image_size` gave it;
+    ``scan_end``: where a JPEG's first scan ends as its record's header gives it (-1: searched).
 
     Returns:
         The pixels (the whole image, or only its top rows) and the height of the whole image
@@ -281,7 +283,7 @@ def decode_top(
         CorruptImageError: as :func:`decode_array`.
     """
     height, width = size
-    cut = first_rows(data, rows) if _simplejpeg is not None and width >= 8 else None
+    cut = first_rows(data, rows, scan_end) if _simplejpeg is not None and width >= 8 else None
     if cut is not None:
         short, declared = cut
         want = (-(-declared // shrink), -(-width // shrink))

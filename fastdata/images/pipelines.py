@@ -36,6 +36,7 @@ __all__ = [
     "render",
     "sample_crop",
     "shrink_for",
+    "takes_scan_end",
 ]
 
 
@@ -118,9 +119,11 @@ class CropPlan:
         return y0, x0, y1, x1
 
 
-def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
+def render(data: bytes, plan: CropPlan, fast: bool, scan_end: int = -1) -> np.ndarray:
     """Follow ``plan`` on the CPU: decode (reduced where the box allows), cut the box, resize
-    it to the output, flip and jitter it; an ``H x W x 3`` uint8 array."""
+    it to the output, flip and jitter it; an ``H x W x 3`` uint8 array. ``scan_end``: where a
+    JPEG's first scan ends as its record's header gives it (NOTE [ Scan ends ] in
+    :mod:`~fastdata.images.codec`; -1: searched where needed)."""
     out_h, out_w = plan.out
     top, _, kept_h, kept_w = plan.box
     shrink = shrink_for(kept_h, kept_w, out_h, out_w)
@@ -128,11 +131,16 @@ def render(data: bytes, plan: CropPlan, fast: bool) -> np.ndarray:
     if window.available() and is_jpeg(data):  # the window alone, where it can be
         height, width = plan.full
         box = plan.pixels(-(-height // shrink), -(-width // shrink))
-        region = window.decode_window(data, shrink, box, fast)
+        region = window.decode_window(data, shrink, box, fast, scan_end)
     if region is None:
         # only the rows down to the box's bottom edge (and a scaled pixel more, for the rounding)
         img, rows = decode_top(
-            data, math.ceil(top + kept_h) + shrink, shrink=shrink, fast=fast, size=plan.full
+            data,
+            math.ceil(top + kept_h) + shrink,
+            shrink=shrink,
+            fast=fast,
+            size=plan.full,
+            scan_end=scan_end,
         )
         y0, x0, y1, x1 = plan.pixels(rows, img.shape[1])
         if y1 > img.shape[0]:  # (never, by the margins above; but never a cut-off crop either)
@@ -237,8 +245,8 @@ class TrainPipeline(Pipeline):
             jitter = tuple(draw_jitter(rng, strengths))
         return CropPlan((height, width), box, output_shape(self.size), flip, jitter)
 
-    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
-        return render(data, self.plan(data, seed), self.fast_decode)
+    def __call__(self, data: bytes, seed: int | None = None, scan_end: int = -1) -> np.ndarray:
+        return render(data, self.plan(data, seed), self.fast_decode, scan_end)
 
 
 def jitter_strengths(value: float | Sequence[float] | None) -> tuple[float, float, float]:
@@ -328,8 +336,8 @@ class EvalPipeline(Pipeline):
         top, left = (height - kept_h) / 2, (width - kept_w) / 2
         return CropPlan((height, width), (top, left, kept_h, kept_w), out)
 
-    def __call__(self, data: bytes, seed: int | None = None) -> np.ndarray:
-        return render(data, self.plan(data, seed), self.fast_decode)
+    def __call__(self, data: bytes, seed: int | None = None, scan_end: int = -1) -> np.ndarray:
+        return render(data, self.plan(data, seed), self.fast_decode, scan_end)
 
 
 class Planned(Pipeline):
@@ -369,3 +377,9 @@ class Planned(Pipeline):
 
 _FOLLOWED = (TrainPipeline.__call__, EvalPipeline.__call__)
 """The ``__call__`` s whose work is all in their ``plan`` (and :func:`render`)."""
+
+
+def takes_scan_end(pipeline: Pipeline) -> bool:
+    """Whether ``pipeline`` takes ``scan_end=`` (the built-in ones and subclasses that leave
+    their ``__call__`` alone): a dataset then passes each record's, as its header gives it."""
+    return type(pipeline).__call__ in _FOLLOWED

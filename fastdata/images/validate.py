@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CorruptImageError
-from .codec import EOI, JpegState, inspect_jpeg, sniff
+from .codec import EOI, JpegState, inspect_jpeg, scan_end, sniff
 from .decode import check_repaired, decode_check, image_size
 
 __all__ = ["CheckedImage", "validate_image"]
@@ -21,11 +21,14 @@ class CheckedImage:
         data: the bytes to store: the original, with ``FF D9`` appended when ``repaired``.
         format: the format sniffed from the bytes (``jpeg``, ``png``, ...).
         repaired: whether the end-of-image marker was appended.
+        scan_end: for a JPEG, where its first scan ends in ``data`` (the offset of the marker
+            after it: :func:`~.codec.scan_end`), which its record's header keeps; -1 otherwise.
     """
 
     data: bytes
     format: str
     repaired: bool
+    scan_end: int = -1
 
 
 def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedImage:
@@ -68,4 +71,4 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
         check_repaired(data, name)
     if decode:
         decode_check(data, name)
-    return CheckedImage(data, fmt, repaired)
+    return CheckedImage(data, fmt, repaired, scan_end(data) if fmt == "jpeg" else -1)

@@ -29,6 +29,10 @@ try:
     from . import _jpegwindow  # type: ignore[attr-defined]
 except ImportError:  # not built here: the pipelines decode as before
     _jpegwindow = None
+_stale = _jpegwindow is not None and getattr(_jpegwindow, "ABI", 1) < 2
+"""Built from an older source (its arguments differ): not used until pip builds it again."""
+if _stale:
+    _jpegwindow = None
 
 __all__ = ["available", "decode_window", "describe", "set_enabled"]
 
@@ -99,6 +103,11 @@ def set_enabled(enabled: bool) -> bool:
 
 def describe() -> str:
     """What decodes crop windows here, said for a person."""
+    if _stale:
+        return (
+            "whole images or their top rows (fastdata's window decoder was built from an older "
+            "source: run pip install -v -e . again in fastdata's checkout)"
+        )
     if _jpegwindow is None:
         return (
             "whole images or their top rows (fastdata's window decoder is not built here: "
@@ -120,11 +129,17 @@ def describe() -> str:
 
 
 def decode_window(
-    data: bytes | memoryview, shrink: int, box: tuple[int, int, int, int], fast: bool
+    data: bytes | memoryview,
+    shrink: int,
+    box: tuple[int, int, int, int],
+    fast: bool,
+    scan_end: int = -1,
 ) -> np.ndarray | None:
     """The window ``box`` = ``(y0, x0, y1, x1)`` of the JPEG ``data`` decoded at ``1/shrink``
     (pixels of that scale): an ``h x w x 3`` uint8 array, or None where the window decoder does
-    not take the image (the caller decodes it otherwise; a damaged image too)."""
+    not take the image (the caller decodes it otherwise; a damaged image too). ``scan_end``: where
+    its first scan ends as the record's header gives it (NOTE [ Scan ends ] in
+    :mod:`~fastdata.images.codec`); -1: searched."""
     if not available() or not turbo_scale(data, shrink):  # the other path decodes it otherwise
         return None
     import numpy as np
@@ -132,7 +147,7 @@ def decode_window(
     y0, x0, y1, x1 = box
     most = pixel_limit() or (1 << 62)
     try:
-        raw = _jpegwindow.decode(data, shrink, y0, x0, y1, x1, fast, most)
+        raw = _jpegwindow.decode(data, shrink, y0, x0, y1, x1, fast, most, scan_end)
     except (ValueError, OverflowError):  # refused by libjpeg: the other path names the problem
         return None
     if raw is None:

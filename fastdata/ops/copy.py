@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import Phrase, RecordError, UsageError, option
+from ..images.codec import scan_end
 from ..records import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -62,26 +63,34 @@ class CopyReport:
 
 
 def _checked(reader: StoreReader, records: list[Record]) -> list[Record]:
-    """``records``, each checked against its header's size and checksum, and its fields
-    against the store's schema and their checksum."""
-    if not reader.has_checksums:
-        return records
-    schema = reader.meta.schema
+    """``records``, each checked against its header's size and checksum, its fields against
+    the store's schema and their checksum, and its scan end against its bytes; a JPEG's header
+    that has none (a store written before fastdata recorded them, another tool's) is given its
+    own (NOTE [ Scan ends ] in :mod:`fastdata.images.codec`)."""
+    checked = reader.has_checksums
+    schema = reader.meta.schema if checked else None
+    out = []
     for rec in records:
         h = rec.header
         why = None
-        if len(rec.data) != h.size or checksum(rec.data) != h.crc32:
+        ends = scan_end(rec.data) if h.format == "jpeg" else -1
+        if checked and (len(rec.data) != h.size or checksum(rec.data) != h.crc32):
             why = "fails its checksum"
-        elif schema or h.fields is not None:
+        elif checked and (schema or h.fields is not None):
             problem = fields_problem(h, schema)
             why = None if problem is None else f"fails its fields check ({problem})"
+        if why is None and h.scan_end >= 0 and h.scan_end != ends:
+            why = f"fails its scan end check (its header says byte {h.scan_end}, not {ends})"
         if why is not None:
             raise RecordError(
                 f"{reader.location}: record {rec.index} ({h.name}) {why}; nothing damaged is "
                 "copied",
                 store=reader.command_target,
             )
-    return records
+        if h.scan_end != ends:
+            rec = Record(rec.index, replace(h, scan_end=ends), rec.data)
+        out.append(rec)
+    return out
 
 
 def _batches(reader: StoreReader, start: int, size: int) -> Iterator[list[Record]]:

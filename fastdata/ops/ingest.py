@@ -59,6 +59,7 @@ def sample_loader(
             crc32=checksum(checked.data),
             format=checked.format,
             repaired=checked.repaired,
+            scan_end=checked.scan_end,
             fields=None if encoded is None else _decode_json(encoded.decode("utf-8")),
             fields_crc32=-1 if encoded is None else checksum(encoded),
             encoded_fields=encoded,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptImageError, FastdataError, StoreError
+from ..images.codec import scan_end
 from ..images.decode import check_repaired, decode_check, image_size
 from ..packed import PackedStrings
 from ..records import RecordHeader, checksum, checksums, fields_problem, name_bytes, plain_headers
@@ -179,6 +180,15 @@ def _check_range(
             failures.append(Failure(i, h.name, "checksum mismatch"))
         elif (schema or h.fields is not None) and (why := fields_problem(h, schema)):
             failures.append(Failure(i, h.name, why))
+        elif h.scan_end >= 0 and (found := scan_end(data)) != h.scan_end:
+            where = f"at byte {found}" if found >= 0 else "nowhere"
+            failures.append(
+                Failure(
+                    i,
+                    h.name,
+                    f"its header says its first scan ends at byte {h.scan_end}; it ends {where}",
+                )
+            )
         elif decode or (h.repaired and h.format == "jpeg"):
             try:
                 if h.repaired and h.format == "jpeg":  # did it lack only its end marker?
@@ -217,7 +227,7 @@ def _block_passes(block: ScanBlock, labels: Any, index: PackedStrings | None) ->
     parsed = plain_headers(block.heads)
     if parsed is None:
         return False
-    names, head_labels, sizes, crcs = parsed
+    names, head_labels, sizes, crcs, ends = parsed
     a, b = block.start, block.start + len(block)
     data = block.data
     return (
@@ -225,6 +235,7 @@ def _block_passes(block: ScanBlock, labels: Any, index: PackedStrings | None) ->
         and np.array_equal(sizes, np.fromiter(map(len, data), np.int64, len(data)))
         and np.array_equal(crcs, checksums(data))
         and (index is None or names == index.joined(a, b))
+        and all(scan_end(data[j]) == end for j, end in enumerate(ends.tolist()) if end >= 0)
     )
 
 

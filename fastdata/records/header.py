@@ -81,6 +81,10 @@ class RecordHeader:
             without fields.
         fields_crc32: CRC-32 of the values' canonical encoding (``fields.canonical``); -1
             without fields.
+        scan_end: where a JPEG's first scan ends in the stored bytes (the offset of the marker
+            after it, found once as the record was written: NOTE [ Scan ends ] in
+            :mod:`fastdata.images.codec`); -1 where it is not recorded (not a JPEG, a record
+            written before fastdata recorded it, another tool's).
     """
 
     name: str
@@ -91,6 +95,7 @@ class RecordHeader:
     repaired: bool = False
     fields: dict[str, Any] | None = None
     fields_crc32: int = -1
+    scan_end: int = -1
     encoded_fields: bytes | None = field(default=None, repr=False, compare=False)
     """``canonical(fields)`` where it is at hand already (a conversion has it from the scan),
     so that it is not encoded again; not part of the header's value."""
@@ -105,6 +110,8 @@ class RecordHeader:
             f'"crc32":{int(self.crc32)},"format":{json.dumps(self.format)},'
             f'"repaired":{"true" if self.repaired else "false"}'
         ).encode("ascii")
+        if self.scan_end >= 0:
+            head += b',"scan_end":%d' % self.scan_end
         if self.fields is None:
             return head + b"}"
         encoded = self.encoded_fields
@@ -120,6 +127,8 @@ class RecordHeader:
         del d["encoded_fields"]
         if self.fields is None:
             del d["fields"], d["fields_crc32"]
+        if self.scan_end < 0:
+            del d["scan_end"]
         return d
 
     @classmethod
@@ -137,14 +146,17 @@ class RecordHeader:
         if type(d) is dict:  # the usual header, checked in one expression (every read's path)
             name, label, size = d.get("name"), d.get("label"), d.get("size")
             crc, fmt, repaired = d.get("crc32"), d.get("format"), d.get("repaired", False)
+            ends = d.get("scan_end", -1)
             if (
                 type(name) is str
                 and type(label) is int
                 and type(size) is int
                 and type(crc) is int
                 and type(fmt) is str
+                and type(ends) is int
                 and size >= 0
                 and 0 <= crc < 1 << 32
+                and -1 <= ends < size
             ):
                 values = d.get("fields")
                 fcrc: Any = -1 if values is None else d.get("fields_crc32")
@@ -163,6 +175,7 @@ class RecordHeader:
                         repaired=bool(repaired),
                         fields=values,
                         fields_crc32=int(fcrc),
+                        scan_end=ends,
                         encoded_fields=None,
                     )
                     return header
@@ -178,6 +191,11 @@ class RecordHeader:
                 )
         if d["size"] < 0 or not 0 <= d["crc32"] < 1 << 32:
             raise RecordError(f"{where}: malformed record header (size or crc32 out of range)")
+        ends = d.get("scan_end", -1)
+        if not isinstance(ends, int) or isinstance(ends, bool) or not -1 <= ends < d["size"]:
+            raise RecordError(
+                f"{where}: malformed record header ('scan_end' not an offset in its bytes)"
+            )
         values, fcrc = d.get("fields"), d.get("fields_crc32", -1)
         if values is not None and not (
             isinstance(values, dict) and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32
@@ -192,6 +210,7 @@ class RecordHeader:
             repaired=bool(d.get("repaired", False)),
             fields=values,
             fields_crc32=int(fcrc) if values is not None else -1,
+            scan_end=int(ends),
         )
 
 
@@ -202,7 +221,8 @@ _PLAIN = re.compile(
     + rb'(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})'
     + _NAME_CHARS
     + rb')*)","label":(-?(?:0|[1-9][0-9]{0,9})),"size":(0|[1-9][0-9]{0,15}),'
-    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":false\}$',
+    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":false'
+    rb'(?:,"scan_end":(0|[1-9][0-9]{0,15}))?\}$',
     re.MULTILINE,
 )
 """A header as :meth:`RecordHeader.to_json` writes it for a record without fields and not
@@ -212,11 +232,11 @@ reads alike. (A repaired record is checked more closely: read one at a time.)"""
 
 def plain_headers(
     heads: list[bytes | memoryview],
-) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray] | None:
+) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Many headers read at once, where each is one without fields, not repaired, as fastdata
     writes it: their names joined by NULs (as :func:`name_bytes` gives them), and their labels,
-    sizes and checksums; None if any is not (then each is read with
-    :meth:`RecordHeader.from_json`, which accepts or names it).
+    sizes, checksums and scan ends (-1 where none is recorded); None if any is not (then each is
+    read with :meth:`RecordHeader.from_json`, which accepts or names it).
 
     It parses them in one pass over the headers joined by newlines, which no header as written
     holds: the count of newlines shows that none does, so each line is one header, and the
@@ -228,7 +248,7 @@ def plain_headers(
     found = _PLAIN.findall(text)
     if len(found) != n or not n:
         return None
-    names, labels, sizes, crcs = zip(*found, strict=True)
+    names, labels, sizes, crcs, ends = zip(*found, strict=True)
     joined = b"\0".join(names)
     if b"\\" in joined:  # (an escaped character: names read one at a time)
         try:
@@ -241,12 +261,11 @@ def plain_headers(
     crc_values = np.fromiter(map(int, crcs), np.int64, n)
     if crc_values.max() >> 32:  # (one of 10 digits past 32 bits: named one at a time)
         return None
-    return (
-        joined,
-        np.fromiter(map(int, labels), np.int64, n),
-        np.fromiter(map(int, sizes), np.int64, n),
-        crc_values,
-    )
+    size_values = np.fromiter(map(int, sizes), np.int64, n)
+    end_values = np.fromiter((int(e) if e else -1 for e in ends), np.int64, n)
+    if (end_values >= size_values).any():  # (not an offset in its bytes: named one at a time)
+        return None
+    return (joined, np.fromiter(map(int, labels), np.int64, n), size_values, crc_values, end_values)
 
 
 _SIZE_AND_CHECKSUM = re.compile(
@@ -255,23 +274,27 @@ _SIZE_AND_CHECKSUM = re.compile(
     + rb'(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})'
     + _NAME_CHARS
     + rb')*","label":-?(?:0|[1-9][0-9]{0,9}),"size":(0|[1-9][0-9]{0,15}),'
-    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[^\n]*',
+    rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":(?:false|true)'
+    rb'(?:,"scan_end":(0|[1-9][0-9]{0,15}))?[^\n]*',
     re.MULTILINE,
 )
-"""The size and checksum of a header as :meth:`RecordHeader.to_json` writes it (with fields or
-without), one per line: what a checked read compares a record's bytes with. (The rest of the
-line is taken whole: the search for the next line's start then skips it at once, where it would
-try every byte of a header's fields: 2.7x the time for 256 headers with a caption and 5 boxes.)"""
+"""The size, checksum and scan end (where one is recorded) of a header as
+:meth:`RecordHeader.to_json` writes it (with fields or without), one per line: what a checked
+read compares a record's bytes with, and what it passes on to a decode. (The rest of the line is
+taken whole: the search for the next line's start then skips it at once, where it would try
+every byte of a header's fields: 2.7x the time for 256 headers with a caption and 5 boxes.)"""
 
 
 def first_mismatch(
     heads: Sequence[bytes | memoryview],
     data: Sequence[bytes | memoryview],
     where: Callable[[int], str],
-) -> tuple[int, str] | None:
+) -> tuple[tuple[int, str] | None, list[int]]:
     """The first record whose bytes are not the ones its header describes (their size and
     CRC-32), among records read with their headers' bytes: its position and what differs; None
-    where every one's are. What a checked read does before it gives a record's bytes.
+    where every one's are. What a checked read does before it gives a record's bytes. With it,
+    where all pass, each header's scan end (-1 where none is recorded: NOTE [ Scan ends ] in
+    :mod:`fastdata.images.codec`), which a decode of the bytes takes.
 
     The headers are read together where each is as :meth:`RecordHeader.to_json` writes it (one
     pattern over them all, joined by newlines, which no such header holds); otherwise each is
@@ -285,12 +308,14 @@ def first_mismatch(
     found = _SIZE_AND_CHECKSUM.findall(text) if text.count(b"\n") == n - 1 else []
     if len(found) != n:  # (anchored at each line's start: one match a line at most)
         parsed = [RecordHeader.from_json(head, where(j)) for j, head in enumerate(heads)]
-        found = [(h.size, h.crc32) for h in parsed]
-    for j, ((size, crc), value) in enumerate(zip(found, data, strict=True)):
+        found = [(h.size, h.crc32, h.scan_end) for h in parsed]
+    ends = []
+    for j, ((size, crc, end), value) in enumerate(zip(found, data, strict=True)):
         why = bytes_problem(int(size), int(crc), value)
         if why is not None:
-            return j, why
-    return None
+            return (j, why), []
+        ends.append(int(end) if end != b"" else -1)
+    return None, ends
 
 
 def bytes_problem(size: int, crc: int, data: bytes | memoryview) -> str | None:

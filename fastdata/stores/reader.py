@@ -271,6 +271,22 @@ class StoreReader(abc.ABC):
         :meth:`read_samples`)."""
         return [data for data, _ in self.read_samples(indices, check=check)]
 
+    def read_samples_ends(
+        self, indices: Sequence[int]
+    ) -> tuple[list[tuple[bytes, int]], list[int]]:
+        """:meth:`read_samples`, checked, and with them where each JPEG's first scan ends as
+        its record's header gives it (-1 where none is recorded: NOTE [ Scan ends ] in
+        :mod:`fastdata.images.codec`): what a decoding dataset reads. Backends whose checked
+        read has the headers at hand give the ends; others give -1 for each."""
+        idx = self.check_indices(indices)
+        data, ends = self.read_data_ends(idx)
+        return list(zip(data, self.labels.take(idx).tolist(), strict=True)), ends
+
+    def read_data_ends(self, indices: Sequence[int]) -> tuple[list[bytes], list[int]]:
+        """:meth:`read_data`, checked, and each record's scan end (see
+        :meth:`read_samples_ends`)."""
+        return self.read_data(indices, check=True), [-1] * len(indices)
+
     @abc.abstractmethod
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         """Whole records (header and bytes) of the given indices, in the order asked, as

@@ -212,6 +212,9 @@ class StoreView(StoreReader):
     def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
         return self.base.read_data(self._map(indices)[1], check=check)
 
+    def read_data_ends(self, indices: Sequence[int]) -> tuple[list[bytes], list[int]]:
+        return self.base.read_data_ends(self._map(indices)[1])
+
     def field_batch(
         self, indices: Sequence[int], names: Sequence[str]
     ) -> dict[str, BatchColumn] | None:

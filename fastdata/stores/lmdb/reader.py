@@ -337,9 +337,22 @@ class LMDBStore(LeasedReader):
     def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
         return self._data(self.check_indices(indices), check)
 
-    def _data(self, idx: list[int], check: bool) -> list[bytes]:
+    def read_samples_ends(
+        self, indices: Sequence[int]
+    ) -> tuple[list[tuple[bytes, int]], list[int]]:
+        idx = self.check_indices(indices)
+        ends: list[int] = []
+        data = self._data(idx, True, ends)
+        return list(zip(data, self._labels_of(idx), strict=True)), ends
+
+    def read_data_ends(self, indices: Sequence[int]) -> tuple[list[bytes], list[int]]:
+        ends: list[int] = []
+        return self._data(self.check_indices(indices), True, ends), ends
+
+    def _data(self, idx: list[int], check: bool, ends: list[int] | None = None) -> list[bytes]:
         """The bytes of the records ``idx`` (checked indices), in one transaction; ``check``:
-        each checked against its header first (read in the same transaction)."""
+        each checked against its header first (read in the same transaction), and then each
+        one's scan end, as its header gives it, put in ``ends`` where one is given."""
         keys = [b"%010d" % i for i in idx]  # record_key, inline: this is every raw read's path
         if check:
             keys += [b"#" + k for k in keys]  # (then each header_key)
@@ -353,17 +366,21 @@ class LMDBStore(LeasedReader):
             )
         data = cast("list[bytes]", found[:n])  # none is None
         if check:
-            self._checked(idx, data, cast("list[bytes]", found[n:]))
+            found_ends = self._checked(idx, data, cast("list[bytes]", found[n:]))
+            if ends is not None:
+                ends += found_ends
         return data
 
-    def _checked(self, idx: list[int], data: list[bytes], heads: list[bytes]) -> None:
+    def _checked(self, idx: list[int], data: list[bytes], heads: list[bytes]) -> list[int]:
         """Raise the error of the first of the records ``idx`` whose bytes are not the ones
-        their header describes (NOTE [ Checked reads ] in ``stores/reader.py``)."""
-        bad = first_mismatch(heads, data, lambda j: f"{self.path}: record {idx[j]}")
+        their header describes (NOTE [ Checked reads ] in ``stores/reader.py``); where none,
+        each one's scan end as its header gives it."""
+        bad, ends = first_mismatch(heads, data, lambda j: f"{self.path}: record {idx[j]}")
         if bad is not None:
             j, why = bad
             where = f"{self.path}: record {idx[j]}"
             raise self.mismatch(idx[j], RecordHeader.from_json(heads[j], where).name, why)
+        return ends
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)

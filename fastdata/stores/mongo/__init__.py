@@ -5,7 +5,7 @@ collection and document name is made by ``stores/names.py``, and no store may ta
 A store is one collection with one document per image::
 
     {"_id": 17, "name": "cat/0017.jpg", "label": 0, "size": 118233, "crc32": 2874011234,
-     "format": "jpeg", "repaired": false, "data": BinData(...)}
+     "format": "jpeg", "repaired": false, "scan_end": 118231, "data": BinData(...)}
 
 Images too large for one document (over ``GRIDFS_THRESHOLD``) live in the store's GridFS bucket
 ``<collection>.gridfs.<id>`` under the id ``"<id>:<index>"``, and their document carries

@@ -403,9 +403,19 @@ class MongoStore(MongoTarget, StoreReader):
             self._checked(idx, docs)
         return [(bytes(d["data"]), int(self._labels[i])) for d, i in zip(docs, idx, strict=True)]
 
-    def _checked(self, idx: list[int], docs: list[dict[str, Any]]) -> None:
+    def read_data_ends(self, indices: Sequence[int]) -> tuple[list[bytes], list[int]]:
+        idx = self.check_indices(indices)
+        fields = {"data": 1, "gridfs_id": 1, "size": 1, "store": 1, "crc32": 1, "name": 1}
+        docs = self._fetch(idx, {**fields, "scan_end": 1})  # (NOTE [ Checked reads ])
+        ends = self._checked(idx, docs)
+        return [bytes(d["data"]) for d in docs], ends
+
+    def _checked(self, idx: list[int], docs: list[dict[str, Any]]) -> list[int]:
         """Raise the error of the first record whose bytes are not the ones its document
-        describes (its ``size`` and ``crc32``)."""
+        describes (its ``size`` and ``crc32``); where none, each one's scan end as its document
+        gives it (-1 where it gives none, or one that is not an offset in its bytes: those are
+        searched, and ``fastdata verify`` names them)."""
+        ends = []
         for i, doc in zip(idx, docs, strict=True):
             data, size, crc = doc["data"], doc.get("size"), doc.get("crc32")
             if not (isinstance(size, int) and isinstance(crc, int) and 0 <= crc < 1 << 32) or (
@@ -418,6 +428,10 @@ class MongoStore(MongoTarget, StoreReader):
             why = bytes_problem(size, crc, data)
             if why is not None:
                 raise self.mismatch(i, str(names_from_bson(doc).get("name")), why)
+            end = doc.get("scan_end", -1)
+            ok = isinstance(end, int) and not isinstance(end, bool) and -1 <= end < size
+            ends.append(int(end) if ok else -1)
+        return ends
 
     @property
     def command_target(self) -> str:
