@@ -173,7 +173,7 @@ def beside_the_decode(rounds: int) -> None:
         for name, value in costs_beside(data, rounds).items():
             rows.setdefault(name, []).append(f"{value:.2f}")
     print()
-    search = "memchr, in C" if codec._jpegwindow is not None else "in Python"
+    search = "in C" if codec._jpegwindow is not None else "in Python"
     print(f"Beside the decode, per read (CPU us; the scan searched {search}):")
     print(f"{'':<40}" + "".join(f"{f'{w}x{h}':>12}" for w, h in SIDES))
     for name, values in rows.items():

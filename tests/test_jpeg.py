@@ -77,13 +77,16 @@ def test_validate_decode_rejects_what_pillow_cannot_decode() -> None:
 def test_the_marker_after_a_scan_is_found_where_the_pattern_finds_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The search for the marker after a scan's data compares long data as an array: it finds
-    what the pattern finds (stuffed bytes, restart markers, fill, a lone FF at the end, none),
-    across the pieces it compares at once."""
+    """The search for the marker after a scan's data (in the compiled module, where it is
+    built: 64 bytes at a time; otherwise long data compared as an array) finds what the pattern
+    finds (stuffed bytes, restart markers, fill, a lone FF at the end, none), across the pieces
+    it compares at once."""
     import random
 
     from fastdata.images import codec
 
+    module = codec._jpegwindow
+    monkeypatch.setattr(codec, "_jpegwindow", None)  # (the paths in Python, below)
     rng = random.Random(3)
     pieces = [b"\xff\x00", b"\xff\xd3", b"\xff\xff", b"\xff\xd9", b"\xff\xc4", b"\x12", b"\xff"]
     weights = [30, 3, 1, 0.05, 0.05, 200, 0.02]
@@ -91,9 +94,12 @@ def test_the_marker_after_a_scan_is_found_where_the_pattern_finds_it(
     for size in (10, 300, 5000, 40000):
         for _ in range(40):
             data = b"".join(rng.choices(pieces, weights, k=size)) + rng.choice([b"", b"\xff"])
-            for start in (0, 1, len(data) // 3, len(data) - 1):
+            n = len(data)
+            for start in {max(0, s) for s in (0, 1, 63, n // 3, n - 65, n - 1, n)}:
                 found = codec._MARKER_AFTER_SCAN.search(data, start)
                 want = None if found is None else found.start()
+                if module is not None:
+                    assert module.marker_after(data, start) == (-1 if want is None else want)
                 monkeypatch.setattr(codec, "_SEARCH_AS_ARRAY", 0)
                 assert codec.marker_after(data, start) == want
                 assert codec.marker_after(memoryview(data), start) == want

@@ -266,22 +266,28 @@ def test_a_window_larger_than_any_jpeg_is_not_taken() -> None:
 
 
 HARNESS = """
-import random, sys
+import ctypes, random, sys
 import _jpegwindow
 rng = random.Random(int(sys.argv[2]))
-count = 0
+count = searched = 0
 for path in sys.argv[3:]:
-    data = open(path, "rb").read()
+    raw = open(path, "rb").read()
+    data = ctypes.create_string_buffer(raw, len(raw))  # (exactly its bytes: no slack to read)
     for _ in range(int(sys.argv[1])):
         shrink = rng.choice((1, 2, 4, 8))
         y0, x0 = rng.randrange(0, 400), rng.randrange(0, 400)
         y1, x1 = y0 + rng.randrange(1, 300), x0 + rng.randrange(1, 300)
+        end = rng.choice((-1, -1, len(raw) - 2, len(raw) - 1, len(raw), rng.randrange(len(raw))))
         try:
-            _jpegwindow.decode(data, shrink, y0, x0, y1, x1, rng.random() < 0.5, 1 << 26)
+            _jpegwindow.decode(data, shrink, y0, x0, y1, x1, rng.random() < 0.5, 1 << 26, end)
         except ValueError:
             pass
         count += 1
-print("decoded", count)
+    for start in (0, 1, rng.randrange(len(raw)), len(raw) - 65, len(raw) - 1, len(raw)):
+        found = _jpegwindow.marker_after(data, start)
+        assert found == -1 or start <= found < len(raw) - 1, (path, start, found)
+        searched += 1
+print("decoded", count, "searched", searched)
 """
 
 
@@ -366,7 +372,7 @@ def run_under_asan(tmp_path: Path, count: int, windows: int) -> None:
         timeout=600,
     )
     assert result.returncode == 0 and "AddressSanitizer" not in result.stderr, result.stderr[-3000:]
-    assert f"decoded {count * windows}" in result.stdout
+    assert f"decoded {count * windows} searched {count * 6}" in result.stdout
 
 
 def test_damaged_files_under_address_sanitizer(tmp_path: Path) -> None:

@@ -68,21 +68,52 @@ static void on_message(j_common_ptr cinfo, int level) {
 static void quiet(j_common_ptr cinfo) { (void)cinfo; }
 
 /* The first marker at or after p (its FF), or NULL: in entropy-coded data every FF is followed
- * by 00, a restart marker or more FF (memchr: a hundred kilobytes in microseconds). */
-static const unsigned char *find_marker(const unsigned char *p, const unsigned char *end) {
+ * by 00, a restart marker or more FF, so the marker is the first FF followed by anything
+ * else. */
+static int is_marker(unsigned char next) {
+    return next != 0x00 && next != 0xFF && (next < 0xD0 || next > 0xD7);
+}
+
+static const unsigned char *find_marker_plain(const unsigned char *p, const unsigned char *end) {
     while (p != NULL && p < end) {
         p = (const unsigned char *)memchr(p, 0xFF, (size_t)(end - p));
         if (p == NULL || p + 1 >= end) return NULL;
-        if (p[1] == 0x00 || (p[1] >= 0xD0 && p[1] <= 0xD7)) {
-            p += 2;
-        } else if (p[1] == 0xFF) {
-            p += 1; /* fill: the marker is after it */
-        } else {
-            return p;
-        }
+        if (is_marker(p[1])) return p;
+        p += 1;
     }
     return NULL;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define FASTDATA_AVX2 1
+/* The same, 64 bytes compared at once where the CPU has AVX2: scan data holds an FF every few
+ * hundred bytes, and a memchr call for each costs about 4x this loop (4.9 against 1.1 us for
+ * 100 kB in the cache, here). */
+__attribute__((target("avx2"))) static const unsigned char *find_marker_avx2(
+    const unsigned char *p, const unsigned char *end) {
+    const __m256i ff = _mm256_set1_epi8((char)0xFF);
+    while (end - p > 64) { /* (the byte after each of the 64 is in the data) */
+        __m256i a = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)p), ff);
+        __m256i b = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(p + 32)), ff);
+        __m256i any = _mm256_or_si256(a, b);
+        if (!_mm256_testz_si256(any, any)) {
+            unsigned long long mask = (unsigned long long)(unsigned)_mm256_movemask_epi8(a) |
+                                      (unsigned long long)(unsigned)_mm256_movemask_epi8(b) << 32;
+            while (mask != 0) {
+                int i = __builtin_ctzll(mask);
+                if (is_marker(p[i + 1])) return p + i;
+                mask &= mask - 1;
+            }
+        }
+        p += 64;
+    }
+    return find_marker_plain(p, end);
+}
+#endif
+
+static const unsigned char *(*find_marker)(const unsigned char *, const unsigned char *) =
+    find_marker_plain;
 
 /* Whether the first marker after the scan that begins at p is the end of the image. A
  * decoder that reads the whole image could fail on anything else there (a second frame or
@@ -324,6 +355,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__jpegwindow(void) {
     PyObject *m = PyModule_Create(&module);
+#ifdef FASTDATA_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) find_marker = find_marker_avx2;
+#endif
     if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) {
         Py_DECREF(m);
         return NULL;

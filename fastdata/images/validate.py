@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CorruptImageError
-from .codec import EOI, JpegState, inspect_jpeg, scan_end, sniff
+from .codec import EOI, JpegState, inspect_scan, scan_end, sniff
 from .decode import check_repaired, decode_check, image_size
 
 __all__ = ["CheckedImage", "validate_image"]
@@ -58,9 +58,9 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
     fmt = sniff(data)
     if fmt is None:
         raise CorruptImageError(name, "not a recognised image format")
-    repaired = False
+    repaired, start = False, -1
     if fmt == "jpeg":
-        state, reason = inspect_jpeg(data)
+        state, reason, start = inspect_scan(data)
         if state is JpegState.CORRUPT:
             raise CorruptImageError(name, reason)
         if state is JpegState.MISSING_EOI:
@@ -71,4 +71,4 @@ def validate_image(data: bytes, name: str, *, decode: bool = False) -> CheckedIm
         check_repaired(data, name)
     if decode:
         decode_check(data, name)
-    return CheckedImage(data, fmt, repaired, scan_end(data) if fmt == "jpeg" else -1)
+    return CheckedImage(data, fmt, repaired, scan_end(data, start) if fmt == "jpeg" else -1)
