@@ -36,11 +36,17 @@ def _mapped_in(span: tuple[int, int]) -> int:
     raise AssertionError("the store's map is not in /proc/self/smaps")
 
 
-def test_a_store_in_memory_is_checked_whole_in_its_first_batches(tmp_path: Path) -> None:
+def test_a_store_in_memory_is_checked_whole_in_its_first_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Random batches of a store in memory: beside their own leaves, each checks others from
     a cursor, so that within a few batches every leaf is checked and reads take the shortest
     path, where the batches' own leaves alone would take about an epoch; every value read
     is the one written."""
+    from fastdata.stores.lmdb import readahead
+
+    # (no batch taken for one from the disk, as a pause of a loaded machine would have it)
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", 10**12)
     values = _values(4000)
     write_store_with(tmp_path / "s.lmdb", values)
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")

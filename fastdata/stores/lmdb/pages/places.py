@@ -17,7 +17,7 @@ CURSOR_DEPTH = 32
 
 def value_places(
     fd: int, keys: Sequence[bytes], resident: Callable[[int], bool | None] | None = None
-) -> tuple[list[tuple[int, int]], bool | None]:
+) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
     """Where the values of ``keys`` that lie on pages of their own are in the file, as
     ``(offset, size)``, found as LMDB finds them, down the tree from the current root with
     ``pread``; each level's pages asked for together first (one request per run, all in flight
@@ -32,13 +32,14 @@ def value_places(
 
     ``resident(offset)`` (whether the file's page at ``offset`` is in memory, None: unknown) is
     asked of every page of the descent before it is read, and of each value's first and last
-    page: the second result is whether all of them were (None: unknown, or nothing asked)."""
+    page: the second result is how many pages were asked of and how many of them were not in
+    memory (None: unknown for one of them, or nothing asked)."""
     places: list[tuple[int, int]] = []
-    seen: set[bool | None] = set()
+    asked = {True: 0, False: 0, None: 0}  # (pages in memory, not, unknown)
 
     def note(offset: int) -> None:
-        if resident is not None and False not in seen:  # (one from the disk decides)
-            seen.add(resident(offset))
+        if resident is not None:
+            asked[resident(offset)] += 1
 
     try:
         size = os.fstat(fd).st_size
@@ -65,8 +66,8 @@ def value_places(
     for offset, n in places:
         note(offset)
         note(offset + n - 1)
-    in_memory = False if False in seen else (True if seen == {True} else None)
-    return places, in_memory
+    count = asked[True] + asked[False]
+    return places, (count, asked[False]) if count and not asked[None] else None
 
 
 def _places_on(
