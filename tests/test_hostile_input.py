@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -454,3 +455,41 @@ def test_headers_read_at_once_are_read_as_one_at_a_time(picked: list[int]) -> No
     assert np.array_equal(sizes, [h[2] for h in single])  # type: ignore[index]
     assert np.array_equal(crcs, [h[3] for h in single])  # type: ignore[index]
     assert np.array_equal(ends, [h[5] for h in single])  # type: ignore[index]
+
+
+_HEAD = b'{"name":"a","label":1,"size":8,"crc32":%d,"format":"jpeg","repaired":false' % (
+    zlib.crc32(b"x" * 8)
+)
+SCAN_END_HEADERS = [
+    _HEAD + b',"scan_end":2}',
+    _HEAD + b',"scan_end":2,"fields":{"a":1},"fields_crc32":9}',
+    _HEAD + b',"scan_end":2,"fields":{"scan_end":5},"fields_crc32":9}',
+    # given twice: JSON reads the last
+    _HEAD + b',"scan_end":2,"scan_end":5}',
+    _HEAD + b',"scan_end":2,"fields":{"a":1},"fields_crc32":9,"scan_end":5}',
+    _HEAD + b',"scan_end":2,"fields":{"a":1},"fields_crc32":9,"scan\\u005fend":5}',
+    _HEAD + b',"scan_end":2,"scan_end":-1}',
+    # not a plain offset
+    _HEAD + b',"scan_end":2.0}',
+    _HEAD + b',"scan_end":2e0}',
+]
+
+
+@pytest.mark.parametrize("head", SCAN_END_HEADERS)
+def test_a_checked_read_passes_on_only_the_scan_end_a_header_read_whole_gives(head: bytes) -> None:
+    """The scan end a checked read passes to a decode (which trusts the two bytes there) is the
+    one the header gives read whole, which ``fastdata verify`` checks, or none (then the scan is
+    searched): never one that a second key overrides."""
+    from fastdata.errors import RecordError
+    from fastdata.records import RecordHeader, first_mismatch
+
+    try:
+        whole = RecordHeader.from_json(head).scan_end
+    except RecordError:
+        whole = -1  # (verify names it; a read that takes it searches)
+    bad, ends = first_mismatch([head], [b"x" * 8], str)
+    assert bad is None and ends[0] in (whole, -1)
+    heads = [SCAN_END_HEADERS[0], head, SCAN_END_HEADERS[1]]
+    bad, ends = first_mismatch(heads, [b"x" * 8] * 3, str)
+    assert bad is None and ends[1] in (whole, -1)
+    assert ends[0] == ends[2] == 2  # (headers as fastdata writes them: taken as they are)

@@ -24,7 +24,7 @@ from fastdata import (
     open_store,
     verify_store,
 )
-from fastdata.errors import RecordError
+from fastdata.errors import CorruptImageError, RecordError
 from fastdata.images import codec, window
 from fastdata.records import RecordHeader, first_mismatch, plain_headers
 
@@ -249,3 +249,44 @@ def test_mongo_records_keep_their_scan_end(folder: Path, mongo_uri: str) -> None
         for r, image in zip(records, images, strict=True)
     )
     assert verify_store(reader).ok
+
+
+def second_scan_after_the_first() -> bytes:
+    """A JPEG whose first scan is followed by another start of scan, then the end of the image:
+    a whole decode fails there, so a read that decodes a window or the top rows must not."""
+    plain = jpeg_bytes(96, 480, seed=5)
+    start = codec._first_scan(plain)[0]
+    sos = plain.rfind(b"\xff\xda", 0, start)
+    return plain[:-2] + plain[sos:start] + bytes(200) + codec.EOI
+
+
+@pytest.mark.parametrize("window_decoder", [True, False])
+def test_a_header_that_gives_its_scan_end_twice_is_read_as_verify_reads_it(
+    tmp_path: Path, window_decoder: bool
+) -> None:
+    data = second_scan_after_the_first()
+    write(tmp_path / "src" / "a" / "x.jpg", data)
+    store = tmp_path / "s.lmdb"
+    convert(tmp_path / "src", store)
+    true_end = codec.scan_end(data)
+    assert data[true_end + 1] == 0xDA  # (the second scan's start)
+    env = lmdb.open(str(store), subdir=True, lock=False)
+    with env.begin(write=True) as txn:
+        head = txn.get(b"#0000000000")
+        assert head.endswith(b',"scan_end":%d}' % true_end)
+        # the end of the image first, the true end last: JSON reads the last
+        twice = head[:-1].replace(b'"scan_end":', b'"scan_end":%d,"scan_end":' % (len(data) - 2))
+        txn.put(b"#0000000000", twice + b"}")
+    env.close()
+    assert verify_store(open_store(store)).ok  # (the end it checks is the true one)
+    pipeline = TrainPipeline(32, scale=(0.02, 0.05))
+    before = window.set_enabled(window_decoder)
+    try:
+        for seed in range(8):
+            with pytest.raises(CorruptImageError):
+                pipeline(data, seed)  # the bytes alone: the whole decode fails
+            ds = LMDBImageDataset(store, pipeline=pipeline)
+            with pytest.raises(CorruptImageError, match=r"a/x\.jpg"):
+                ds.__getitems__([(0, seed)])
+    finally:
+        window.set_enabled(before)

@@ -275,14 +275,22 @@ _SIZE_AND_CHECKSUM = re.compile(
     + _NAME_CHARS
     + rb')*","label":-?(?:0|[1-9][0-9]{0,9}),"size":(0|[1-9][0-9]{0,15}),'
     rb'"crc32":(0|[1-9][0-9]{0,9}),"format":"[0-9A-Za-z]*","repaired":(?:false|true)'
-    rb'(?:,"scan_end":(0|[1-9][0-9]{0,15}))?[^\n]*',
+    rb'(?:,"scan_end":(0|[1-9][0-9]{0,15}))?([^\n]*)',
     re.MULTILINE,
 )
 """The size, checksum and scan end (where one is recorded) of a header as
-:meth:`RecordHeader.to_json` writes it (with fields or without), one per line: what a checked
-read compares a record's bytes with, and what it passes on to a decode. (The rest of the line is
-taken whole: the search for the next line's start then skips it at once, where it would try
-every byte of a header's fields: 2.7x the time for 256 headers with a caption and 5 boxes.)"""
+:meth:`RecordHeader.to_json` writes it (with fields or without), one per line, and the rest of
+the line: what a checked read compares a record's bytes with, and what it passes on to a
+decode. (The rest of the line is taken whole: the search for the next line's start then skips
+it at once, where it would try every byte of a header's fields: 2.7x the time for 256 headers
+with a caption and 5 boxes.)
+
+A scan end found so is passed on only where nothing after it can give the key again as JSON
+reads it: the header ends there, or only fields follow that hold neither ``"scan_end"`` nor an
+escape (``\\u0073can_end`` spells the key too). A header that gives it twice (JSON, and
+:meth:`RecordHeader.from_json`, take the last, which ``fastdata verify`` checks) or as
+anything but a plain offset (``4856.0``) reads as one without: its scan is searched (NOTE
+[ Scan ends ] in :mod:`fastdata.images.codec`), never trusted at an offset nothing checked."""
 
 
 def first_mismatch(
@@ -308,13 +316,25 @@ def first_mismatch(
     found = _SIZE_AND_CHECKSUM.findall(text) if text.count(b"\n") == n - 1 else []
     if len(found) != n:  # (anchored at each line's start: one match a line at most)
         parsed = [RecordHeader.from_json(head, where(j)) for j, head in enumerate(heads)]
-        found = [(h.size, h.crc32, h.scan_end) for h in parsed]
+        found = [(h.size, h.crc32, h.scan_end, None) for h in parsed]
     ends = []
-    for j, ((size, crc, end), value) in enumerate(zip(found, data, strict=True)):
+    for j, ((size, crc, end, rest), value) in enumerate(zip(found, data, strict=True)):
         why = bytes_problem(int(size), int(crc), value)
         if why is not None:
             return (j, why), []
-        ends.append(int(end) if end != b"" else -1)
+        if rest is None:  # (read whole)
+            ends.append(end)
+        elif end and (
+            rest == b"}"
+            or (
+                rest.startswith(b',"fields":')
+                and rest.find(b"\\") < 0
+                and rest.find(b'"scan_end"') < 0
+            )
+        ):  # (nothing after it gives the key again: see _SIZE_AND_CHECKSUM)
+            ends.append(int(end))
+        else:
+            ends.append(-1)
     return None, ends
 
 
