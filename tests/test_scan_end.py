@@ -21,7 +21,9 @@ from fastdata import (
     TrainPipeline,
     convert,
     copy_store,
+    export_store,
     open_store,
+    records,
     verify_store,
 )
 from fastdata.errors import CorruptImageError, RecordError
@@ -113,8 +115,8 @@ def test_headers_with_and_without_a_scan_end_read_alike() -> None:
     assert bad is not None and bad[0] == 0  # (checksums of other bytes)
     for wrong in ('"498"', "500", "-2", "true", "4.5"):
         raw = with_end.to_json().replace(b"498", wrong.encode())
-        with pytest.raises(RecordError, match="scan_end"):
-            RecordHeader.from_json(raw)
+        # read as none (fastdata's own hint: the record is whole without it); verify names it
+        assert RecordHeader.from_json(raw).scan_end == records.DAMAGED_SCAN_END
     assert plain_headers([with_end.to_json().replace(b"498", b"500")]) is None
 
 
@@ -290,3 +292,64 @@ def test_a_header_that_gives_its_scan_end_twice_is_read_as_verify_reads_it(
                 ds.__getitems__([(0, seed)])
     finally:
         window.set_enabled(before)
+
+
+def test_a_scan_end_that_is_no_offset_costs_its_record_nothing_and_verify_names_it(
+    folder: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "s.lmdb"
+    convert(folder, store)
+    reader = open_store(store)
+    name = "a/2.jpg"
+    record = next(r for r in reader.read_records(range(len(reader))) if r.header.name == name)
+    reader.close()
+    env = lmdb.open(str(store), subdir=True, lock=False)
+    with env.begin(write=True) as txn:
+        head = json.loads(txn.get(b"#%010d" % record.index))
+        head["scan_end"] = str(head["scan_end"])  # (a string: no offset)
+        txn.put(b"#%010d" % record.index, json.dumps(head, separators=(",", ":")).encode())
+    env.close()
+    report = verify_store(open_store(store))
+    assert [(f.name, f.reason) for f in report.failures] == [
+        (
+            name,
+            "its header gives a scan_end that is not an offset in its bytes; it ends at byte "
+            f"{record.header.scan_end}",
+        )
+    ]
+    # the salvage verify advises keeps the image: its bytes and the rest of its header are sound
+    out = tmp_path / "sound"
+    export_store(open_store(store), out, skip_damaged=True)
+    assert (out / name).read_bytes() == (folder / name).read_bytes()
+    # reads search its scan, whichever path they take
+    pipeline = EvalPipeline(48)
+    for as_dict in (False, True):
+        ds = LMDBImageDataset(store, pipeline=pipeline, as_dict=as_dict)
+        got = ds.__getitems__([record.index])[0]
+        image = got["image"] if as_dict else got[0]
+        assert np.array_equal(image, pipeline(record.data))
+    with pytest.raises(RecordError, match=f"{name}.*scan end.*nothing damaged is copied"):
+        copy_store(store, tmp_path / "copy.lmdb")
+
+
+def test_a_mongo_scan_end_that_is_no_offset_costs_its_record_nothing(
+    folder: Path, tmp_path: Path, mongo_uri: str
+) -> None:
+    convert(folder, mongo_uri, collection="se")
+    name = "a/3.jpg"
+    doc = database(mongo_uri)["se"].find_one({"name": name})
+    database(mongo_uri)["se"].update_one({"_id": doc["_id"]}, {"$set": {"scan_end": 12.0}})
+    report = verify_store(open_store(mongo_uri, collection="se"))
+    assert [(f.name, f.reason) for f in report.failures] == [
+        (
+            name,
+            "its header gives a scan_end that is not an offset in its bytes; it ends at byte "
+            f"{doc['scan_end']}",
+        )
+    ]
+    out = tmp_path / "sound"
+    export_store(open_store(mongo_uri, collection="se"), out, skip_damaged=True)
+    assert (out / name).read_bytes() == (folder / name).read_bytes()
+    pipeline = EvalPipeline(48)
+    ds = MongoImageDataset(mongo_uri, collection="se", pipeline=pipeline, as_dict=True)
+    assert np.array_equal(ds.__getitems__([doc["_id"]])[0]["image"], pipeline(bytes(doc["data"])))

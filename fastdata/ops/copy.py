@@ -79,8 +79,13 @@ def _checked(reader: StoreReader, records: list[Record]) -> list[Record]:
         elif checked and (schema or h.fields is not None):
             problem = fields_problem(h, schema)
             why = None if problem is None else f"fails its fields check ({problem})"
-        if why is None and h.scan_end >= 0 and h.scan_end != ends:
-            why = f"fails its scan end check (its header says byte {h.scan_end}, not {ends})"
+        if why is None and h.scan_end != -1 and h.scan_end != ends:
+            said = (
+                f"its header says byte {h.scan_end}, not {ends}"
+                if h.scan_end >= 0
+                else "its header's is no offset in its bytes"
+            )
+            why = f"fails its scan end check ({said})"
         if why is not None:
             raise RecordError(
                 f"{reader.location}: record {rec.index} ({h.name}) {why}; nothing damaged is "

@@ -180,15 +180,14 @@ def _check_range(
             failures.append(Failure(i, h.name, "checksum mismatch"))
         elif (schema or h.fields is not None) and (why := fields_problem(h, schema)):
             failures.append(Failure(i, h.name, why))
-        elif h.scan_end >= 0 and (found := scan_end(data)) != h.scan_end:
+        elif h.scan_end != -1 and (found := scan_end(data)) != h.scan_end:
             where = f"at byte {found}" if found >= 0 else "nowhere"
-            failures.append(
-                Failure(
-                    i,
-                    h.name,
-                    f"its header says its first scan ends at byte {h.scan_end}; it ends {where}",
-                )
+            said = (
+                f"says its first scan ends at byte {h.scan_end}"
+                if h.scan_end >= 0
+                else "gives a scan_end that is not an offset in its bytes"
             )
+            failures.append(Failure(i, h.name, f"its header {said}; it ends {where}"))
         elif decode or (h.repaired and h.format == "jpeg"):
             try:
                 if h.repaired and h.format == "jpeg":  # did it lack only its end marker?

@@ -12,6 +12,7 @@ Nothing is pickled.
 
 from .header import (
     CHECKSUM_IMPLEMENTATION,
+    DAMAGED_SCAN_END,
     Record,
     RecordHeader,
     bytes_problem,
@@ -37,6 +38,7 @@ from .progress import Progress, SkippedFile, skipped_file
 
 __all__ = [
     "CHECKSUM_IMPLEMENTATION",
+    "DAMAGED_SCAN_END",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "LABEL_DTYPE",

@@ -65,6 +65,14 @@ def name_bytes(name: str) -> bytes:
     return name.encode("utf-8", "surrogateescape")
 
 
+DAMAGED_SCAN_END = -2
+"""A header's ``scan_end`` where it gives one that is not an offset in the record's bytes (of
+another type, negative, past them). It is fastdata's own hint (NOTE [ Scan ends ] in
+:mod:`fastdata.images.codec`), not part of the image or its description: the record reads as
+one without it (each read searches the scan), so that an export keeps its image, and
+``fastdata verify`` names it, and a copy refuses it, as they do a wrong one."""
+
+
 @dataclass(frozen=True)
 class RecordHeader:
     """Everything about a record except its image bytes.
@@ -84,7 +92,8 @@ class RecordHeader:
         scan_end: where a JPEG's first scan ends in the stored bytes (the offset of the marker
             after it, found once as the record was written: NOTE [ Scan ends ] in
             :mod:`fastdata.images.codec`); -1 where it is not recorded (not a JPEG, a record
-            written before fastdata recorded it, another tool's).
+            written before fastdata recorded it, another tool's); :data:`DAMAGED_SCAN_END`
+            where the header gives one that is not an offset in the bytes.
     """
 
     name: str
@@ -193,9 +202,7 @@ class RecordHeader:
             raise RecordError(f"{where}: malformed record header (size or crc32 out of range)")
         ends = d.get("scan_end", -1)
         if not isinstance(ends, int) or isinstance(ends, bool) or not -1 <= ends < d["size"]:
-            raise RecordError(
-                f"{where}: malformed record header ('scan_end' not an offset in its bytes)"
-            )
+            ends = DAMAGED_SCAN_END  # (fastdata's own hint: the record is whole without it)
         values, fcrc = d.get("fields"), d.get("fields_crc32", -1)
         if values is not None and not (
             isinstance(values, dict) and isinstance(fcrc, int) and 0 <= fcrc < 1 << 32
@@ -316,7 +323,7 @@ def first_mismatch(
     found = _SIZE_AND_CHECKSUM.findall(text) if text.count(b"\n") == n - 1 else []
     if len(found) != n:  # (anchored at each line's start: one match a line at most)
         parsed = [RecordHeader.from_json(head, where(j)) for j, head in enumerate(heads)]
-        found = [(h.size, h.crc32, h.scan_end, None) for h in parsed]
+        found = [(h.size, h.crc32, max(h.scan_end, -1), None) for h in parsed]
     ends = []
     for j, ((size, crc, end, rest), value) in enumerate(zip(found, data, strict=True)):
         why = bytes_problem(int(size), int(crc), value)
