@@ -145,7 +145,7 @@ class Lease:
         cold = self.cold_reads
         # (the cold-read advice first: it reads the pages down to the values with pread, so the
         # leaves' check below finds them in memory, NOTE [ Read-ahead ] in readahead.py)
-        started, in_memory, advising = cold.before(keys)
+        started, faults, in_memory, advising = cold.before(keys)
         leaves = self.entry.leaves
         if leaves is not None and not (
             leaves.epoch == self.entry.epoch() and leaves.known_sound(keys)
@@ -181,7 +181,7 @@ class Lease:
             else:
                 append(self.value(view, where(n)))
             spanned += size
-        cold.after(started, in_memory, advising, len(views), spanned)
+        cold.after(started, faults, in_memory, advising, len(views), spanned)
         return out
 
     def refuse_damaged(self, keys: Sequence[bytes], where: Callable[[int], str]) -> None:

@@ -32,6 +32,7 @@ loop.
 from __future__ import annotations
 
 import mmap
+import resource
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -58,6 +59,20 @@ MISSING_SHARE = 16
 """A batch announced whose pages are all in memory but at most one in this many counts as in
 memory: the next is not announced."""
 SCAN_WINDOW = 32 << 20
+
+
+def major_faults() -> int | None:
+    """Pages this thread has read from the disk through its maps (its major faults); None
+    where the system does not count them per thread."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return None
+    try:
+        return resource.getrusage(who).ru_majflt
+    except OSError:
+        return None
+
+
 """How far ahead of a scan its pages are requested."""
 
 
@@ -81,21 +96,33 @@ class ColdReads:
         self.large = True
         self.scan_until: int | None = None
 
-    def before(self, keys: Sequence[bytes]) -> tuple[int, bool | None, bool]:
+    def before(self, keys: Sequence[bytes]) -> tuple[int, int | None, bool | None, bool]:
         """A batch of ``keys`` is about to be looked up: its values announced where the policy
-        says so. When it began, whether its pages were in memory (None: not announced, or not
-        known), and whether advice is being given (then it is not timed)."""
+        says so. When it began, this thread's major faults so far (None: not known), whether
+        its pages were in memory (None: not announced, or not known), and whether advice is
+        being given (then it is not timed)."""
         started = time.perf_counter_ns()
         in_memory = None
         if self.announce_left > 0 and (len(keys) > 1 or self.large):
             in_memory = self.announce(keys)
-        return started, in_memory, self.announce_left > 0 or self.scan_until is not None
+        advising = self.announce_left > 0 or self.scan_until is not None
+        return started, None if advising else major_faults(), in_memory, advising
 
     def after(
-        self, started: int, in_memory: bool | None, advising: bool, count: int, spanned: int
+        self,
+        started: int,
+        faults: int | None,
+        in_memory: bool | None,
+        advising: bool,
+        count: int,
+        spanned: int,
     ) -> None:
-        """A batch of ``count`` values (``spanned`` bytes) begun at ``started`` was copied: the
-        next batches announced or not."""
+        """A batch of ``count`` values (``spanned`` bytes) begun at ``started`` (this thread's
+        major faults then: ``faults``) was copied: the next batches announced or not. A batch
+        timed as from the disk is one that took longer than memory could, and, where the
+        kernel counts them, that read at least one page in :data:`MISSING_SHARE` from the disk
+        (a major fault each): a batch of a store in memory that met a few pages the kernel had
+        let go, or whose thread waited for a core, is not."""
         pages = count + spanned // mmap.PAGESIZE  # (about the pages the values span)
         self.large = spanned >= count * mmap.PAGESIZE
         if in_memory is not None:  # (announced, and known to be from the disk or not)
@@ -104,7 +131,9 @@ class ColdReads:
         elif self.announce_left:
             self.announce_left -= 1
         elif not advising:
-            if time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK:
+            slow = time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK
+            now = major_faults() if faults is not None else None
+            if slow and (now is None or faults is None or (now - faults) * MISSING_SHARE >= pages):
                 self.announce_left = self.announce_run  # then one batch unannounced, timed
                 self.announce_run = min(2 * self.announce_run, COLD_BATCHES_MOST)
             else:

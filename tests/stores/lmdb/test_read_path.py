@@ -3,6 +3,7 @@ gives, whichever path (single, batched, cold, subset, worker) a read takes."""
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import pickle
@@ -170,6 +171,8 @@ def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     from ...test_hostile_input import write_store_with
 
     monkeypatch.setattr(readahead, "resident", lambda address: None)
+    reads = itertools.count(0, 10**6)  # (each batch read a million pages from the disk)
+    monkeypatch.setattr(readahead, "major_faults", lambda: next(reads))
 
     write_store_with(tmp_path / "s.lmdb", [bytes([i]) * 300 for i in range(200)])
     ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
@@ -191,11 +194,35 @@ def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     assert lease.cold_reads.announce_left == 0 and lease.cold_reads.announce_run == first
 
 
+def test_a_slow_batch_that_read_nothing_from_the_disk_is_not_taken_for_a_cold_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small records in memory, a batch slower than memory (its thread waited for a core) but
+    with no page read from the disk (no major fault): nothing is announced after it."""
+    from fastdata.stores.lmdb import readahead
+
+    from ...test_hostile_input import write_store_with
+
+    if readahead.major_faults() is None:
+        pytest.skip("this system does not count a thread's major faults")
+    write_store_with(tmp_path / "s.lmdb", [bytes([i % 256]) * 900 for i in range(3000)])
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    batch = list(range(0, 3000, 47))
+    ds.__getitems__(batch)
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    assert lease.cold_reads.announce_left == 0
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", -(10**12))  # (every batch: slow)
+    for _ in range(3):
+        ds.__getitems__(batch)
+        assert lease.cold_reads.announce_left == 0
+
+
 def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small records in memory, a batch timed as from the disk (a pause of the thread): the
-    next batch is announced, finds its leaf pages in memory, and announcing stops there."""
+    """Small records in memory, a batch timed as from the disk (slow, its thread counted
+    major faults: the kernel had let a few pages go): the next batch is announced, finds its
+    leaf pages in memory, and announcing stops there."""
     from fastdata.stores.lmdb import readahead
 
     from ...test_hostile_input import write_store_with
@@ -206,6 +233,8 @@ def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
     ds.__getitems__(batch)
     lease = ds.reader._env()  # type: ignore[attr-defined]
     assert lease.cold_reads.announce_left == 0
+    reads = itertools.count(0, 10**6)
+    monkeypatch.setattr(readahead, "major_faults", lambda: next(reads))
     monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", -(10**12))
     ds.__getitems__(batch)  # timed: taken for a batch from the disk
     assert lease.cold_reads.announce_left == readahead.COLD_BATCHES
