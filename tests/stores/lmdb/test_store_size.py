@@ -121,3 +121,49 @@ def test_which_pages_are_in_memory_is_asked_a_stretch_at_a_time(
         monkeypatch.setattr(advice, "RESIDENT_SPAN_MOST", 1 << 16)
         assert advice.resident_pages(base, pages, mmap.PAGESIZE) == alone
         assert alone[2] and not all(alone)  # (some in memory, some not)
+
+
+def test_the_last_few_leaves_the_kernel_let_go_of_are_read_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store in memory but a few leaves the kernel let go of, which no batch wants: the
+    cursor passes them, and once they are all that is left they are read together, so that
+    reads take the shortest path (before, every batch looked its keys up among them for as
+    long as no batch wanted one: most of a first epoch at a million records)."""
+    from fastdata.stores.lmdb import leaves as leaves_module
+    from fastdata.stores.lmdb import readahead
+
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", 10**12)  # (no pause taken for the disk)
+    values = _values(4000)
+    write_store_with(tmp_path / "s.lmdb", values)
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    ds[0]
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    lease.cold_reads.announce_left = 0
+    leaves = lease.entry.leaves
+    value_routes = [r for r in leaves._routes if r[2] is not None and b"0" < r[2] < b":"]
+    let_go = {value_routes[k * len(value_routes) // 6][0] for k in range(1, 6)}  # (five)
+    assert len(let_go) == 5 <= len(leaves._routes) >> 8  # (a 256th of them at most)
+    held = leaves_module.resident_pages
+    monkeypatch.setattr(
+        leaves_module,
+        "resident_pages",
+        lambda base, pages, psize: [
+            h and p not in let_go for p, h in zip(pages, held(base, pages, psize), strict=True)
+        ],
+    )
+    under = [(r[2], r[3]) for r in leaves._routes if r[0] in let_go]
+    avoided = {
+        i for i in range(len(values)) if any(lo <= b"%010d" % i < hi for lo, hi in under)
+    }
+    assert avoided  # (the records under those leaves: no batch asks for them)
+    rng = random.Random(1)
+    others = [i for i in range(len(values)) if i not in avoided]
+    for batches in range(1, 31):
+        batch = rng.sample(others, 64)
+        assert [d for d, _ in ds.__getitems__(batch)] == [values[i] for i in batch]
+        if leaves.all_sound:
+            break
+    assert leaves.all_sound, f"{len(leaves._unread)} leaves unread after {batches} batches"
+    assert let_go.isdisjoint(leaves._unread)
+    assert [ds[i][0] for i in sorted(avoided)[:3]] == [values[i] for i in sorted(avoided)[:3]]
