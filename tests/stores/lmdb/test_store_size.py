@@ -167,3 +167,31 @@ def test_the_last_few_leaves_the_kernel_let_go_of_are_read_together(
     assert leaves.all_sound, f"{len(leaves._unread)} leaves unread after {batches} batches"
     assert let_go.isdisjoint(leaves._unread)
     assert [ds[i][0] for i in sorted(avoided)[:3]] == [values[i] for i in sorted(avoided)[:3]]
+
+
+def test_leaves_beside_a_batch_are_checked_a_full_pass_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch checks as many leaves beside its own as MOST_BESIDE allows while as many are
+    left (a pass's own work costs more a leaf in small passes: three times, at a million
+    records), not a 256th of those left: few batches check them all."""
+    from fastdata.stores.lmdb import leaves as leaves_module
+    from fastdata.stores.lmdb import readahead
+
+    monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", 10**12)  # (no pause taken for the disk)
+    monkeypatch.setattr(leaves_module, "MOST_BESIDE", 400)
+    values = _values(4000)
+    write_store_with(tmp_path / "s.lmdb", values)
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    ds[0]
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    lease.cold_reads.announce_left = 0
+    leaves = lease.entry.leaves
+    before = len(leaves._unread)
+    rng = random.Random(2)
+    batches = 0
+    while not leaves.all_sound:
+        batch = rng.sample(range(len(values)), 8)
+        assert [d for d, _ in ds.__getitems__(batch)] == [values[i] for i in batch]
+        batches += 1
+        assert batches <= before // 400 + 2, f"{len(leaves._unread)} of {before} left"
