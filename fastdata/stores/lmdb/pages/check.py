@@ -181,9 +181,12 @@ def _before(a: np.ndarray, b: np.ndarray, *, strict: np.ndarray | bool) -> np.nd
 def _bounds(bounds: Sequence[Bound], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Page bounds as zero-padded rows, their sizes, and whether each is given."""
     given = np.array([b is not None for b in bounds], bool)
-    lens = np.array([len(b or b"") for b in bounds], np.int64)
-    flat = b"".join((b or b"").ljust(width, b"\0") for b in bounds)
-    return np.frombuffer(flat, np.uint8).reshape(len(bounds), width), lens, given
+    items = [b or b"" for b in bounds]
+    lens = np.fromiter(map(len, items), np.int64, len(items))
+    if not width:
+        return np.zeros((len(items), 0), np.uint8), lens, given
+    rows = np.array(items, f"S{width}")  # (each zero-padded to the width, in one pass)
+    return rows.view(np.uint8).reshape(len(items), width), lens, given
 
 
 def read_pages(

@@ -5,6 +5,7 @@ descent to a few keys' values, advice only, is :mod:`.places`.)"""
 
 from __future__ import annotations
 
+import itertools
 import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
@@ -225,7 +226,23 @@ class Tree:
         # what LMDB would meet there, whichever page it says it is)
         own = np.frombuffer(buf, mdb.page_dtype(psize), count=len(numbers))["mp_pgno"]
         checked = check_pages(buf, own.astype(np.int64), lows, highs, last, psize, whole)
-        below: list[Bounds] = []
+        if (
+            not checked.values_alone
+            and not any(checked.reasons)
+            and seen.isdisjoint(numbers)
+            and max(c[1] for c in level) < DEEPEST
+            and len(set(numbers)) == len(numbers)
+        ):  # (every page sound and met once: the usual level, taken whole)
+            seen.update(numbers)
+            branches = (checked.kinds == mdb.P_BRANCH).tolist()
+            below = []
+            for p in itertools.compress(range(len(level)), branches):
+                below += _children(checked, p, level[p][2], level[p][3], level[p][1] + 1)
+            leaves = [c for c, branch in zip(level, branches, strict=True) if not branch]
+            self.sound_leaves.update(c[0] for c in leaves)
+            self.leaf_routes += leaves
+            return below
+        below = []
         alone: dict[int, list[int]] = {}
         for n in checked.values_alone:
             alone.setdefault(int(checked.row[n]), []).append(n)
