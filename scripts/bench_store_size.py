@@ -7,7 +7,8 @@ each (``--images``; by default one epoch of the largest store, less its last sho
 hundred epochs of a store of ten thousand for one of a million) through ``create_loader`` (2
 workers, random crops to 32 px, batches of 256), each in a fresh process with the store in the
 page cache, and prints its images/s, CPU per image (the process and its workers) and its time
-per image against the smallest store's, the best of each size's rounds. The first epoch of a
+per image against the smallest store's, the best of each size's rounds; then each round's ratio
+of the larger stores to the smallest read in the same round, and their median. The first epoch of a
 store also checks its pages once (NOTE [ Leaves beside a read ] in
 ``fastdata/stores/lmdb/leaves.py``): that is counted, as a training run's first epoch meets it.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -124,13 +126,17 @@ def main() -> None:
         stores.sort(key=sizes.__getitem__)
         images = args.images or sizes[stores[-1]] // 256 * 256
         best: dict[Path, dict[str, float]] = {}
+        paired: dict[Path, list[float]] = {store: [] for store in stores}
         for r in range(args.rounds):
+            this: dict[Path, float] = {}
             for store in stores:
                 warm(store)
                 got = run(store, r, images)
-                per = got["seconds"] / got["images"]
+                per = this[store] = got["seconds"] / got["images"]
                 if store not in best or per < best[store]["seconds"] / best[store]["images"]:
                     best[store] = got
+            for store in stores:  # (each against the smallest store of the same round)
+                paired[store].append(this[store] / this[stores[0]])
             print(f"round {r + 1} of {args.rounds} done", flush=True)
         base = best[stores[0]]["seconds"] / best[stores[0]]["images"]
         rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
@@ -150,6 +156,12 @@ def main() -> None:
             f"largest time per image against the smallest store's: {worst:.2f} "
             f"(target <= 1.10: {verdict}; below 1: faster than the smallest)"
         )
+        for store in stores[1:]:  # (less moved by a slow stretch of the machine than the best)
+            ratios = paired[store]
+            print(
+                f"{sizes[store]:,} against {sizes[stores[0]]:,}, round by round: "
+                f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f})"
+            )
 
 
 if __name__ == "__main__":
