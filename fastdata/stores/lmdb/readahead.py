@@ -59,6 +59,7 @@ MISSING_SHARE = 16
 """A batch announced whose pages are all in memory but at most one in this many counts as in
 memory: the next is not announced."""
 SCAN_WINDOW = 32 << 20
+"""How far ahead of a scan its pages are requested."""
 
 
 def major_faults() -> int | None:
@@ -71,9 +72,6 @@ def major_faults() -> int | None:
         return resource.getrusage(who).ru_majflt
     except OSError:
         return None
-
-
-"""How far ahead of a scan its pages are requested."""
 
 
 class ColdReads:
