@@ -258,13 +258,9 @@ class ImageStoreDataset(Dataset):
             seeds = [int(k[1]) if isinstance(k, tuple) else None for k in keys]
         if self._with_fields or self.as_dict:
             return self._samples_with_fields(indices, seeds)
-        if self._takes_scan_end:
-            samples, ends = self.reader.read_samples_ends(indices)
-        else:
-            samples = self.reader.read_samples(indices, check=self._checked)
-            if self.output == "bytes" and self._plain:
-                return samples  # nothing to apply
-            ends = [-1] * len(samples)  # (not read: searched where needed)
+        samples, ends = self._samples(indices)
+        if self.output == "bytes" and self._plain:
+            return samples  # nothing to apply
         transform, target_transform = self.transform, self.target_transform
         out = []
         for i, seed, (data, label), end in zip(indices, seeds, samples, ends, strict=True):
@@ -281,11 +277,7 @@ class ImageStoreDataset(Dataset):
         one round trip."""
         columns = self.reader.field_batch(indices, self.fields) if self.fields else None
         if columns is not None:
-            if self._takes_scan_end:
-                samples, ends = self.reader.read_samples_ends(indices)
-            else:
-                samples = self.reader.read_samples(indices, check=self._checked)
-                ends = [-1] * len(samples)
+            samples, ends = self._samples(indices)
             if self.output == "bytes" and self._plain:  # (nothing to apply)
                 images, targets = [d for d, _ in samples], [t for _, t in samples]
             else:
@@ -333,13 +325,16 @@ class ImageStoreDataset(Dataset):
         given unless ``check=False``."""
         return self.check or self.pipeline is not None or self.output != "bytes"
 
-    @property
-    def _takes_scan_end(self) -> bool:
-        """Whether each record's scan end goes to the pipeline (NOTE [ Scan ends ] in
-        :mod:`fastdata.images.codec`): read with the bytes, from the headers a checked read
-        reads anyway."""
+    def _samples(self, indices: Sequence[Any]) -> tuple[list[tuple[bytes, int]], list[int]]:
+        """The records' bytes and labels (checked where :attr:`_checked` says), and each one's
+        scan end where the pipeline takes it (NOTE [ Scan ends ] in
+        :mod:`fastdata.images.codec`: read from the headers a checked read reads anyway); -1
+        each otherwise (searched where needed)."""
         pipeline = self.pipeline
-        return pipeline is not None and self.transform is None and takes_scan_end(pipeline)
+        if pipeline is not None and self.transform is None and takes_scan_end(pipeline):
+            return self.reader.read_samples_ends(indices)
+        samples = self.reader.read_samples(indices, check=self._checked)
+        return samples, [-1] * len(samples)
 
     @property
     def _plain(self) -> bool:
