@@ -112,7 +112,7 @@ def test_headers_with_and_without_a_scan_end_read_alike() -> None:
     parsed = plain_headers(list(heads))
     assert parsed is not None and parsed[4].tolist() == [498, -1]
     bad, ends = first_mismatch(heads, [b"x" * 500, b"x" * 500], str)
-    assert bad is not None and bad[0] == 0  # (checksums of other bytes)
+    assert bad is not None and bad[0] == 0 and ends == []  # (checksums of other bytes)
     for wrong in ('"498"', "500", "-2", "true", "4.5"):
         raw = with_end.to_json().replace(b"498", wrong.encode())
         # read as none (fastdata's own hint: the record is whole without it); verify names it
@@ -156,7 +156,10 @@ def test_a_decoding_read_looks_at_the_scan_end_and_gives_the_same_pixels(
             assert all(np.array_equal(a, b) for a, b in zip(reads[pipeline], again, strict=True))
             # the same pixels as the pipeline gives the bytes alone (searching the scan)
             for (data, _), seed, image in zip(
-                open_store(store).read_samples(range(len(ds))), range(1000, 2000), again
+                open_store(store).read_samples(range(len(ds))),
+                range(1000, 1000 + len(ds)),
+                again,
+                strict=True,
             ):
                 assert np.array_equal(pipeline(data, seed), image)
         searched.clear()
@@ -200,8 +203,11 @@ def test_verify_names_a_record_whose_scan_end_is_wrong(folder: Path, tmp_path: P
     report = verify_store(open_store(store))
     assert not report.ok
     assert [(f.name, f.reason) for f in report.failures] == [
-        (name, f"its header says its first scan ends at byte {head['scan_end']}; it ends at "
-         f"byte {head['scan_end'] + 7}")
+        (
+            name,
+            f"its header says its first scan ends at byte {head['scan_end']}; it ends at "
+            f"byte {head['scan_end'] + 7}",
+        )
     ]
     run = cli("verify", str(store))
     assert run.returncode != 0 and name in run.stdout + run.stderr

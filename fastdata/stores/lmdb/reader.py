@@ -337,14 +337,6 @@ class LMDBStore(LeasedReader):
     def read_data(self, indices: Sequence[int], *, check: bool = True) -> list[bytes]:
         return self._data(self.check_indices(indices), check)
 
-    def read_samples_ends(
-        self, indices: Sequence[int]
-    ) -> tuple[list[tuple[bytes, int]], list[int]]:
-        idx = self.check_indices(indices)
-        ends: list[int] = []
-        data = self._data(idx, True, ends)
-        return list(zip(data, self._labels_of(idx), strict=True)), ends
-
     def read_data_ends(self, indices: Sequence[int]) -> tuple[list[bytes], list[int]]:
         ends: list[int] = []
         return self._data(self.check_indices(indices), True, ends), ends
