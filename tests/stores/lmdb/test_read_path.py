@@ -8,6 +8,7 @@ import mmap
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -194,6 +195,20 @@ def test_runs_of_announced_batches_double_while_the_store_stays_on_the_disk(
     assert lease.cold_reads.announce_left == 0 and lease.cold_reads.announce_run == first
 
 
+def _small_records_in_memory(tmp_path: Path) -> tuple[LMDBImageDataset, Any, list[int]]:
+    """A store of 3,000 records of 900 bytes, a batch of it read (in memory, not announced
+    after it): the dataset, its reader's share of the environment and that batch."""
+    from ...test_hostile_input import write_store_with
+
+    write_store_with(tmp_path / "s.lmdb", [bytes([i % 256]) * 900 for i in range(3000)])
+    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
+    batch = list(range(0, 3000, 47))
+    ds.__getitems__(batch)
+    lease = ds.reader._env()  # type: ignore[attr-defined]
+    assert lease.cold_reads.announce_left == 0
+    return ds, lease, batch
+
+
 def test_a_slow_batch_that_read_nothing_from_the_disk_is_not_taken_for_a_cold_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -201,16 +216,9 @@ def test_a_slow_batch_that_read_nothing_from_the_disk_is_not_taken_for_a_cold_on
     with no page read from the disk (no major fault): nothing is announced after it."""
     from fastdata.stores.lmdb import readahead
 
-    from ...test_hostile_input import write_store_with
-
     if readahead.major_faults() is None:
         pytest.skip("this system does not count a thread's major faults")
-    write_store_with(tmp_path / "s.lmdb", [bytes([i % 256]) * 900 for i in range(3000)])
-    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
-    batch = list(range(0, 3000, 47))
-    ds.__getitems__(batch)
-    lease = ds.reader._env()  # type: ignore[attr-defined]
-    assert lease.cold_reads.announce_left == 0
+    ds, lease, batch = _small_records_in_memory(tmp_path)
     monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", -(10**12))  # (every batch: slow)
     for _ in range(3):
         ds.__getitems__(batch)
@@ -225,14 +233,7 @@ def test_a_store_in_memory_taken_for_one_on_the_disk_costs_one_announced_batch(
     leaf pages in memory, and announcing stops there."""
     from fastdata.stores.lmdb import readahead
 
-    from ...test_hostile_input import write_store_with
-
-    write_store_with(tmp_path / "s.lmdb", [bytes([i % 256]) * 900 for i in range(3000)])
-    ds = LMDBImageDataset(tmp_path / "s.lmdb", output="bytes")
-    batch = list(range(0, 3000, 47))
-    ds.__getitems__(batch)
-    lease = ds.reader._env()  # type: ignore[attr-defined]
-    assert lease.cold_reads.announce_left == 0
+    ds, lease, batch = _small_records_in_memory(tmp_path)
     reads = itertools.count(0, 10**6)
     monkeypatch.setattr(readahead, "major_faults", lambda: next(reads))
     monkeypatch.setattr(readahead, "COLD_NS_PER_PAGE", -(10**12))
