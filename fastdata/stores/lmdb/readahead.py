@@ -130,8 +130,10 @@ class ColdReads:
             self.announce_left -= 1
         elif not advising:
             slow = time.perf_counter_ns() - started > pages * COLD_NS_PER_PAGE + COLD_NS_SLACK
-            now = major_faults() if faults is not None else None
-            if slow and (now is None or faults is None or (now - faults) * MISSING_SHARE >= pages):
+            if slow and faults is not None:  # (where they are counted: did it read the disk?)
+                now = major_faults()
+                slow = now is None or (now - faults) * MISSING_SHARE >= pages
+            if slow:
                 self.announce_left = self.announce_run  # then one batch unannounced, timed
                 self.announce_run = min(2 * self.announce_run, COLD_BATCHES_MOST)
             else:
