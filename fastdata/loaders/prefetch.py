@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from .background import BackgroundGenerator
-from .device import SideStream, copy_async, map_tensors, pinned_device
+from .device import (
+    SideStream,
+    copy_async,
+    intra_op_threads,
+    map_tensors,
+    pinned_device,
+    threads_beside_workers,
+)
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 
 __all__ = ["PrefetchLoader"]
@@ -83,6 +90,9 @@ class PrefetchLoader:
         self.normalizer = Normalizer(mean, std, dtype, channels_last)
         self._constants = self.normalizer.constants(self.device)
         self._side = SideStream(self.device)  # one side stream for the loader's lifetime
+        self._threads = threads_beside_workers(loader) if self.device.type == "cpu" else None
+        """The intra-op threads a batch is converted with on the CPU (NOTE [ Threads beside the
+        workers ] in ``device.py``)."""
 
     # -- pass-through to the wrapped loader
 
@@ -116,6 +126,12 @@ class PrefetchLoader:
         """The synchronous path: copy, then convert and normalise."""
         return self.normalizer.apply(t.to(self.device), self._constants)
 
+    def _moved(self, batch: Any) -> Any:
+        """``batch`` moved as :meth:`_move` moves each tensor (on the CPU, on the cores the
+        loader's workers leave)."""
+        with intra_op_threads(self._threads):
+            return map_tensors(batch, self._move)
+
     def _move_async(self, t: torch.Tensor) -> torch.Tensor:
         """On the side stream: copy without blocking, then convert and normalise there."""
         return self.normalizer.apply(copy_async(t, self.device), self._constants)
@@ -127,7 +143,7 @@ class PrefetchLoader:
             return self._iter_arriving()
         if self.device.type == "cuda":
             return self._iter_cuda()
-        return (map_tensors(batch, self._move) for batch in self.loader)
+        return (self._moved(batch) for batch in self.loader)
 
     def _iter_decoding(self, decode: Callable[[Any], Any]) -> Iterator[Any]:
         """Decoding a batch takes about as long as a training step: a thread decodes (and moves)
@@ -145,7 +161,7 @@ class PrefetchLoader:
         else:
 
             def ahead(batch: Any) -> Any:
-                return map_tensors(decode(batch), self._move)
+                return self._moved(decode(batch))
 
             def hand_over(item: Any) -> Any:
                 return item

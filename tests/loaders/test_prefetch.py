@@ -32,7 +32,7 @@ def test_every_batch_once_in_order_last_included() -> None:
     batches = image_batches(n=7)
     out = list(PrefetchLoader(batches, device="cpu"))
     assert len(out) == 7
-    for (x, y), (ox, oy) in zip(batches, out):
+    for (x, y), (ox, oy) in zip(batches, out, strict=True):
         assert torch.equal(x, ox) and torch.equal(y, oy)  # no dtype asked: moved only
 
 
@@ -40,7 +40,7 @@ def test_normalization_matches_reference_for_each_dtype() -> None:
     batches = image_batches()
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
         loader = PrefetchLoader(batches, device="cpu", dtype=dtype, normalize=True)
-        for (x, y), (ox, oy) in zip(batches, loader):
+        for (x, y), (ox, oy) in zip(batches, loader, strict=True):
             assert ox.dtype == dtype and oy.dtype == torch.int64
             err = (ox.double() - reference(x)).abs() / reference(x).abs().clamp(min=1)
             assert err.max().item() < tol, dtype
@@ -205,3 +205,46 @@ def test_a_decode_that_raises_stopiteration_is_an_error_not_the_end_of_the_epoch
         for batch in PrefetchLoader(image_batches(n=5), device="cpu", decode=decode):
             seen.append(batch)
     assert len(seen) == 2
+
+
+class WithWorkers(list):  # type: ignore[type-arg]
+    """Batches, as from a loader with ``num_workers`` worker processes."""
+
+    num_workers = 0
+
+
+def test_batches_are_converted_on_the_cores_the_workers_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the CPU, a loader with workers has its batches converted on the cores its workers
+    leave, at least one thread (torch's threads spin between operations, on the cores the
+    workers decode on: NOTE [ Threads beside the workers ]); the caller's own thread count is
+    as it was between batches, and without workers the conversion keeps it."""
+    from fastdata.loaders.normalize import Normalizer
+
+    seen: list[int] = []
+    apply = Normalizer.apply
+
+    def counted(self, t, constants):  # type: ignore[no-untyped-def]
+        if t.dtype == torch.uint8 and t.dim() == 4:
+            seen.append(torch.get_num_threads())
+        return apply(self, t, constants)
+
+    monkeypatch.setattr(Normalizer, "apply", counted)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        batches = WithWorkers(image_batches(n=3))
+        for workers, wanted in ((3, 1), (8, 1), (2, 2), (0, 4)):
+            batches.num_workers = workers
+            seen.clear()
+            out = []
+            for x, _ in PrefetchLoader(batches, device="cpu", normalize=True):
+                assert torch.get_num_threads() == 4  # (the caller's, between batches)
+                out.append(x)
+            assert seen == [wanted] * 3, (workers, seen)
+            for (x, _), got in zip(batches, out, strict=True):
+                assert torch.allclose(got.double(), reference(x), atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
