@@ -75,7 +75,12 @@ def _forget_inherited() -> None:
 # the same file at the same append epoch, so the child takes them over (``Leaves.adopt``) rather
 # than reading every branch again (0.7 s at a million records, in every worker). Where an append
 # began since (another epoch), or a thread of the parent was checking the tree at the fork (its
-# checks half done), the child checks the file anew.
+# checks half done), the child checks the file anew. The leaves the children check after the
+# fork are marked in memory they share (a byte a page, ``Leaves._shared``): where a child wants a
+# leaf a sibling marked, it takes over every leaf the siblings marked, in one pass over the
+# marks. (Taking over only the leaves it wanted, each of two workers had gone on looking its
+# keys up among the half of a million-record store's leaves the other had checked, batch after
+# batch, through most of a first epoch.)
 _inherited: dict[tuple[int, int], Leaves] = {}
 
 

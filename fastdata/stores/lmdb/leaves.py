@@ -11,6 +11,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .file import open_tree
 from .pages import Damage
 from .pages.advice import resident_pages
@@ -50,6 +52,8 @@ class Leaves:
         self._routes = routes
         self._lows = [r[2] or b"" for r in routes]
         self._unread = {r[0] for r in routes} - self._seen
+        self._unmarked = self._marks_of(self._unread)
+        """One flag a page of :attr:`_shared`'s: the leaves not read yet (None: no marks)."""
         # a route meets [a, b) where its low (None: from the first key) is below b and its high
         # (None: to the last) above a; a comprehension each (a million routes at 1M records)
         (v0, v1), (h0, h1) = VALUES, HEADERS
@@ -95,6 +99,9 @@ class Leaves:
                     shared[page] = 1
         pages &= self._unread
         self._unread -= pages
+        if self._unmarked is not None and pages:
+            at = np.fromiter(pages, np.int64, len(pages))
+            self._unmarked[at[at < len(self._unmarked)]] = False
         self._values_unread -= len(pages & self._values)
         self._headers_unread -= len(pages & self._headers)
         self._shrink()
@@ -192,12 +199,9 @@ class Leaves:
                         if route[0] in unread:
                             wanted.setdefault(route[0], route)
                     cold = True  # (asked for first: from the disk, together)
-                shared = self._shared
-                if wanted and shared is not None:  # (checked sound by a process beside this)
-                    known = {p for p in wanted if p < len(shared) and shared[p]}
-                    if known:
-                        self._read(known)
-                        wanted = {p: r for p, r in wanted.items() if p not in known}
+                if wanted and self._marked(wanted):  # (checked sound by a process beside
+                    self._from_siblings()  # this: so may be many more)
+                    wanted = {p: r for p, r in wanted.items() if p in self._unread}
                 if not wanted:
                     break
                 if more and ahead:  # (the leaves after the first wanted, in key order)
@@ -214,6 +218,31 @@ class Leaves:
             if not found:
                 return [None] * len(keys)
             return [next((d for d in reversed(found) if d.covers(k)), None) for k in keys]
+
+    def _marks_of(self, pages: set[int]) -> np.ndarray | None:
+        """``pages`` as flags, one a page of :attr:`_shared` (None where there are no marks)."""
+        if self._shared is None:
+            return None
+        flags = np.zeros(len(self._shared), bool)
+        at = np.fromiter(pages, np.int64, len(pages))
+        flags[at[at < len(flags)]] = True
+        return flags
+
+    def _marked(self, pages: dict[int, Any]) -> bool:
+        """Whether a process beside this one has checked one of ``pages`` and found it sound."""
+        shared = self._shared
+        return shared is not None and any(p < len(shared) and shared[p] for p in pages)
+
+    def _from_siblings(self) -> None:
+        """Take as read, in one pass over the marks, every leaf not read yet that a process
+        beside this one has checked and found sound (NOTE [ Checked once ] in ``env.py``)."""
+        if self._shared is None or self._unmarked is None:
+            return
+        marks = np.frombuffer(self._shared, np.uint8)  # (a view: dropped on return, before
+        known = np.flatnonzero(marks.view(bool) & self._unmarked)  # close() may unmap)
+        del marks
+        if len(known):
+            self._read(set(known.tolist()))
 
     def _last_few(self) -> int:
         """How many leaves not read yet are read together, from the disk where they must be,

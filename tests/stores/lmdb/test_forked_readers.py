@@ -115,6 +115,44 @@ def test_a_leaf_one_worker_found_sound_is_not_checked_again_by_its_sibling(
     assert second == "checked 0 pages, failed []", run.stdout
 
 
+TAKEN_OVER = """
+import os, sys
+from fastdata import LMDBImageDataset
+
+ds = LMDBImageDataset(sys.argv[1], output="bytes")
+n = int(sys.argv[2])
+ds.__getitems__([0])  # opened here: its branches checked
+leaves = ds.reader._env().entry.leaves
+pid = os.fork()
+if pid == 0:  # a worker reads every record: every leaf checked, and marked sound
+    for i in range(0, n, 64):
+        ds.__getitems__(list(range(i, min(n, i + 64))))
+    print(f"first: all sound {leaves.all_sound}", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+pid = os.fork()
+if pid == 0:  # its sibling reads one batch
+    before = len(leaves._unread)
+    got = ds.__getitems__([n // 2, n - 1])
+    print(f"second: all sound {leaves.all_sound}, {before} unread before", flush=True)
+    os._exit(0 if got[1][0] else 1)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_worker_takes_over_at_once_every_leaf_its_sibling_found_sound(tmp_path: Path) -> None:
+    """The first batch of a worker that wants a leaf its sibling checked takes over every leaf
+    the sibling checked, in one pass over their marks, not only the leaves it wants: before,
+    each worker of two kept looking its keys up among the leaves the other had checked (half
+    of a million-record store's) batch after batch, most of a first epoch."""
+    store = tiny_store(tmp_path, 3000)
+    run = run_script(TAKEN_OVER, store)
+    first, second = run.stdout.splitlines()
+    assert first == "first: all sound True", run.stdout
+    assert second.startswith("second: all sound True, "), run.stdout
+    assert int(second.split(", ")[1].split()[0]) > 100, run.stdout  # (leaves it had not read)
+
+
 def test_a_damaged_leaf_is_found_by_every_worker_however_many_read_it(tmp_path: Path) -> None:
     store = tiny_store(tmp_path, 3000)
     data_file = store / "data.mdb"

@@ -115,34 +115,46 @@ def resident(address: int) -> bool | None:
 def resident_pages(base: int, pages: list[int], psize: int) -> list[bool]:
     """Whether each of ``pages`` (numbers of ``psize`` bytes from ``base``, an address of this
     process's map) is in memory: the kernel asked once for each stretch of at most
-    :data:`RESIDENT_SPAN_MOST` pages they lie in (a file's leaves in key order mostly lie in
-    one); False where it cannot tell."""
+    :data:`RESIDENT_SPAN_MOST` pages they lie in with no gap of more than
+    :data:`RESIDENT_GAP_MOST` between them (a file's leaves in key order mostly lie in one); False
+    where it cannot tell. (The kernel looks up every page of a stretch asked about, about 0.15 us
+    each where this process has not touched it: a stretch of 65,536 pages to learn of a few
+    spread over it took 10 ms, a call for each of them about 1 us.)"""
     libc = c_library()
     if not libc or not pages:
         return [False] * len(pages)
     per = psize // mmap.PAGESIZE or 1
     stretch = max(1, RESIDENT_SPAN_MOST // per)
+    gap = max(1, RESIDENT_GAP_MOST // per)
     held: dict[int, bool] = {}
     ordered = sorted(set(pages))
+    vec = ctypes.create_string_buffer(stretch * per)  # (one answer's room, for every call)
+    answer = memoryview(vec).cast("B")
+    mincore = libc.mincore
     at = 0
     while at < len(ordered):
         low = ordered[at]
-        end = at
-        while end < len(ordered) and ordered[end] - low < stretch:
+        end = at + 1
+        while (
+            end < len(ordered)
+            and ordered[end] - low < stretch
+            and ordered[end] - ordered[end - 1] <= gap
+        ):
             end += 1
         span = (ordered[end - 1] - low + 1) * per
-        vec = ctypes.create_string_buffer(span)
-        if libc.mincore(base + low * psize, span * mmap.PAGESIZE, vec) != 0:
+        if mincore(base + low * psize, span * mmap.PAGESIZE, vec) != 0:
             return [False] * len(pages)
-        raw = vec.raw
         for page in ordered[at:end]:
-            held[page] = bool(raw[(page - low) * per] & 1)
+            held[page] = bool(answer[(page - low) * per] & 1)
         at = end
     return [held[page] for page in pages]
 
 
 RESIDENT_SPAN_MOST = 1 << 16
 """The most pages :func:`resident_pages` asks about at once (its answer: a byte a page)."""
+RESIDENT_GAP_MOST = 8
+"""The most pages between two that :func:`resident_pages` asks about in one call (about what
+a call costs beyond the pages asked)."""
 
 
 class ReadAhead:
