@@ -91,12 +91,9 @@ class Leaves:
         """``pages`` were read and checked (each sound, or damaged and listed); the sound leaves
         among them marked for the processes forked from the one that built this (NOTE
         [ Checked once ] in ``env.py``)."""
-        shared = self._shared
-        if shared is not None:
+        if self._shared is not None:
             damaged = {d.page for d in self._tree.found}
-            for page in (pages & self._tree.sound_leaves) - damaged:
-                if page < len(shared):
-                    shared[page] = 1
+            self._mark((pages & self._tree.sound_leaves) - damaged, SOUND)
         pages &= self._unread
         self._unread -= pages
         if self._unmarked is not None and pages:
@@ -123,6 +120,7 @@ class Leaves:
         should be: the header's depth lies) gives way to its children, to be read in turn
         (``cold``: they may be on the disk: asked for first). Whether it did (the routes
         changed); if not, every one of ``wanted`` is read now."""
+        self._mark({r[0] for r in wanted}, CHECKING, over=False)
         below = self._tree.check(wanted, self._seen, cold=cold)
         if below:
             damaged = {d.page for d in self._tree.found}
@@ -228,10 +226,20 @@ class Leaves:
         flags[at[at < len(flags)]] = True
         return flags
 
+    def _mark(self, pages: set[int], mark: int, *, over: bool = True) -> None:
+        """Mark ``pages`` for the processes beside this one (``over``: whatever their mark was;
+        else only those not marked yet)."""
+        if self._shared is None or not pages:
+            return
+        marks = np.frombuffer(self._shared, np.uint8)  # (a view: dropped on return, before
+        at = np.fromiter(pages, np.int64, len(pages))  # close() may unmap)
+        at = at[at < len(marks)]
+        marks[at if over else at[marks[at] == 0]] = mark
+
     def _marked(self, pages: dict[int, Any]) -> bool:
         """Whether a process beside this one has checked one of ``pages`` and found it sound."""
         shared = self._shared
-        return shared is not None and any(p < len(shared) and shared[p] for p in pages)
+        return shared is not None and any(p < len(shared) and shared[p] == SOUND for p in pages)
 
     def _from_siblings(self) -> None:
         """Take as read, in one pass over the marks, every leaf not read yet that a process
@@ -239,7 +247,7 @@ class Leaves:
         if self._shared is None or self._unmarked is None:
             return
         marks = np.frombuffer(self._shared, np.uint8)  # (a view: dropped on return, before
-        known = np.flatnonzero(marks.view(bool) & self._unmarked)  # close() may unmap)
+        known = np.flatnonzero((marks == SOUND) & self._unmarked)  # close() may unmap)
         del marks
         if len(known):
             self._read(set(known.tolist()))
@@ -267,22 +275,27 @@ class Leaves:
         fresh = fresh[: more + PASSED_MOST]
         end = (fresh[-1] + 1) if len(fresh) == more + PASSED_MOST else at + look
         known: set[int] = set()
-        if shared is not None:  # (checked sound by a process beside this: read, not again)
-            known = {
-                routes[n][0] for n in fresh if routes[n][0] < len(shared) and shared[routes[n][0]]
-            }
-            fresh = [n for n in fresh if routes[n][0] not in known]
-        held = resident_pages(mapped, [routes[n][0] for n in fresh], self._tree.head.psize)
+        if shared is not None:  # (checked sound by a process beside this: read, not again;
+            # being checked by one: left to it)
+            marks = [shared[p] if p < len(shared) else 0 for p in (routes[n][0] for n in fresh)]
+            known = {routes[n][0] for n, m in zip(fresh, marks, strict=True) if m == SOUND}
+            fresh = [n for n, m in zip(fresh, marks, strict=True) if not m]
         taken = passed = 0
-        for n, in_memory in zip(fresh, held, strict=True):
-            if in_memory:
-                wanted[routes[n][0]] = routes[n]
-                taken += 1
-            else:  # (left to the read that wants it, or to a later pass)
-                passed += 1
-            if taken >= more or passed > taken + PASSED_MOST:  # (enough; or a store on the
-                end = n + 1  # disk, none read for this: the next batch looks past these)
-                break
+        step, asked = 2 * PASSED_MOST, 0  # (the kernel asked about a few first, then more:
+        while asked < len(fresh):  # where it holds few, the pass ends among the first few)
+            part = fresh[asked : asked + step]
+            held = resident_pages(mapped, [routes[n][0] for n in part], self._tree.head.psize)
+            asked, step = asked + len(part), 2 * step
+            for n, in_memory in zip(part, held, strict=True):
+                if in_memory:
+                    wanted[routes[n][0]] = routes[n]
+                    taken += 1
+                else:  # (left to the read that wants it, or to a later pass)
+                    passed += 1
+                if taken >= more or passed > taken + PASSED_MOST:  # (enough; or a store on
+                    end = n + 1  # the disk, none read for this: the next batch looks past
+                    asked = len(fresh)  # these)
+                    break
         self._cursor = end % count
         if known:
             self._read(known)  # (last: the pending routes may shrink, the cursor with them)
@@ -311,15 +324,19 @@ class Leaves:
 # those left, had cost three times that a leaf at a million records, in each pass's own work:
 # 7.8 s of a first epoch's reads in one process, against 2.4 now). A store in memory is
 # then checked whole within its first few hundred batches, whatever its size, after which its
-# reads take the shortest path (``known_sound``). A leaf the kernel does not hold is passed (a
-# read that wants it checks it, or a later pass of the cursor once it is in memory), and a store
-# on the disk, where most are not held, has none read for this. But once no more than a 256th of
-# the leaves is left unread (at most MOST_BESIDE), those are read together, from the disk where
-# they must be: a store in memory of which the kernel has let a few pages go (under pressure, or
-# a reclaim daemon: 378 leaves of 666,666 here) would otherwise look up every key of every batch
-# among them through its first epoch (about 2 us an image at a million records), for leaves only
-# a few batches want. Until every leaf is read, a key's route is looked up among the routes still
-# pending, a list that halves as they are read.
+# reads take the shortest path (``known_sound``). Workers forked from one reader share marks
+# of the leaves: a leaf a sibling has checked is taken over, one it is checking is left to it
+# (two workers had checked a sixth of a million-record store's leaves twice, side by side). A
+# leaf the kernel does not hold is passed (a read that wants it checks it, or a later pass of the
+# cursor once it is in memory), and a store on the disk, where most are not held, has none read
+# for this; the kernel is asked about the first few leaves of a pass before the rest, so that
+# such a pass ends there (asking about a full pass's worth cost 6 ms a batch). But once no
+# more than a 256th of the leaves is left unread (at most MOST_BESIDE), those are read together,
+# from the disk where they must be: a store in memory of which the kernel has let a few pages go
+# (under pressure, or a reclaim daemon: 378 leaves of 666,666 here) would otherwise look up
+# every key of every batch among them through its first epoch (about 2 us an image at a million
+# records), for leaves only a few batches want. Until every leaf is read, a key's route is
+# looked up among the routes still pending, a list that halves as they are read.
 MOST_BESIDE = 4096
 """The leaves checked beside a batch's own, while as many are left (about 10 ms)."""
 PASSED_MOST = 64
@@ -337,10 +354,17 @@ VALUES, HEADERS = (b"0", b":"), (b"#0", b"#:")
 digits)."""
 
 
+SOUND, CHECKING = 1, 2
+"""The marks of a page in :func:`_shared_marks`: a leaf checked and found sound; a page a
+process is checking (not yet known sound: a page it found damaged keeps it, and each process
+that wants one checks it itself)."""
+
+
 def _shared_marks(pages: int) -> mmap.mmap | None:
     """One byte a page of the file, in memory shared with the processes forked from this one
     (anonymous, shared: what one of them checked and found a sound leaf, the others need not
-    read again); None where none can be made (the checks then stay each process's own)."""
+    read again; what one is checking, the others' passes beside their reads leave to it); None
+    where none can be made (the checks then stay each process's own)."""
     if pages <= 0:
         return None
     try:
