@@ -150,10 +150,12 @@ def main() -> None:
                 f"{sizes[store]:>12,} {1 / per:>9,.0f} {per * 1e6:>8.1f} "
                 f"{got['cpu'] / got['images'] * 1e6:>11.1f} {per / base:>21.2f}"
             )
-        worst = max(best[s]["seconds"] / best[s]["images"] for s in stores) / base
-        verdict = "met" if worst <= 1.10 else "not met"
+        larger = [best[s]["seconds"] / best[s]["images"] for s in stores[1:]]
+        largest = max(larger, default=base) / base
+        verdict = "met" if largest <= 1.10 else "not met"
         print(
-            f"largest time per image against the smallest store's: {worst:.2f} "
+            f"largest time per image of the larger stores against the smallest store's: "
+            f"{largest:.2f} "
             f"(target <= 1.10: {verdict}; below 1: faster than the smallest)"
         )
         for store in stores[1:]:  # (less moved by a slow stretch of the machine than the best)
