@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 import threading
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,9 @@ class Leaves:
         self._seen: set[int] = set()
         size = os.path.getsize(data_file) // self._tree.head.psize  # (the file's own pages)
         self._shared = _shared_marks(min(self._tree.head.last_page + 1, size))
+        self._checkers = _shared_marks(_slots.size) if self._shared is not None else None
+        """The processes sharing the marks that are checking leaves now (NOTE [ Leaves beside a
+        read ]): a slot of :data:`CHECKERS` a process, its id (0: none), in the same memory."""
         self._set_routes(self._tree.routes)
 
     def _set_routes(self, routes: list[Any]) -> None:
@@ -120,23 +125,54 @@ class Leaves:
         should be: the header's depth lies) gives way to its children, to be read in turn
         (``cold``: they may be on the disk: asked for first). Whether it did (the routes
         changed); if not, every one of ``wanted`` is read now."""
-        self._mark({r[0] for r in wanted}, CHECKING, over=False)
-        below = self._tree.check(wanted, self._seen, cold=cold)
-        if below:
-            damaged = {d.page for d in self._tree.found}
-            sound = self._tree.sound_leaves
-            gone = {r[0] for r in wanted} - damaged - sound
-            kept = [r for r in self._routes if r[0] not in gone]
-            self._set_routes(sorted(kept + below, key=lambda r: r[2] or b""))
-            return True
-        self._read({r[0] for r in wanted})
-        return False
+        with self._checking():
+            self._mark({r[0] for r in wanted}, CHECKING, over=False)
+            below = self._tree.check(wanted, self._seen, cold=cold)
+            if below:
+                damaged = {d.page for d in self._tree.found}
+                sound = self._tree.sound_leaves
+                gone = {r[0] for r in wanted} - damaged - sound
+                kept = [r for r in self._routes if r[0] not in gone]
+                self._set_routes(sorted(kept + below, key=lambda r: r[2] or b""))
+                return True
+            self._read({r[0] for r in wanted})
+            return False
+
+    @contextmanager
+    def _checking(self) -> Iterator[None]:
+        """This process listed among those checking leaves while the block runs (its slot of
+        :attr:`_checkers`), for the processes beside it."""
+        checkers = self._checkers
+        if checkers is None:
+            yield
+            return
+        pid = os.getpid()
+        at = 4 * (pid % CHECKERS)
+        struct.pack_into("=i", checkers, at, pid)
+        try:
+            yield
+        finally:
+            if struct.unpack_from("=i", checkers, at)[0] == pid:  # (not taken since: a process
+                struct.pack_into("=i", checkers, at, 0)  # with an id of the same slot)
+
+    def _sibling_checking(self) -> bool:
+        """Whether a process beside this one is checking leaves now: the leaves marked as being
+        checked may then be its own, left to it; else they are the marks of checks that never
+        ended (a process killed in one, or one that raised) or of damaged leaves, which no
+        process will mark sound."""
+        checkers, me = self._checkers, os.getpid()
+        if checkers is None:
+            return False
+        return any(pid > 0 and pid != me and _alive(pid) for pid in _slots.unpack(checkers))
 
     def close(self) -> None:
         self._tree.close()
         if self._shared is not None:
             self._shared.close()
             self._shared = None
+        if self._checkers is not None:
+            self._checkers.close()
+            self._checkers = None
 
     def adopt(self, data_file: str) -> bool:
         """Taken over by a forked child (NOTE [ Checked once ] in ``env.py``), which opened the
@@ -276,10 +312,12 @@ class Leaves:
         end = (fresh[-1] + 1) if len(fresh) == more + PASSED_MOST else at + look
         known: set[int] = set()
         if shared is not None:  # (checked sound by a process beside this: read, not again;
-            # being checked by one: left to it)
+            # being checked by one: left to it, while one is checking)
             marks = [shared[p] if p < len(shared) else 0 for p in (routes[n][0] for n in fresh)]
             known = {routes[n][0] for n, m in zip(fresh, marks, strict=True) if m == SOUND}
-            fresh = [n for n, m in zip(fresh, marks, strict=True) if not m]
+            stale = CHECKING in marks and not self._sibling_checking()  # (no one will end them)
+            taking = (0, CHECKING) if stale else (0,)
+            fresh = [n for n, m in zip(fresh, marks, strict=True) if m in taking]
         taken = passed = 0
         step, asked = 2 * PASSED_MOST, 0  # (the kernel asked about a few first, then more:
         while asked < len(fresh):  # where it holds few, the pass ends among the first few)
@@ -326,7 +364,13 @@ class Leaves:
 # then checked whole within its first few hundred batches, whatever its size, after which its
 # reads take the shortest path (``known_sound``). Workers forked from one reader share marks
 # of the leaves: a leaf a sibling has checked is taken over, one it is checking is left to it
-# (two workers had checked a sixth of a million-record store's leaves twice, side by side). A
+# (two workers had checked a sixth of a million-record store's leaves twice, side by side)
+# while a sibling is in the middle of a check (each lists its process id in shared slots while
+# it checks). Where none is, the leaves marked as being checked are those of a check that never
+# ended (a worker killed in it by the OOM killer, or a check that raised) or damaged ones, which
+# no process will mark sound, and a pass takes them (left to a dead worker for good, they were
+# checked only where a read wanted one: its siblings' reads of part of the store, or at random
+# through most of an epoch, never took the shortest path). A
 # leaf the kernel does not hold is passed (a read that wants it checks it, or a later pass of the
 # cursor once it is in memory), and a store on the disk, where most are not held, has none read
 # for this; the kernel is asked about the first few leaves of a pass before the rest, so that
@@ -357,7 +401,26 @@ digits)."""
 SOUND, CHECKING = 1, 2
 """The marks of a page in :func:`_shared_marks`: a leaf checked and found sound; a page a
 process is checking (not yet known sound: a page it found damaged keeps it, and each process
-that wants one checks it itself)."""
+that wants one checks it itself, as do the passes beside reads once no process is checking)."""
+
+
+CHECKERS = 256
+"""The slots of :attr:`Leaves._checkers`, one a process checking leaves, by its id (two of the
+same slot, rare among a loader's workers, are taken for one: the leaves of the one that
+checks longer may be checked twice)."""
+_slots = struct.Struct(f"={CHECKERS}i")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` is still there (not yet waited for, if it ended; or its id
+    taken by another since)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's: there)
+        return True
+    return True
 
 
 def _shared_marks(pages: int) -> mmap.mmap | None:

@@ -209,3 +209,65 @@ def test_a_reader_forked_while_a_thread_checks_leaves_finds_no_damage_in_a_sound
     store = tiny_store(tmp_path, 3000)
     run = run_script(MID_CHECK, store)
     assert run.stdout.strip() == "failed []", run.stdout
+
+
+KILLED_MID_CHECK = """
+import os, random, signal, sys
+from fastdata import LMDBImageDataset
+from fastdata.stores.lmdb.pages import tree
+
+ds = LMDBImageDataset(sys.argv[1], output="bytes")
+n = int(sys.argv[2])
+ds.__getitems__([0])  # opened here: its branches checked
+inside, never = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:  # a worker stopped in a pass over the leaves beside its reads
+    check = tree.Tree._checked_level
+    def stopped(self, level, *args, **kw):
+        if len(level) > 200:  # (its leaves marked as being checked, their checks not done)
+            os.write(inside[1], b"x")
+            os.read(never[0], 1)
+        return check(self, level, *args, **kw)
+    tree.Tree._checked_level = stopped
+    rng = random.Random(0)
+    while True:
+        ds.__getitems__(rng.sample(range(n), 64))
+os.read(inside[0], 1)
+os.kill(pid, signal.SIGKILL)  # (killed there: by the OOM killer, say)
+os.waitpid(pid, 0)
+pid = os.fork()
+if pid == 0:  # a sibling reads batches of the first tenth of the records
+    leaves = ds.reader._env().entry.leaves
+    rng = random.Random(1)
+    wrong = 0
+    for batches in range(1, 21):
+        batch = rng.sample(range(n // 10), 64)
+        got = ds.__getitems__(batch)
+        wrong += sum(
+            data != open(f"{sys.argv[3]}/c/{i:04d}.jpg", "rb").read()
+            for i, (data, _) in zip(batch, got)
+        )
+        if leaves.all_sound:
+            break
+    print(f"all sound {leaves.all_sound} after {batches} batches, {wrong} wrong", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_leaves_a_killed_worker_was_checking_are_checked_by_its_siblings(tmp_path: Path) -> None:
+    """A worker killed in the middle of a pass over leaves leaves them marked as being checked,
+    for good: its siblings check them beside their reads once no process is checking any (they
+    had left them to it forever, each checking one only where a read of its own wanted it, and
+    never took the shortest path)."""
+    store = tiny_store(tmp_path, 3000)
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_CHECK, str(store), "3000", str(tmp_path / "src")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("all sound True after "), run.stdout
+    assert run.stdout.endswith(" batches, 0 wrong\n"), run.stdout
+    assert int(run.stdout.split()[4]) <= 3, run.stdout

@@ -8,7 +8,11 @@ import ctypes
 import mmap
 import os
 import random
+import struct
+import subprocess
+import sys
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import numpy as np
@@ -246,12 +250,13 @@ def test_leaves_a_sibling_is_checking_are_left_to_it(
 ) -> None:
     """A pass beside a batch leaves the leaves a process beside this one is checking (marked
     so in the memory they share) to that process, rather than checking them side by side with
-    it; it checks them itself only where a read of its own wants one."""
+    it; it checks them itself only where a read of its own wants one, or once that process is
+    no longer checking (killed in its check, its marks stay)."""
     from fastdata.stores.lmdb import leaves as leaves_module
 
     values = _values(4000)
     ds, leaves = _read_from_memory(tmp_path, values, monkeypatch)
-    assert leaves._shared is not None
+    assert leaves._shared is not None and leaves._checkers is not None
     value_routes = [r for r in leaves._routes if r[2] is not None and b"0" < r[2] < b":"]
     theirs = {r[0] for r in value_routes[::3] if r[0] in leaves._unread}
     for page in theirs:
@@ -259,11 +264,49 @@ def test_leaves_a_sibling_is_checking_are_left_to_it(
     under = [(r[2], r[3]) for r in leaves._routes if r[0] in theirs]
     others = [i for i in range(4000) if not any(lo <= b"%010d" % i < hi for lo, hi in under)]
     rng = random.Random(3)
-    for _ in range(5):
-        batch = rng.sample(others, 64)
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE
+    ) as sibling:
+        try:  # (listed as checking, as a sibling is while it checks them)
+            at = 4 * (sibling.pid % leaves_module.CHECKERS)
+            struct.pack_into("=i", leaves._checkers, at, sibling.pid)
+            for _ in range(5):
+                batch = rng.sample(others, 64)
+                assert [d for d, _ in ds.__getitems__(batch)] == [values[i] for i in batch]
+            assert theirs <= leaves._unread  # (every other leaf checked meanwhile)
+            assert len(leaves._unread) == len(theirs)
+            wanted = next(i for i in range(4000) if i not in set(others))
+            assert ds[wanted][0] == values[wanted]  # (one it wants: checked here)
+            assert len(leaves._unread) == len(theirs) - 1
+        finally:
+            sibling.kill()  # (gone in the middle of its check: its marks stay)
+    batch = [max(set(range(4000)) - set(others)), *rng.sample(others, 63)]  # (one of theirs)
+    assert [d for d, _ in ds.__getitems__(batch)] == [values[i] for i in batch]
+    assert leaves.all_sound  # (its leaves, never marked sound: checked beside the batch's)
+
+
+def test_leaves_whose_check_was_interrupted_are_checked_by_a_later_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over leaves interrupted (Ctrl-C in a notebook, an I/O error) leaves them marked
+    as being checked, by no one: a later pass checks them (they had been left for good, to a
+    check that had ended, and a store read in part never took the shortest path)."""
+    from fastdata.stores.lmdb.pages import tree
+
+    values = _values(4000)
+    ds, leaves = _read_from_memory(tmp_path, values, monkeypatch)
+    check = tree.Tree._checked_level
+
+    def interrupted(self, level, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if len(level) > 200:  # (a pass beside a batch)
+            monkeypatch.setattr(tree.Tree, "_checked_level", check)
+            raise KeyboardInterrupt
+        return check(self, level, *args, **kwargs)
+
+    monkeypatch.setattr(tree.Tree, "_checked_level", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ds.__getitems__(list(range(1000, 1064)))
+    for first in range(0, 400, 64):  # (reads of part of the store)
+        batch = list(range(first, first + 64))
         assert [d for d, _ in ds.__getitems__(batch)] == [values[i] for i in batch]
-    assert theirs <= leaves._unread  # (every other leaf checked meanwhile)
-    assert len(leaves._unread) == len(theirs)
-    wanted = next(i for i in range(4000) if i not in set(others))
-    assert ds[wanted][0] == values[wanted]  # (one it wants: checked here)
-    assert len(leaves._unread) == len(theirs) - 1
+    assert leaves.all_sound
