@@ -13,6 +13,7 @@ memory while the consumer may still use it.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -57,9 +58,13 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 def threads_beside_workers(loader: Any) -> int | None:
     """The intra-op threads for work on the CPU in the caller's process while ``loader``'s
     worker processes run (NOTE [ Threads beside the workers ]): the cores they leave, at least
-    one; None where the loader has no workers (the process's own count stands)."""
-    workers = getattr(loader, "num_workers", 0)
-    if not isinstance(workers, int) or workers <= 0:
+    one; None where the loader has no workers, or cannot say how many (the process's own count
+    stands)."""
+    try:  # (a count of any integer type: numpy's too)
+        workers = operator.index(getattr(loader, "num_workers", 0))
+    except Exception:  # (no count, or a property of the caller's loader that raised: the
+        return None  # conversion is no reason to fail the wrapping, which never asked before)
+    if workers <= 0:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) - workers)

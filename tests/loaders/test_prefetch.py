@@ -248,3 +248,28 @@ def test_batches_are_converted_on_the_cores_the_workers_leave(
                 assert torch.allclose(got.double(), reference(x), atol=1e-5)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_loader_whose_worker_count_cannot_be_read_is_wrapped_and_converted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loader's ``num_workers`` that raises (a wrapper's property that cannot answer before
+    it starts) is no reason to refuse the loader: PrefetchLoader had raised its error when
+    built, where it never asked before; a count of numpy's integer type counts."""
+    import numpy as np
+
+    from fastdata.loaders.device import threads_beside_workers
+
+    class Unready(list):  # type: ignore[type-arg]
+        @property
+        def num_workers(self) -> int:
+            raise RuntimeError("not started yet")
+
+    batches = Unready(image_batches(n=2))
+    out = [x for x, _ in PrefetchLoader(batches, device="cpu", normalize=True)]
+    for (x, _), got in zip(batches, out, strict=True):
+        assert torch.allclose(got.double(), reference(x), atol=1e-5)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)))
+    counted = WithWorkers(image_batches(n=1))
+    counted.num_workers = np.int64(3)
+    assert threads_beside_workers(counted) == 1
