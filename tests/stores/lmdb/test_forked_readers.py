@@ -230,9 +230,12 @@ if pid == 0:  # a worker stopped in a pass over the leaves beside its reads
         return check(self, level, *args, **kw)
     tree.Tree._checked_level = stopped
     rng = random.Random(0)
-    while True:
+    for _ in range(100):  # (it stops in its first batch's pass; never a worker left reading)
         ds.__getitems__(rng.sample(range(n), 64))
-os.read(inside[0], 1)
+    os._exit(5)
+os.close(inside[1])  # (a worker that never stopped there: EOF, not a wait)
+if os.read(inside[0], 1) != b"x":
+    sys.exit("the worker was never stopped in a pass")
 os.kill(pid, signal.SIGKILL)  # (killed there: by the OOM killer, say)
 os.waitpid(pid, 0)
 pid = os.fork()
