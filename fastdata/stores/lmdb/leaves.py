@@ -102,8 +102,7 @@ class Leaves:
         pages &= self._unread
         self._unread -= pages
         if self._unmarked is not None and pages:
-            at = np.fromiter(pages, np.int64, len(pages))
-            self._unmarked[at[at < len(self._unmarked)]] = False
+            self._unmarked[_below(pages, len(self._unmarked))] = False
         self._values_unread -= len(pages & self._values)
         self._headers_unread -= len(pages & self._headers)
         self._shrink()
@@ -258,8 +257,7 @@ class Leaves:
         if self._shared is None:
             return None
         flags = np.zeros(len(self._shared), bool)
-        at = np.fromiter(pages, np.int64, len(pages))
-        flags[at[at < len(flags)]] = True
+        flags[_below(pages, len(flags))] = True
         return flags
 
     def _mark(self, pages: set[int], mark: int, *, over: bool = True) -> None:
@@ -268,8 +266,7 @@ class Leaves:
         if self._shared is None or not pages:
             return
         marks = np.frombuffer(self._shared, np.uint8)  # (a view: dropped on return, before
-        at = np.fromiter(pages, np.int64, len(pages))  # close() may unmap)
-        at = at[at < len(marks)]
+        at = _below(pages, len(marks))  # close() may unmap)
         marks[at if over else at[marks[at] == 0]] = mark
 
     def _marked(self, pages: dict[int, Any]) -> bool:
@@ -409,6 +406,12 @@ CHECKERS = 256
 same slot, rare among a loader's workers, are taken for one: the leaves of the one that
 checks longer may be checked twice)."""
 _slots = struct.Struct(f"={CHECKERS}i")
+
+
+def _below(pages: set[int], count: int) -> np.ndarray:
+    """``pages`` that are below ``count`` (those the marks have a byte for), as an array."""
+    at = np.fromiter(pages, np.int64, len(pages))
+    return at[at < count]
 
 
 def _alive(pid: int) -> bool:
