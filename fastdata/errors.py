@@ -219,6 +219,14 @@ class StoreDamagedError(StoreError):
         super().__init__(*parts)
         self.store = store
 
+    def in_store(self, store: str) -> None:
+        """Name ``store`` (command-line words, as ``store=``) where the code that found the
+        damage did not know which store it was reading (a header or metadata parsed from
+        bytes): a reader that catches its damage does so before it raises it again, which
+        keeps the hint's command runnable as printed."""
+        if not self.store:
+            self.store = store
+
     def advice(self) -> tuple[str | Phrase, ...]:
         command = f"`fastdata verify {self.store}`" if self.store else "`fastdata verify` on it"
         return (

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -1467,3 +1469,53 @@ def _leaf_of(data_file: Path, key: bytes) -> int:
                 child = lo | (hi << 16) | (top << 32)
         page = child
     return page
+
+
+def _damage(store: Path, what: str) -> None:
+    """One kind of damage that only a parse of bytes finds (a header, the metadata), which
+    knows nothing of the store it was read from."""
+    if what == "a header that is not JSON":
+        put(store, b"#0000000007", b"{not json")
+    elif what == "a header of the wrong types":
+        put(store, b"#0000000007", b'{"name": "c0/0007.jpg", "label": 0, "size": "big"}')
+    elif what == "metadata that is not JSON":
+        put(store, b"__fastdata__", b"{not json")
+    elif what == "metadata of the wrong types":
+        meta_with(store, version="1")
+    else:
+        meta_with(store, skipped=7)
+
+
+@pytest.mark.parametrize(
+    "what, command",
+    [
+        ("a header that is not JSON", "export"),
+        ("a header that is not JSON", "copy"),
+        ("a header of the wrong types", "export"),
+        ("metadata that is not JSON", "info"),
+        ("metadata of the wrong types", "export"),
+        ("a skipped list of the wrong type", "info"),
+    ],
+)
+def test_the_verify_a_damage_message_names_runs_as_printed(
+    store: Path, tmp_path: Path, what: str, command: str
+) -> None:
+    """Damage found by parsing bytes alone (a record's header, the metadata) is named with the
+    store it was read from: the hint's ``fastdata verify`` command runs as printed and lists
+    the damage (it said "`fastdata verify` on it", which runs nothing)."""
+    _damage(store, what)
+    args = {
+        "export": ["export", str(store), str(tmp_path / "out"), "-q"],
+        "copy": ["copy", str(store), str(tmp_path / "c.lmdb"), "-q"],
+        "info": ["info", str(store)],
+    }[command]
+    result = cli(*args)
+    no_crash(result)
+    assert result.returncode == 1, result.stderr
+    printed = re.findall(r"`(fastdata verify [^`]*)`", result.stderr)
+    assert printed, result.stderr
+    verified = cli(*shlex.split(printed[0])[1:])
+    no_crash(verified)
+    assert verified.returncode == 1, verified.stderr  # (damage, not a usage error: 2)
+    said = verified.stdout + verified.stderr
+    assert "record 7" in said if "header" in what else "metadata" in said, said

@@ -335,6 +335,7 @@ def _decodes(
             f"{reader.location}: record {rec.index} ({rec.header.name}) does not decode "
             f"({exc.reason}); nothing was written for it: pass ",
             *_SKIP_DAMAGED,
+            store=reader.command_target,
         ) from None
     return data
 

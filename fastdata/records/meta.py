@@ -204,7 +204,7 @@ class StoreMeta:
             d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
         except (ValueError, RecursionError) as exc:
             why = "nested too deep" if isinstance(exc, RecursionError) else exc
-            raise StoreError(f"{where}: metadata is not valid JSON ({why})") from None
+            raise StoreDamagedError(f"{where}: metadata is not valid JSON ({why})") from None
         return cls.from_dict(d, where)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import (
     RecordError,
+    StoreDamagedError,
     StoreError,
 )
 from ..packed import PackedStrings
@@ -94,7 +95,11 @@ class PickleLMDBStore(LeasedReader):
     ) -> list[tuple[bytes, int]]:
         idx = self.check_indices(indices)  # (no checksums: nothing to check)
         with reading(self.path), self._env().env.begin(buffers=True) as txn:
-            return [self._get(txn, i) for i in idx]
+            try:
+                return [self._get(txn, i) for i in idx]
+            except StoreDamagedError as exc:
+                exc.in_store(self.command_target)
+                raise
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         from ..images.codec import sniff
@@ -221,7 +226,10 @@ class LegacyMongoStore(MongoTarget, StoreReader):
         out = []
         for name in names:
             if name not in found:
-                raise RecordError(f"{self.location}: no document with img_name {name!r}")
+                raise RecordError(
+                    f"{self.location}: no document with img_name {name!r}",
+                    store=self.command_target,
+                )
             data, repaired = repair_if_cut(found[name])
             out.append((name, data, repaired))
         return out

@@ -10,7 +10,7 @@ import os
 import shlex
 from typing import Any
 
-from ...errors import StoreError
+from ...errors import StoreDamagedError, StoreError
 from ...records import Progress, SkippedFile, StoreMeta, skipped_file
 from .env import open_reader, reading
 from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY, skipped_key
@@ -32,7 +32,11 @@ def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
             raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
             has_keys = txn.get(KEYS_KEY) is not None
-            meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
+            try:
+                meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
+            except StoreDamagedError as exc:
+                exc.in_store(shlex.quote(path))
+                raise
             progress = None
             if raw_progress is not None:
                 # a complete store keeps the progress of its last run: it matters only when it

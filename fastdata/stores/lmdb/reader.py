@@ -15,6 +15,7 @@ from ...columns import Column
 from ...errors import (
     IncompleteStoreError,
     RecordError,
+    StoreDamagedError,
     StoreError,
 )
 from ...packed import PackedStrings
@@ -165,10 +166,14 @@ class LMDBStore(LeasedReader):
         raw_meta, raw_labels = lease.read(get, self.path)
         if raw_meta is None:
             raise IncompleteStoreError(f"{self.path}: store metadata missing")
-        meta = StoreMeta.from_json(raw_meta, self.path)
-        if not labels:
-            return meta, np.empty(0, dtype=np.int64)
-        return meta, check_labels(raw_labels, meta, self.path)
+        try:
+            meta = StoreMeta.from_json(raw_meta, self.path)
+            if not labels:
+                return meta, np.empty(0, dtype=np.int64)
+            return meta, check_labels(raw_labels, meta, self.path)
+        except StoreDamagedError as exc:
+            exc.in_store(self.command_target)
+            raise
 
     def skipped_files(self) -> list[SkippedFile]:
         lease = self._env()
@@ -180,11 +185,15 @@ class LMDBStore(LeasedReader):
                 return read_skipped(lease, txn, count, where)
             return lease.value(txn.get(META_KEY), f"{where}: the metadata")
 
-        found = lease.read(get, where)
-        if isinstance(found, list):
-            return found
-        legacy = json.loads(found or b"{}").get("skipped", [])  # earlier versions kept it there
-        return [skipped_file(item, where) for item in legacy]
+        try:
+            found = lease.read(get, where)
+            if isinstance(found, list):
+                return found
+            legacy = json.loads(found or b"{}").get("skipped", [])  # (earlier versions: there)
+            return [skipped_file(item, where) for item in legacy]
+        except StoreDamagedError as exc:
+            exc.in_store(self.command_target)
+            raise
 
     def _check_identity(self, lease: Lease) -> None:
         # A forked worker, or a reader reopened, holds the labels already: only the metadata is
@@ -277,7 +286,12 @@ class LMDBStore(LeasedReader):
                     raw = buf[at : at + sizes[j]] if first < 0 else tree.value(run, j)
                     if raw is None:
                         break
-                    yield RecordHeader.from_json(raw, f"{self.path}: record {i}")
+                    try:
+                        header = RecordHeader.from_json(raw, f"{self.path}: record {i}")
+                    except StoreDamagedError as exc:
+                        exc.in_store(self.command_target)
+                        raise
+                    yield header
                     i += 1
                 else:
                     continue
@@ -367,11 +381,15 @@ class LMDBStore(LeasedReader):
         """Raise the error of the first of the records ``idx`` whose bytes are not the ones
         their header describes (NOTE [ Checked reads ] in ``stores/reader.py``); where none,
         each one's scan end as its header gives it."""
-        bad, ends = first_mismatch(heads, data, lambda j: f"{self.path}: record {idx[j]}")
-        if bad is not None:
-            j, why = bad
-            where = f"{self.path}: record {idx[j]}"
-            raise self.mismatch(idx[j], RecordHeader.from_json(heads[j], where).name, why)
+        try:
+            bad, ends = first_mismatch(heads, data, lambda j: f"{self.path}: record {idx[j]}")
+            if bad is not None:
+                j, why = bad
+                where = f"{self.path}: record {idx[j]}"
+                raise self.mismatch(idx[j], RecordHeader.from_json(heads[j], where).name, why)
+        except StoreDamagedError as exc:
+            exc.in_store(self.command_target)
+            raise
         return ends
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
@@ -391,7 +409,11 @@ class LMDBStore(LeasedReader):
                     f"{where}{'' if data is None else ': its header'} is missing",
                     store=self.command_target,
                 )
-            out.append(Record(i, RecordHeader.from_json(head, where), data))
+            try:
+                out.append(Record(i, RecordHeader.from_json(head, where), data))
+            except StoreDamagedError as exc:
+                exc.in_store(self.command_target)
+                raise
         return out
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:

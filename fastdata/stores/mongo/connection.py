@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...errors import Phrase, StoreError, UsageError
-from ..uri import mask_uri
+from ...errors import Phrase, StoreDamagedError, StoreError, UsageError
+from ..uri import command_words, mask_uri
 from .layout import CLAIM_TTL_S, PASSWORD_ENV, USER_ENV
 
 log = logging.getLogger(__name__)
@@ -265,8 +265,19 @@ class MongoTarget:
     def _opening(self) -> None:
         """What a target does when it is created (a reader reads the store's metadata)."""
 
+    @property
+    def command_target(self) -> str:
+        """The collection as the words of a command that names it (``URI --collection C``)."""
+        return command_words(self.uri, self.collection)
+
     def _run(self, what: str, fn: Callable[[], T], *, first: bool = False) -> T:
-        return self._conn.retry(what, self.location, fn, first=first)
+        """``fn``, retried as a server's work is; the damage it finds named as this
+        collection's (a reader's metadata, skipped list and documents are checked there)."""
+        try:
+            return self._conn.retry(what, self.location, fn, first=first)
+        except StoreDamagedError as exc:
+            exc.in_store(self.command_target)
+            raise
 
     def close(self) -> None:
         self._conn.close()

@@ -328,7 +328,12 @@ class MongoStore(MongoTarget, StoreReader):
             for doc in docs:
                 self._check_store(doc)
                 where = f"{self.location}: record {doc['_id']}"
-                yield RecordHeader.from_dict(names_from_bson(doc), where)
+                try:
+                    header = RecordHeader.from_dict(names_from_bson(doc), where)
+                except StoreDamagedError as exc:
+                    exc.in_store(self.command_target)
+                    raise
+                yield header
 
     def matching(self, where: Any) -> np.ndarray:
         """A query (:mod:`fastdata.query`, checked first: the same language as on every
@@ -433,10 +438,6 @@ class MongoStore(MongoTarget, StoreReader):
             ends.append(int(end) if ok else -1)
         return ends
 
-    @property
-    def command_target(self) -> str:
-        return command_words(self.uri, self.collection)
-
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
         idx = self.check_indices(indices)
         fields = {"data": 1, "gridfs_id": 1, "size": 1, "store": 1, "name": 1}
@@ -449,7 +450,12 @@ class MongoStore(MongoTarget, StoreReader):
         idx = self.check_indices(indices)
         out = []
         for doc, i in zip(self._fetch(idx, None), idx, strict=True):
-            header = RecordHeader.from_dict(names_from_bson(doc), f"{self.location}: record {i}")
+            where = f"{self.location}: record {i}"
+            try:
+                header = RecordHeader.from_dict(names_from_bson(doc), where)
+            except StoreDamagedError as exc:
+                exc.in_store(self.command_target)
+                raise
             out.append(Record(i, header, bytes(doc["data"])))
         return out
 

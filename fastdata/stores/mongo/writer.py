@@ -15,7 +15,6 @@ import numpy as np
 
 from ...errors import (
     SAME_COMMAND,
-    RecordError,
     StoreError,
     option,
 )
@@ -32,7 +31,6 @@ from ..existing import Existing
 from ..names import META_COLLECTION, progress_id
 from ..policy import Completion, StoreWriter
 from ..reader import StoreReader
-from ..uri import command_words
 from .buckets import buckets_named, drop_buckets
 from .claim import Claimed
 from .connection import MongoTarget, gridfs_of
@@ -107,10 +105,6 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
         if self.appending and self._base_bucket:
             return self._base_bucket
         return names.bucket(self.collection, self._store_id)
-
-    @property
-    def command_target(self) -> str:
-        return command_words(self.uri, self.collection)
 
     @property
     def store_target(self) -> tuple[str, str | None]:
@@ -324,7 +318,7 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
                     # near the limit: measured as BSON, which may take several times the bytes
                     beside = len(encode({"fields": to_bson(fields)}))
                     if beside > GRIDFS_THRESHOLD:
-                        raise RecordError(
+                        raise StoreError(
                             f"{self.location}: record {rec.index} ({rec.header.name}): its "
                             f"fields take {beside:,} bytes as BSON, more than a MongoDB "
                             "document holds beside its header (16 MiB): convert it to LMDB, "

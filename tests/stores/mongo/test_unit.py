@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastdata import convert, open_store
-from fastdata.errors import StoreError, UsageError
+from fastdata.errors import RecordError, StoreDamagedError, StoreError, UsageError
 from fastdata.stores.foreign import _legacy_classes
 from fastdata.stores.mongo.connection import MongoOptions
 from fastdata.stores.uri import is_mongo_uri, mask_uri
@@ -67,6 +67,25 @@ def test_convert_and_read_on_mongomock(good_folder: Path) -> None:
     store = MongoStore("mongodb://mock/db", "g", options=_on(client))
     assert store.read_samples([3])[0] == ((good_folder / "cat" / "003.jpg").read_bytes(), 0)
     assert [r.header.name for r in store.read_records([11, 0])] == ["eel/002.jpg", "cat/000.jpg"]
+
+
+def test_damage_found_in_a_document_names_the_collection_for_verify(good_folder: Path) -> None:
+    """A header or metadata that only a parse of the document finds damaged names the store as
+    a command's words (``URI --collection C``), so that the hint's ``fastdata verify`` runs as
+    printed (it said "`fastdata verify` on it")."""
+    client = mongomock.MongoClient()
+    convert(good_folder, MongoWriter("mongodb://mock/db", "g", options=_on(client)), workers=1)
+    client["db"]["g"].update_one({"_id": 4}, {"$set": {"label": "cat"}})
+    store = MongoStore("mongodb://mock/db", "g", options=_on(client))
+    for read in (lambda: store.read_records([4]), lambda: list(store.iter_headers())):
+        with pytest.raises(RecordError) as found:
+            read()
+        assert found.value.store == "mongodb://mock/db --collection g"
+        assert "run `fastdata verify mongodb://mock/db --collection g`" in str(found.value)
+    client["db"][META_COLLECTION].update_one({"_id": "g"}, {"$set": {"count": "twelve"}})
+    with pytest.raises(StoreDamagedError) as damaged:
+        MongoStore("mongodb://mock/db", "g", options=_on(client))
+    assert damaged.value.store == "mongodb://mock/db --collection g"
 
 
 def test_insert_groups_respect_count_and_bytes() -> None:
