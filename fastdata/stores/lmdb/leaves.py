@@ -165,13 +165,14 @@ class Leaves:
         return any(pid > 0 and pid != me and _alive(pid) for pid in _slots.unpack(checkers))
 
     def close(self) -> None:
-        self._tree.close()
-        if self._shared is not None:
-            self._shared.close()
-            self._shared = None
-        if self._checkers is not None:
-            self._checkers.close()
-            self._checkers = None
+        with self._lock:  # (not while a thread checks: its views of the marks would keep
+            self._tree.close()  # them from being unmapped)
+            if self._shared is not None:
+                self._shared.close()
+                self._shared = None
+            if self._checkers is not None:
+                self._checkers.close()
+                self._checkers = None
 
     def adopt(self, data_file: str) -> bool:
         """Taken over by a forked child (NOTE [ Checked once ] in ``env.py``), which opened the
@@ -180,9 +181,10 @@ class Leaves:
         was half done (pages it read counted as seen, not yet as read: met again, they were
         taken for a loop in the tree) and its state half updated."""
         self._tree.forked()
-        if self._lock.locked():  # (in the child, no thread of its own holds it)
+        held = self._lock.locked()  # (in the child, no thread of its own holds it)
+        self._lock = threading.Lock()  # (so that close() does not wait on the parent's thread)
+        if held:
             return False
-        self._lock = threading.Lock()
         self.data_file = data_file
         self._cursor = _start(len(self._pending[0]))  # (not where the parent's or a sibling's is)
         return True
@@ -415,15 +417,22 @@ def _below(pages: set[int], count: int) -> np.ndarray:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` is still there (not yet waited for, if it ended; or its id
-    taken by another since)."""
+    """Whether process ``pid`` is still running (or its id taken by another since): one that
+    ended and that its parent has not yet waited for (a zombie: a killed worker, until its
+    loader notices) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # (another user's: there)
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # (no /proc, or it ended since: taken as there, as the signal said)
+        return True
+    end = stat.rfind(b")")  # (the state follows the name, which may hold any byte)
+    return stat[end + 2 : end + 3] != b"Z"
 
 
 def _shared_marks(pages: int) -> mmap.mmap | None:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ...conftest import tiny_store
 from ...test_damaged_stores import _leaves, smash
 
@@ -237,7 +239,10 @@ os.close(inside[1])  # (a worker that never stopped there: EOF, not a wait)
 if os.read(inside[0], 1) != b"x":
     sys.exit("the worker was never stopped in a pass")
 os.kill(pid, signal.SIGKILL)  # (killed there: by the OOM killer, say)
-os.waitpid(pid, 0)
+if sys.argv[4] == "reaped":
+    os.waitpid(pid, 0)
+else:  # (ended, and not yet waited for by its parent: a zombie, which answers a signal 0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 pid = os.fork()
 if pid == 0:  # a sibling reads batches of the first tenth of the records
     leaves = ds.reader._env().entry.leaves
@@ -258,14 +263,18 @@ os.waitpid(pid, 0)
 """
 
 
-def test_leaves_a_killed_worker_was_checking_are_checked_by_its_siblings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parent", ["reaped", "not yet waited for"])
+def test_leaves_a_killed_worker_was_checking_are_checked_by_its_siblings(
+    tmp_path: Path, parent: str
+) -> None:
     """A worker killed in the middle of a pass over leaves leaves them marked as being checked,
     for good: its siblings check them beside their reads once no process is checking any (they
     had left them to it forever, each checking one only where a read of its own wanted it, and
-    never took the shortest path)."""
+    never took the shortest path); also before its parent has waited for it (a zombie was taken
+    for a live sibling until the next epoch's workers)."""
     store = tiny_store(tmp_path, 3000)
     run = subprocess.run(
-        [sys.executable, "-c", KILLED_MID_CHECK, str(store), "3000", str(tmp_path / "src")],
+        [sys.executable, "-c", KILLED_MID_CHECK, str(store), "3000", str(tmp_path / "src"), parent],
         capture_output=True,
         text=True,
         timeout=120,
