@@ -202,7 +202,7 @@ def test_a_store_of_another_tool_says_what_it_lacks(tmp_path: Path) -> None:
     assert "size:       not recorded (a store written by another tool)" in info.stdout
     verify = cli("verify", str(path), "--allow-pickle", "-q")
     assert verify.returncode == 0 and "the store has no checksums" in verify.stdout
-    assert "OK (checksums" not in verify.stdout
+    assert "OK (sizes, checksums" not in verify.stdout
 
 
 # -------------------------------------------------------------- bench

@@ -233,7 +233,7 @@ def test_verify_checks_every_record_with_any_worker_count(
     result = cli("verify", str(good), "--decode", "--workers", str(workers), "-q")
     assert result.returncode == 0, result.stderr
     decoded = len(folder.expected(decode=True))
-    assert result.stdout.strip().endswith(f"{decoded} records OK (checksums and decoding)")
+    assert result.stdout.strip().endswith(f"{decoded} records OK (sizes, checksums, fields and scan ends, decoding)")
     assert count > decoded >= 4 * 64  # (enough records for four processes)
 
 

@@ -91,7 +91,7 @@ def check_repairs(store_words: str, source: Path, cwd: Path, count: int) -> None
     assert "cat/bad.jpg: damaged JPEG data" in converted.stdout  # skipped, and said so
     again = verify_in(cwd, store_words, "--decode")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"{count} records OK (checksums and decoding)" in again.stdout
+    assert f"{count} records OK (sizes, checksums, fields and scan ends, decoding)" in again.stdout
 
 
 def test_both_repairs_verify_advises_work_on_lmdb(tmp_path: Path) -> None:

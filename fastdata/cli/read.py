@@ -224,7 +224,7 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
         )
     if report.ok:
         if report.checksums:
-            what = "checksums and decoding" if decode else "checksums"
+            what = "sizes, checksums, fields and scan ends" + (", decoding" if decode else "")
         else:
             what = "read" + (" and decoded" if decode else "") + "; the store has no checksums"
         click.echo(f"{report.location}: {report.checked} records OK ({what})")
