@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from fastdata import LMDBImageDataset, convert, export_store, open_store, verify_store
-from fastdata.images import decode as decode_module
 from fastdata.errors import CorruptImageError, SourceError
-from fastdata.sources.folder import scan_folder
-from fastdata.packed import PackedStrings
+from fastdata.images import decode as decode_module
 from fastdata.images.pipelines import EvalPipeline, TrainPipeline
+from fastdata.packed import PackedStrings
 from fastdata.records import SkippedFile
+from fastdata.sources.folder import scan_folder
 
 from .conftest import jpeg_bytes, snapshot, write
 from .mongo_server import database
@@ -187,7 +187,7 @@ def test_unreadable_folders_and_files_are_listed(
         "c/secret/": "unreadable folder: Permission denied",
         "c/locked.jpg": "unreadable: Permission denied",
     }
-    with pytest.raises(SourceError, match="secret: unreadable folder.*strict=True"):
+    with pytest.raises(SourceError, match=r"secret: unreadable folder.*strict=True"):
         convert(src, tmp_path / "t.lmdb", strict=True)
 
 
@@ -218,8 +218,7 @@ def pixel_bomb() -> bytes:
 
 def write_store_with(dst: Path, images: list[bytes]) -> None:
     """A store of ``images`` written record by record, as another tool could."""
-    from fastdata.records import checksum
-    from fastdata.records import Progress, Record, RecordHeader, StoreMeta
+    from fastdata.records import Progress, Record, RecordHeader, StoreMeta, checksum
     from fastdata.stores.lmdb.writer import LMDBWriter
 
     with LMDBWriter(dst) as writer:
