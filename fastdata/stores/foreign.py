@@ -23,7 +23,7 @@ from ..sources.reading import read_file
 from .lmdb.env import open_reader, reading
 from .lmdb.layout import KEYS_KEY
 from .lmdb.lease import Lease
-from .lmdb.reader import LeasedReader
+from .lmdb.leased import LeasedReader
 from .mongo.connection import MongoOptions, MongoTarget
 from .reader import StoreReader
 
