@@ -303,7 +303,7 @@ def test_without_libjpeg_turbo_a_jpeg_of_several_scans_cut_anywhere_is_skipped(
 def test_a_jpeg_with_too_many_segments_to_walk_is_not_repaired() -> None:
     """The headers are walked so far and no further: a JPEG cut between two scans, which
     thousands of empty comments keep from its next scan header, is not repaired unjudged."""
-    from fastdata.images.codec import MOST_SEGMENTS
+    from fastdata.images.scans import MOST_SEGMENTS
 
     whole = progressive_jpeg(11)
     first, second = scan_boundaries(whole)[:2]

@@ -8,17 +8,16 @@ start-of-scan (SOS) segment never contains a bare ``FF D9`` (every ``FF`` byte i
 marker. Anything after it (padding, appended data) is legal and left alone. A file whose headers are
 complete but whose scan data runs to the end without EOI is *repairable* when its scan data is
 whole: appending ``FF D9`` makes decoders accept it. Whether it is whole (or the file was cut short)
-takes two looks (see ``decode.check_repaired``): its scan headers (:func:`read_scans`: a file of
-several scans, progressive or one scan per component, may be cut between two of them, and then
-decodes without a word, from fewer scans), and a decode (a scan cut short, its last blocks
-missing). A file cut inside its headers, or one without SOI, is corrupt.
+takes two looks (see ``decode.check_repaired``): its scan headers (``scans.read_scans``: a
+file of several scans, progressive or one scan per component, may be cut between two of them,
+and then decodes without a word, from fewer scans), and a decode (a scan cut short, its last
+blocks missing). A file cut inside its headers, or one without SOI, is corrupt.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
 
 from ..errors import CorruptImageError
 
@@ -32,16 +31,12 @@ except ImportError:
 
 __all__ = [
     "EOI",
-    "JpegScans",
     "JpegState",
-    "MOST_SEGMENTS",
     "SOI",
-    "ScanHeader",
     "first_rows",
     "inspect_jpeg",
     "inspect_scan",
     "is_jpeg",
-    "read_scans",
     "repair_if_cut",
     "repair_jpeg",
     "scan_end",
@@ -50,20 +45,20 @@ __all__ = [
 
 SOI = b"\xff\xd8"
 EOI = b"\xff\xd9"
-_SOS = 0xDA
+SOS = 0xDA
 # Markers that stand alone, without a length field: TEM, RST0-7, SOI, EOI.
-_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8), 0xD8, 0xD9})
+STANDALONE = frozenset({0x01, *range(0xD0, 0xD8), 0xD8, 0xD9})
 # Start-of-frame markers: C0 baseline and C1 extended sequential, Huffman-coded (the only ones
 # whose scan can end early, see first_rows); C2 progressive, C3 lossless, C5-C7 differential,
 # C9-CB and CD-CF arithmetic-coded (C4 DHT, C8 JPG and CC DAC are not frames).
 _SEQUENTIAL = frozenset({0xC0, 0xC1})
-_OTHER_FRAMES = frozenset({0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+OTHER_FRAMES = frozenset({0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 # The frames of one image (not hierarchical): sequential (Huffman or arithmetic-coded), lossless,
 # and progressive ones; C5-C7 and CD-CF are the differential frames of a hierarchical image, after
 # a DHP (DE) segment, which libjpeg does not decode.
-_ONE_FRAME = frozenset({0xC0, 0xC1, 0xC3, 0xC9, 0xCB})
-_PROGRESSIVE = frozenset({0xC2, 0xCA})
-_DHP = 0xDE
+ONE_FRAME = frozenset({0xC0, 0xC1, 0xC3, 0xC9, 0xCB})
+PROGRESSIVE = frozenset({0xC2, 0xCA})
+DHP = 0xDE
 
 
 def sniff(data: bytes | memoryview) -> str | None:
@@ -152,7 +147,7 @@ def _first_scan(data: bytes | memoryview) -> tuple[int, str]:
         marker = data[pos + 1]
         if marker == 0xD9:
             return -1, f"end-of-image at byte {pos} before any image data"
-        if marker in _STANDALONE:
+        if marker in STANDALONE:
             pos += 2
             continue
         if pos + 4 > n:
@@ -163,7 +158,7 @@ def _first_scan(data: bytes | memoryview) -> tuple[int, str]:
         end = pos + 2 + length
         if end > n:
             return -1, f"truncated in its headers at byte {pos} (no image data)"
-        if marker == _SOS:
+        if marker == SOS:
             return end, ""
         pos = end
 
@@ -231,7 +226,7 @@ def first_rows(data: bytes | memoryview, rows: int, scan_end: int = -1) -> tuple
         if marker == 0xFF:  # a fill byte
             pos += 1
             continue
-        if marker in _STANDALONE:
+        if marker in STANDALONE:
             if marker in (0xD8, 0xD9):
                 return None
             pos += 2
@@ -248,9 +243,9 @@ def first_rows(data: bytes | memoryview, rows: int, scan_end: int = -1) -> tuple
             if min(factors) < 1 or width > _MOST_SIDE:
                 return None
             frame = (pos + 5, count, 8 * max(factors))
-        elif marker in _OTHER_FRAMES:
+        elif marker in OTHER_FRAMES:
             return None
-        elif marker == _SOS:
+        elif marker == SOS:
             if frame is None or length < 3 or data[pos + 4] != frame[1]:
                 return None
             at, _, mcu_rows = frame
@@ -309,180 +304,6 @@ def marker_after(data: bytes | memoryview, start: int) -> int | None:
             if len(marker):
                 return int(marker[0]) + at
     return None
-
-
-@dataclass(frozen=True)
-class ScanHeader:
-    """One start-of-scan (SOS) segment's fields, by their names in ITU T.81 (B.2.3).
-
-    Attributes:
-        components: the component identifiers the scan holds (Cs1..CsNs).
-        ss: the first coefficient of the spectral band, in zig-zag order (Ss; 0 is DC).
-        se: the last coefficient of the band (Se).
-        ah: the bit position of the previous scan of the band (Ah; 0 in its first scan).
-        al: the bit position of this scan (Al): the band's coefficients are whole once a scan
-            with ``al`` 0 has been read.
-    """
-
-    components: tuple[int, ...]
-    ss: int
-    se: int
-    ah: int
-    al: int
-
-
-_ALL_COEFFICIENTS = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class JpegScans:
-    """A JPEG's frame and the scans that follow it, as :func:`read_scans` found them.
-
-    Attributes:
-        frame: the start-of-frame marker's second byte (``0xC0`` baseline, ``0xC2``
-            progressive, ...).
-        components: the frame's component identifiers (C1..CNf).
-        scans: every scan header, in file order.
-        cut: the data ends inside or right after a marker segment that follows a scan (not
-            at an end-of-image marker, nor in a scan's entropy-coded data).
-        stopped: the walk stopped after :data:`MOST_SEGMENTS` steps, before the data's end.
-    """
-
-    frame: int
-    components: tuple[int, ...]
-    scans: tuple[ScanHeader, ...]
-    cut: bool
-    stopped: bool = False
-
-    @property
-    def progressive(self) -> bool:
-        return self.frame in _PROGRESSIVE
-
-    @property
-    def missing(self) -> str | None:
-        """Why the scans do not make a whole image (``truncated JPEG: ...``), or None where
-        they lack nothing.
-
-        Progressive: every coefficient (DC, and AC 1 to 63) of every component of the frame
-        must have been read to its last bit, by a scan with ``al`` 0. Otherwise (sequential,
-        lossless): every component must have a scan (each may have its own). Data :attr:`cut`
-        in a segment after its scans lacks that segment's end. A walk :attr:`stopped` early
-        judges nothing: it lacks what it did not read. (Whether a scan's own data is whole only
-        a decode tells.)
-        """
-        if self.stopped:
-            most = MOST_SEGMENTS
-            return f"more than {most} marker segments: too many to tell whether scans are missing"
-        if self.progressive:
-            read = dict.fromkeys(self.components, 0)  # (coefficient bits, per component)
-            for scan in self.scans:
-                if scan.al == 0 and scan.ss <= scan.se <= 63:
-                    band = ((1 << (scan.se + 1)) - 1) ^ ((1 << scan.ss) - 1)
-                    for c in scan.components:
-                        if c in read:
-                            read[c] |= band
-            if any(bits != _ALL_COEFFICIENTS for bits in read.values()):
-                return "truncated JPEG: progressive scans missing"
-        else:
-            scanned = {c for scan in self.scans for c in scan.components}
-            if not scanned.issuperset(self.components):
-                return "truncated JPEG: scans of some of its components missing"
-        if self.cut:
-            return "truncated JPEG: ends inside a marker segment after its scan data"
-        return None
-
-
-def read_scans(data: bytes | memoryview) -> JpegScans | None:
-    """Walk every marker segment of the JPEG ``data``, scan after scan, to its end-of-image
-    marker (or to the end of the data), and gather its frame's components and its scan headers.
-    Each scan's entropy-coded data is skipped to the next marker: an ``FF`` followed by anything
-    but ``00`` (a stuffed byte), a restart marker (``D0``-``D7``) or more ``FF`` fill.
-
-    The work is bounded whatever the bytes say: at most :data:`MOST_SEGMENTS` segments, fill
-    bytes and scans are walked (one step each; the entropy-coded data is skipped in one pass,
-    in C; a walk that takes more steps stops there, :attr:`JpegScans.stopped`), and nothing is
-    allocated by a field's say-so (a segment's fields are read only within the bytes that are
-    there).
-
-    Returns:
-        The frame and scans, or None where they cannot be judged: not a JPEG, no frame before
-        the first scan, a second frame or a hierarchical image (a DHP segment, differential
-        frames), a segment that does not parse, or headers cut before the first scan (see
-        :func:`inspect_jpeg`) or that take more steps than :data:`MOST_SEGMENTS` to reach it.
-    """
-    if not isinstance(data, bytes):
-        data = bytes(data)
-    n = len(data)
-    if not data.startswith(SOI):
-        return None
-    pos = 2
-    frame: int | None = None
-    components: tuple[int, ...] = ()
-    scans: list[ScanHeader] = []
-
-    def found(cut: bool, stopped: bool = False) -> JpegScans | None:
-        if frame is None or not scans:
-            return None
-        return JpegScans(frame, components, tuple(scans), cut, stopped)
-
-    for _ in range(MOST_SEGMENTS):
-        if pos + 2 > n:  # (the data ends after a segment, or in its last byte)
-            return found(cut=True)
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # a fill byte
-            pos += 1
-            continue
-        if marker == 0xD9:
-            return found(cut=False)
-        if marker in _STANDALONE:
-            if marker == 0xD8:
-                return None
-            pos += 2
-            continue
-        if pos + 4 > n:
-            return found(cut=True)
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        end = pos + 2 + length
-        if end > n:
-            return found(cut=True)
-        if length < 2:
-            return None
-        if marker in _ONE_FRAME or marker in _PROGRESSIVE:
-            count = data[pos + 9] if length >= 8 else 0
-            if frame is not None or count == 0 or length != 8 + 3 * count:
-                return None
-            frame = marker
-            components = tuple(data[pos + 10 + 3 * i] for i in range(count))
-        elif marker in _OTHER_FRAMES or marker == _DHP:
-            return None
-        elif marker == _SOS:
-            count = data[pos + 4] if length >= 3 else 0
-            if frame is None or count == 0 or length != 6 + 2 * count:
-                return None
-            at = pos + 5 + 2 * count  # Ss, Se, then Ah and Al in one byte
-            scans.append(
-                ScanHeader(
-                    components=tuple(data[pos + 5 + 2 * i] for i in range(count)),
-                    ss=data[at],
-                    se=data[at + 1],
-                    ah=data[at + 2] >> 4,
-                    al=data[at + 2] & 0x0F,
-                )
-            )
-            after = marker_after(data, end)
-            if after is None:  # (the data ends in the scan: no marker after it)
-                return found(cut=False)
-            pos = after
-            continue
-        pos = end
-    return found(cut=False, stopped=True)
-
-
-MOST_SEGMENTS = 4096
-"""Segments, fill bytes and scans that :func:`read_scans` walks, at most (a progressive JPEG
-has a few dozen: a scan, and a Huffman table or two before it, per band of each component)."""
 
 
 def repair_jpeg(data: bytes) -> tuple[bytes, bool]:

@@ -26,8 +26,9 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptImageError
-from .codec import EOI, first_rows, read_scans
+from .codec import EOI, first_rows
 from .codec import is_jpeg as _is_jpeg
+from .scans import read_scans
 
 if TYPE_CHECKING:
     import numpy as np
@@ -399,7 +400,7 @@ def check_scans(data: bytes | memoryview, name: str) -> None:
     sequential or lossless one a scan for every component. A file cut there decodes without a
     word, from the scans it has (a progressive one blurred, its finer bits missing; another
     without the colour of the components missing), which no decode tells from a whole one.
-    Costs a walk of the headers (:func:`~fastdata.images.codec.read_scans`); a file whose
+    Costs a walk of the headers (:func:`~fastdata.images.scans.read_scans`); a file whose
     headers it cannot judge passes (the decode that follows judges it), unless they are too
     many to walk.
 
@@ -407,7 +408,7 @@ def check_scans(data: bytes | memoryview, name: str) -> None:
         CorruptImageError: ``truncated JPEG: progressive scans missing``, ``truncated JPEG:
             scans of some of its components missing``, ``truncated JPEG: ends inside a marker
             segment after its scan data``, or more marker segments than
-            :data:`~fastdata.images.codec.MOST_SEGMENTS` (not judged, so not repaired).
+            :data:`~fastdata.images.scans.MOST_SEGMENTS` (not judged, so not repaired).
     """
     scans = read_scans(data)
     why = scans.missing if scans is not None else None
