@@ -1519,3 +1519,26 @@ def test_the_verify_a_damage_message_names_runs_as_printed(
     assert verified.returncode == 1, verified.stderr  # (damage, not a usage error: 2)
     said = verified.stdout + verified.stderr
     assert "record 7" in said if "header" in what else "metadata" in said, said
+
+
+def test_a_header_giving_a_size_past_int64_is_damage_an_append_names(
+    store: Path, tmp_path: Path
+) -> None:
+    """A header whose size no int64 holds is a damaged header: an append into the store names
+    it with a ``fastdata verify`` that runs as printed (it crashed with an OverflowError while
+    gathering the stored sizes to compare with the source)."""
+    key = b"#0000000007"
+    env = lmdb.open(str(store), readonly=True, lock=False)
+    with env.begin() as txn:
+        header = json.loads(txn.get(key))
+    env.close()
+    put(store, key, json.dumps({**header, "size": 10**30}).encode())
+    result = cli("convert", str(tmp_path / "src"), str(store), "--append", "-q")
+    no_crash(result)
+    assert result.returncode == 1, result.stderr
+    assert "record 7" in result.stderr, result.stderr
+    printed = re.findall(r"`(fastdata verify [^`]*)`", result.stderr)
+    assert printed, result.stderr
+    verified = cli(*shlex.split(printed[0])[1:])
+    no_crash(verified)
+    assert verified.returncode == 1 and "record 7" in verified.stdout, verified.stdout

@@ -57,6 +57,10 @@ def checksums(items: list[bytes | memoryview]) -> np.ndarray:
 
 _new = object.__new__
 
+_SIZE_BOUND = 1 << 63
+"""A record's size is below it: sizes are held as int64 (an append's array of them, a block's),
+so a header that gives a larger one is damaged."""
+
 
 def name_bytes(name: str) -> bytes:
     """A record name as bytes: UTF-8, with the bytes of a name that is not valid UTF-8 kept as
@@ -163,7 +167,7 @@ class RecordHeader:
                 and type(crc) is int
                 and type(fmt) is str
                 and type(ends) is int
-                and size >= 0
+                and 0 <= size < _SIZE_BOUND
                 and 0 <= crc < 1 << 32
                 and -1 <= ends < size
             ):
@@ -198,7 +202,7 @@ class RecordHeader:
                 raise RecordError(
                     f"{where}: malformed record header ({key!r} missing or not a {kind.__name__})"
                 )
-        if d["size"] < 0 or not 0 <= d["crc32"] < 1 << 32:
+        if not 0 <= d["size"] < _SIZE_BOUND or not 0 <= d["crc32"] < 1 << 32:
             raise RecordError(f"{where}: malformed record header (size or crc32 out of range)")
         ends = d.get("scan_end", -1)
         if not isinstance(ends, int) or isinstance(ends, bool) or not -1 <= ends < d["size"]:
