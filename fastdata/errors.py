@@ -98,6 +98,15 @@ class FastdataError(Exception):
     def __str__(self) -> str:
         return self.render()
 
+    def said(self) -> tuple[str | Phrase, ...]:
+        """The message with its hint, as parts, for another message that quotes it: its options
+        and commands then said in that message's words (a ``str()`` says them to a Python
+        caller, on the command line too)."""
+        hint = self.advice()
+        if not hint or _said(hint, True) in _said(self.parts, True):
+            return self.parts
+        return (*self.parts, "; ", *hint)
+
 
 def _said(parts: tuple[str | Phrase, ...], cli: bool) -> str:
     return "".join(p if isinstance(p, str) else (p.cli if cli else p.python) for p in parts)

@@ -1542,3 +1542,41 @@ def test_a_header_giving_a_size_past_int64_is_damage_an_append_names(
     verified = cli(*shlex.split(printed[0])[1:])
     no_crash(verified)
     assert verified.returncode == 1 and "record 7" in verified.stdout, verified.stdout
+
+
+def test_a_writer_finding_damage_prints_commands_that_run(store: Path, tmp_path: Path) -> None:
+    """A conversion or append that finds the store at its target damaged says the damage's own
+    advice in the command line's words: its ``fastdata verify`` names the store absolute, which
+    runs as printed from anywhere, whatever the path given (here one that begins with a dash;
+    it printed it as given, which reads as an option), and its options are flags (it said
+    ``overwrite=True``, a Python caller's words)."""
+    dashed = tmp_path / "-s.lmdb"
+    store.rename(dashed)
+    put(dashed, b"__fastdata__", b"{not json")
+    appended = subprocess.run(
+        [sys.executable, "-m", "fastdata", "convert", "src", "--append", "-q", "--", "-s.lmdb"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=child_env(),
+        timeout=120,
+    )
+    no_crash(appended)
+    assert appended.returncode == 1, appended.stderr
+    printed = re.findall(r"`(fastdata verify [^`]*)`", appended.stderr)
+    assert printed, appended.stderr
+    verified = cli(*shlex.split(printed[0])[1:])
+    no_crash(verified)
+    assert verified.returncode == 1 and "metadata" in verified.stderr, verified.stderr
+
+    put(dashed, b"__fastdata__", b"")  # (an interrupted conversion, its progress damaged)
+    env = lmdb.open(str(dashed), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.delete(b"__fastdata__")
+        txn.put(b"#progress", b"{not json")
+    env.close()
+    resumed = cli("convert", str(tmp_path / "src"), str(dashed), "--resume", "-q")
+    no_crash(resumed)
+    assert resumed.returncode == 2, resumed.stderr
+    assert "convert again with --overwrite" in resumed.stderr, resumed.stderr
+    assert "overwrite=True" not in resumed.stderr, resumed.stderr

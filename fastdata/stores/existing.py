@@ -61,7 +61,8 @@ class Existing:
         progress: the progress of an interrupted conversion in place, if any.
         aside: the progress of an interrupted replacement (``--overwrite``) built aside, if any.
         aside_complete: the replacement aside is complete but was not yet moved into place.
-        other: something that is not a fastdata store (a foreign LMDB, documents, damage).
+        other: something that is not a fastdata store (a foreign LMDB, documents, damage), as
+            message parts (a damage's own advice is said in the caller's words).
         appending: the progress of an interrupted append to the complete store ``meta``.
     """
 
@@ -69,7 +70,7 @@ class Existing:
     progress: Progress | None = None
     aside: Progress | None = None
     aside_complete: bool = False
-    other: str = ""
+    other: tuple[str | Phrase, ...] = ()
     appending: Progress | None = None
 
     @property
@@ -106,7 +107,7 @@ def exists_message(location: str, found: Existing, copy: bool) -> tuple[str | Ph
             OVERWRITE,
             " to start over",
         )
-    return (f"{location}: {found.other}; pass ", OVERWRITE, " to replace it")
+    return (f"{location}: ", *found.other, "; pass ", OVERWRITE, " to replace it")
 
 
 def refuse_unfinished(writer: Any, found: Existing, doing: str) -> None:
@@ -127,7 +128,7 @@ def refuse_unfinished(writer: Any, found: Existing, doing: str) -> None:
                 f"finish it first with `{found.progress.resume_command(target)}`"
             )
         if found.other:
-            raise StoreError(f"{writer.location}: {found.other}; not a fastdata store")
+            raise StoreError(f"{writer.location}: ", *found.other, "; not a fastdata store")
         raise StoreNotFoundError(f"{writer.location}: no store here")
     unfinished = found.appending or found.aside
     if unfinished is not None:

@@ -171,7 +171,9 @@ class StoreWriter(abc.ABC):
                 )
             if found.other:
                 raise StoreExistsError(
-                    f"{self.location}: {found.other}; nothing to resume: pass ",
+                    f"{self.location}: ",
+                    *found.other,
+                    "; nothing to resume: pass ",
                     OVERWRITE,
                     " to replace it",
                 )
@@ -246,7 +248,7 @@ class StoreWriter(abc.ABC):
                 )
             if found.other:
                 raise StoreError(
-                    f"{self.location}: {found.other}; ", APPEND, " adds to a fastdata store"
+                    f"{self.location}: ", *found.other, "; ", APPEND, " adds to a fastdata store"
                 )
             raise StoreNotFoundError(
                 f"{self.location}: no store to append to; convert the folder without ", APPEND

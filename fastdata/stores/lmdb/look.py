@@ -32,11 +32,7 @@ def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
             raw_meta = lease.value(txn.get(META_KEY), f"{path}: the metadata")
             raw_progress = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
             has_keys = txn.get(KEYS_KEY) is not None
-            try:
-                meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
-            except StoreDamagedError as exc:
-                exc.in_store(shlex.quote(path))
-                raise
+            meta = StoreMeta.from_json(raw_meta, path) if raw_meta is not None else None
             progress = None
             if raw_progress is not None:
                 # a complete store keeps the progress of its last run: it matters only when it
@@ -48,6 +44,9 @@ def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
                     )
                 else:
                     progress = None
+    except StoreDamagedError as exc:  # (the metadata, the progress or its skipped list)
+        exc.in_store(shlex.quote(os.path.abspath(path)))
+        raise
     finally:
         lease.release()
     return meta, progress, has_keys

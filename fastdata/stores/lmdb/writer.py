@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import (
     SAME_COMMAND,
+    Phrase,
     StoreError,
     StoreExistsError,
     StoreLockedError,
@@ -164,18 +165,18 @@ class LMDBWriter(StoreWriter):
     def _inspect(self) -> Existing:
         meta = progress = aside = None
         aside_complete = False
-        other = ""
+        other: tuple[str | Phrase, ...] = ()
         if os.path.exists(data_file(self.path)):
             try:
                 meta, progress, has_keys = peek(self.path)
             except StoreError as exc:
-                other = f"holds a damaged LMDB store ({exc})"
+                other = ("holds a damaged LMDB store (", *exc.said(), ")")
             else:
                 if meta is None and progress is None and has_keys is not None:
                     other = (
                         "holds an LMDB store written by another tool"
                         if has_keys
-                        else "holds an LMDB store without fastdata metadata"
+                        else "holds an LMDB store without fastdata metadata",
                     )
         appending = None
         if meta is not None and progress is not None:

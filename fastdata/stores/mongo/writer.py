@@ -15,6 +15,8 @@ import numpy as np
 
 from ...errors import (
     SAME_COMMAND,
+    Phrase,
+    StoreDamagedError,
     StoreError,
     option,
 )
@@ -130,12 +132,14 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
 
         docs, has_docs = self._run("checking the collection", look)
         meta = progress = appending = None
-        other = ""
+        other: tuple[str | Phrase, ...] = ()
         if coll in docs:
             try:
                 meta = StoreMeta.from_dict(names_from_bson(docs[coll]), self.location)
             except StoreError as exc:
-                other = f"holds a store with damaged metadata ({exc})"
+                if isinstance(exc, StoreDamagedError):
+                    exc.in_store(self.command_target)
+                other = ("holds a store with damaged metadata (", *exc.said(), ")")
             # as a reader finds it: a store of the first format names none, and has one
             bucket = docs[coll].get("gridfs_bucket", names.bucket(coll, ""))
             self._base_bucket = bucket if isinstance(bucket, str) else ""
@@ -150,7 +154,7 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
         elif progress_id(coll) in docs:
             progress = self._progress(docs[progress_id(coll)])
         elif has_docs:
-            other = "the collection holds documents but no fastdata store"
+            other = ("the collection holds documents but no fastdata store",)
         aside_progress = docs.get(progress_id(aside))
         return Existing(
             meta,

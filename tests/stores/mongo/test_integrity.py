@@ -5,6 +5,8 @@ documents damaged with plain pymongo."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -232,3 +234,20 @@ def test_damaged_metadata_is_an_error(folder_a: Path, mongo_uri: str) -> None:
     result = cli("info", mongo_uri, "-c", "c")
     assert result.returncode == 1 and "'count'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_writer_finding_damaged_metadata_prints_a_verify_that_runs(
+    folder_a: Path, mongo_uri: str
+) -> None:
+    """An append into a collection whose metadata is damaged names the collection in the
+    hint's ``fastdata verify`` (URI ``--collection`` C), which runs as printed (it said
+    "`fastdata verify` on it", which runs nothing)."""
+    convert(folder_a, mongo_uri, collection="d c")
+    db(mongo_uri)[META_COLLECTION].update_one({"_id": "d c"}, {"$set": {"count": "twelve"}})
+    appended = cli("convert", str(folder_a), mongo_uri, "-c", "d c", "--append", "-q")
+    assert appended.returncode == 1 and "Traceback" not in appended.stderr, appended.stderr
+    printed = re.findall(r"`(fastdata verify [^`]*)`", appended.stderr)
+    assert printed, appended.stderr
+    verified = cli(*shlex.split(printed[0])[1:])
+    assert verified.returncode == 1, verified.stderr  # (damage, not a usage error: 2)
+    assert "'count'" in verified.stderr, verified.stderr
