@@ -1580,3 +1580,22 @@ def test_a_writer_finding_damage_prints_commands_that_run(store: Path, tmp_path:
     assert resumed.returncode == 2, resumed.stderr
     assert "convert again with --overwrite" in resumed.stderr, resumed.stderr
     assert "overwrite=True" not in resumed.stderr, resumed.stderr
+
+
+def test_a_copy_checks_a_scan_end_as_verify_does(store: Path, tmp_path: Path) -> None:
+    """A header that gives its record's scan end, right, under a format other than "jpeg" (as
+    another version or tool may name one) passes verify, and so a copy: the copy refused it as
+    damage ("its header says byte N, not -1") and sent the user to a verify that found none."""
+    key = b"#0000000007"
+    env = lmdb.open(str(store), readonly=True, lock=False)
+    with env.begin() as txn:
+        header = json.loads(txn.get(key))
+    env.close()
+    assert header["scan_end"] > 0
+    put(store, key, json.dumps({**header, "format": "jpg"}).encode())
+    verified = cli("verify", str(store), "-q")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    copied = cli("copy", str(store), str(tmp_path / "c.lmdb"), "-q")
+    no_crash(copied)
+    assert copied.returncode == 0, copied.stderr
+    assert cli("verify", str(tmp_path / "c.lmdb"), "-q").returncode == 0

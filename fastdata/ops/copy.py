@@ -73,7 +73,8 @@ def _checked(reader: StoreReader, records: list[Record]) -> list[Record]:
     for rec in records:
         h = rec.header
         why = None
-        ends = scan_end(rec.data) if h.format == "jpeg" else -1
+        # (a header that gives one is checked whatever its format says, as verify checks it)
+        ends = scan_end(rec.data) if h.format == "jpeg" or h.scan_end != -1 else -1
         if checked and (len(rec.data) != h.size or checksum(rec.data) != h.crc32):
             why = "fails its checksum"
         elif checked and (schema or h.fields is not None):
