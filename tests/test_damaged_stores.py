@@ -1599,3 +1599,34 @@ def test_a_copy_checks_a_scan_end_as_verify_does(store: Path, tmp_path: Path) ->
     no_crash(copied)
     assert copied.returncode == 0, copied.stderr
     assert cli("verify", str(tmp_path / "c.lmdb"), "-q").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["../../escaped.jpg", "c0/0003.jpg"])
+def test_the_export_verify_advises_leaves_out_a_record_whose_name_is_damaged(
+    store: Path, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header whose name no conversion gives (one that climbs out of the folder, or an
+    earlier record's) is damage that verify names; the export it advises leaves that record out
+    and writes every other (it refused the unsafe name without naming the store or a fix, and
+    took the second file of one name for a file of the user's: "exists already")."""
+    env = lmdb.open(str(store), readonly=True, lock=False)
+    with env.begin() as txn:
+        header = json.loads(txn.get(b"#0000000007"))
+    env.close()
+    put(store, b"#0000000007", json.dumps({**header, "name": name}).encode())
+    verified = cli("verify", str(store))
+    no_crash(verified)
+    assert verified.returncode == 1, verified.stdout
+    advised = re.findall(r"`(fastdata export [^`]*)`", verified.stdout + verified.stderr)
+    assert advised, verified.stdout
+    monkeypatch.chdir(tmp_path)  # (where a name that climbs out would land: beside the export)
+    exported = cli(*shlex.split(advised[0])[1:])
+    no_crash(exported)
+    assert exported.returncode == 1 and "left out 1 damaged record(s)" in exported.stdout
+    out = Path(shlex.split(advised[0])[3])
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.jpg"))
+    assert len(files) == 239 and "c0/0007.jpg" not in files
+    assert not list(tmp_path.rglob("escaped.jpg"))
+    plain = cli("export", str(store), str(tmp_path / "plain"), "-q")
+    assert plain.returncode == 1 and f"its name {name!r}" in plain.stderr
+    assert "--skip-damaged" in plain.stderr and f"fastdata verify {store}" in plain.stderr

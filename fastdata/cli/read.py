@@ -283,7 +283,10 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     "replaced only if an export fastdata started there wrote it.",
 )
 @click.option(
-    "--skip-damaged", is_flag=True, help="Leave out records that fail their checksum (exit 1)."
+    "--skip-damaged",
+    is_flag=True,
+    help="Leave out damaged records (a checksum or fields check that fails, a header that is "
+    "not one, a name no conversion gives or an earlier record's) and export the rest (exit 1).",
 )
 @click.option(
     "--decode",

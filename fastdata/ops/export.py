@@ -26,7 +26,14 @@ from ..records import Record, StoreMeta, checksum, fields_problem
 from ..sources.export_layout import EXPORT_MARK, EXPORTED_MANIFEST, export_name
 from ..stores.files import unused_name
 from ..stores.reader import StoreReader
-from .export_files import Destination, replace_file, safe_destination, write_failed, write_file
+from .export_files import (
+    Destination,
+    replace_file,
+    safe_destination,
+    safe_name,
+    write_failed,
+    write_file,
+)
 from .reports import ExportReport
 
 __all__ = ["ExportReport", "export_store", "safe_destination"]
@@ -101,16 +108,18 @@ def export_store(
         rows = [json.dumps(head).encode() + b"\n"] if head else []
         _claim(out, reader, overwrite=overwrite)
     sidecars_written: dict[str, tuple[str, bytes]] = {}
+    written: set[int] = set()
     for done, rec in enumerate(_records(reader, batch_size, skip_damaged, report), 1):
         data = _checked(reader, rec, skip_damaged, report, schema)
         if data is not None and decode:
             data = _decodes(reader, rec, data, skip_damaged, report)
-        name = rec.header.name
+        name = rec.header.name if rows is None else export_name(rec.header.name)
+        if data is not None:
+            data = _named(reader, rec, name, data, destination, written, skip_damaged, report)
         values = rec.header.fields or {}
         if data is None:
             pass  # (damaged, listed in the report: neither written nor in the manifest)
         elif rows is not None:
-            name = export_name(name)
             row: dict[str, Any] = {"path": name}
             if meta.labelled:
                 row["label"] = meta.classes[int(rec.header.label)]
@@ -307,6 +316,43 @@ _SKIP_DAMAGED = (
     option("resume"),
     " to export the rest (the files written so far are kept)",
 )
+
+
+def _named(
+    reader: StoreReader,
+    rec: Record,
+    name: str,
+    data: bytes,
+    destination: Destination,
+    written: set[int],
+    skip_damaged: bool,
+    report: ExportReport,
+) -> bytes | None:
+    """``data`` if the record's file may be written under ``name``: a name no conversion
+    gives (absolute, with ``..`` parts: a damaged header's) or one an earlier record of the
+    store has (``written``: the names' hashes, a name the export wrote whose file is there) is
+    the record's damage, as ``verify`` finds it (the names do not match its index of names)."""
+    why = ""
+    if not safe_name(name):
+        why = "is not a safe relative path"
+    elif hash(name) in written and os.path.lexists(destination.outdir / name):
+        why = "is an earlier record's too"
+    written.add(hash(name))
+    if not why:
+        return data
+    h = rec.header
+    if skip_damaged:
+        log.warning(
+            "%s: record %d: its name %r %s; skipped", reader.location, rec.index, h.name, why
+        )
+        report.damaged.append(h.name)
+        return None
+    raise RecordError(
+        f"{reader.location}: record {rec.index}: its name {h.name!r} {why}; nothing was "
+        "written for it: pass ",
+        *_SKIP_DAMAGED,
+        store=reader.command_target,
+    )
 
 
 def _decodes(

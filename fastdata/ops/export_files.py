@@ -15,7 +15,14 @@ from ..stores import names
 from ..stores.files import open_regular
 from .reports import ExportReport
 
-__all__ = ["Destination", "replace_file", "safe_destination", "write_failed", "write_file"]
+__all__ = [
+    "Destination",
+    "replace_file",
+    "safe_destination",
+    "safe_name",
+    "write_failed",
+    "write_file",
+]
 
 
 def safe_destination(outdir: Path, name: str) -> Path:
@@ -26,6 +33,18 @@ def safe_destination(outdir: Path, name: str) -> Path:
             or would resolve (through a link) outside ``outdir``.
     """
     return Destination(outdir).path_for(name, create=False)
+
+
+def safe_name(name: str) -> bool:
+    """Whether ``name`` is a relative path that stays inside the folder it is written to: not
+    empty nor absolute, no ``.`` or ``..`` parts, no NUL byte (nor a drive, on Windows)."""
+    return not (
+        not name
+        or name.startswith("/")
+        or "\x00" in name
+        or any(p in ("", ".", "..") for p in name.split("/"))
+        or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
+    )
 
 
 class Destination:
@@ -45,17 +64,11 @@ class Destination:
 
     def path_for(self, name: str, *, create: bool = True) -> Path:
         """The checked path of the record ``name``; with ``create``, its folder exists."""
-        parts = name.split("/")
-        if (
-            not name
-            or name.startswith("/")
-            or "\x00" in name
-            or any(p in ("", ".", "..") for p in parts)
-            or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
-        ):
+        if not safe_name(name):
             raise UnsafePathError(
                 f"record name {name!r} is not a safe relative path; refusing to write it"
             )
+        parts = name.split("/")
         target = self.outdir.joinpath(*parts)
         folder = tuple(parts[:-1])
         if folder not in self._folders:

@@ -110,7 +110,8 @@ class ExportReport:
     kept: int = 0
     """Files that existed with the right bytes (``resume``) and were left as they were."""
     damaged: list[str] = field(default_factory=list)
-    """Records left out because they fail their checksum or fields check (``skip_damaged``)."""
+    """Records left out because they fail their checksum or fields check, or their name is
+    one no conversion gives or an earlier record's (``skip_damaged``)."""
     undecodable: list[str] = field(default_factory=list)
     """Records left out because they do not decode (``decode`` and ``skip_damaged``), each as
     ``name: why``."""
