@@ -188,7 +188,7 @@ class MongoStore(MongoTarget, StoreReader):
             if db[self.collection].find_one({}, {"_id": 1}) is not None:
                 raise StoreError(
                     f"{self.location}: the collection holds documents but no fastdata metadata; "
-                    "it was not written by `fastdata convert` (for the img_name/bson_img layout, "
+                    "fastdata convert did not write it (for the img_name/bson_img layout, "
                     "give ",
                     option("index_file", None),
                     ")",
