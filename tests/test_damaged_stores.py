@@ -1628,5 +1628,5 @@ def test_the_export_verify_advises_leaves_out_a_record_whose_name_is_damaged(
     assert len(files) == 239 and "c0/0007.jpg" not in files
     assert not list(tmp_path.rglob("escaped.jpg"))
     plain = cli("export", str(store), str(tmp_path / "plain"), "-q")
-    assert plain.returncode == 1 and f"its name {name!r}" in plain.stderr
+    assert plain.returncode == 1 and f"({name}) has a name that" in plain.stderr
     assert "--skip-damaged" in plain.stderr and f"fastdata verify {store}" in plain.stderr

@@ -282,32 +282,14 @@ def _checked(
     """The bytes to write for ``rec``, after its size and checksum are checked, and its fields
     against the schema and their checksum."""
     h = rec.header
-    if len(rec.data) == h.size and checksum(rec.data) == h.crc32:
-        why = fields_problem(h, schema) if schema or h.fields is not None else None
-        if why is None:
-            return rec.data if report.repaired else rec.original_bytes()
-        if skip_damaged:
-            log.warning("%s: record %d (%s): %s; skipped", reader.location, rec.index, h.name, why)
-            report.damaged.append(h.name)
-            return None
-        raise RecordError(
-            f"{reader.location}: record {rec.index} ({h.name}): {why}; nothing was written for "
-            "it: pass ",
-            *_SKIP_DAMAGED,
-            store=reader.command_target,
-        )
-    if skip_damaged:
-        log.warning(
-            "%s: record %d (%s) fails its checksum; skipped", reader.location, rec.index, h.name
-        )
-        report.damaged.append(h.name)
+    if len(rec.data) != h.size or checksum(rec.data) != h.crc32:
+        _left_out(reader, rec, "fails its checksum", skip_damaged, report.damaged)
         return None
-    raise RecordError(
-        f"{reader.location}: record {rec.index} ({h.name}) fails its checksum; nothing was "
-        "written for it: pass ",
-        *_SKIP_DAMAGED,
-        store=reader.command_target,
-    )
+    why = fields_problem(h, schema) if schema or h.fields is not None else None
+    if why is not None:
+        _left_out(reader, rec, f"fails its fields check ({why})", skip_damaged, report.damaged)
+        return None
+    return rec.data if report.repaired else rec.original_bytes()
 
 
 _SKIP_DAMAGED = (
@@ -316,6 +298,29 @@ _SKIP_DAMAGED = (
     option("resume"),
     " to export the rest (the files written so far are kept)",
 )
+
+
+def _left_out(
+    reader: StoreReader,
+    rec: Record,
+    what: str,
+    skip_damaged: bool,
+    listed: list[str],
+    entry: str | None = None,
+) -> None:
+    """Record ``rec``, damaged (``what``: how), left out: with ``skip_damaged``, logged and
+    listed (``entry``: as what, its name by default) in the report's ``listed``; else its
+    error, which says how to export the rest."""
+    where = f"{reader.location}: record {rec.index} ({rec.header.name})"
+    if skip_damaged:
+        log.warning("%s %s; skipped", where, what)
+        listed.append(rec.header.name if entry is None else entry)
+        return None
+    raise RecordError(
+        f"{where} {what}; nothing was written for it: pass ",
+        *_SKIP_DAMAGED,
+        store=reader.command_target,
+    )
 
 
 def _named(
@@ -340,19 +345,8 @@ def _named(
     written.add(hash(name))
     if not why:
         return data
-    h = rec.header
-    if skip_damaged:
-        log.warning(
-            "%s: record %d: its name %r %s; skipped", reader.location, rec.index, h.name, why
-        )
-        report.damaged.append(h.name)
-        return None
-    raise RecordError(
-        f"{reader.location}: record {rec.index}: its name {h.name!r} {why}; nothing was "
-        "written for it: pass ",
-        *_SKIP_DAMAGED,
-        store=reader.command_target,
-    )
+    _left_out(reader, rec, f"has a name that {why}", skip_damaged, report.damaged)
+    return None
 
 
 def _decodes(
@@ -367,22 +361,9 @@ def _decodes(
             check_scans(rec.data, rec.header.name)
         decode_check(rec.data, rec.header.name)
     except CorruptImageError as exc:
-        if skip_damaged:
-            log.warning(
-                "%s: record %d (%s) does not decode (%s); skipped",
-                reader.location,
-                rec.index,
-                rec.header.name,
-                exc.reason,
-            )
-            report.undecodable.append(f"{rec.header.name}: {exc.reason}")
-            return None
-        raise RecordError(
-            f"{reader.location}: record {rec.index} ({rec.header.name}) does not decode "
-            f"({exc.reason}); nothing was written for it: pass ",
-            *_SKIP_DAMAGED,
-            store=reader.command_target,
-        ) from None
+        what, entry = f"does not decode ({exc.reason})", f"{rec.header.name}: {exc.reason}"
+        _left_out(reader, rec, what, skip_damaged, report.undecodable, entry)
+        return None
     return data
 
 
