@@ -327,13 +327,7 @@ class MongoStore(MongoTarget, StoreReader):
                 )
             for doc in docs:
                 self._check_store(doc)
-                where = f"{self.location}: record {doc['_id']}"
-                try:
-                    header = RecordHeader.from_dict(names_from_bson(doc), where)
-                except StoreDamagedError as exc:
-                    exc.in_store(self.command_target)
-                    raise
-                yield header
+                yield self._header(doc, doc["_id"])
 
     def matching(self, where: Any) -> np.ndarray:
         """A query (:mod:`fastdata.query`, checked first: the same language as on every
@@ -450,14 +444,16 @@ class MongoStore(MongoTarget, StoreReader):
         idx = self.check_indices(indices)
         out = []
         for doc, i in zip(self._fetch(idx, None), idx, strict=True):
-            where = f"{self.location}: record {i}"
-            try:
-                header = RecordHeader.from_dict(names_from_bson(doc), where)
-            except StoreDamagedError as exc:
-                exc.in_store(self.command_target)
-                raise
-            out.append(Record(i, header, bytes(doc["data"])))
+            out.append(Record(i, self._header(doc, i), bytes(doc["data"])))
         return out
+
+    def _header(self, doc: dict[str, Any], index: int) -> RecordHeader:
+        """Record ``index``'s header, from its document; a damaged one names this store."""
+        try:
+            return RecordHeader.from_dict(names_from_bson(doc), f"{self.location}: record {index}")
+        except StoreDamagedError as exc:
+            exc.in_store(self.command_target)
+            raise
 
 
 def _count(value: Any) -> int:
