@@ -64,6 +64,9 @@ from .errors import (
 from .errors import (
     UsageError as UsageError,
 )
+from .errors import (
+    WriteFailedError as WriteFailedError,
+)
 
 __version__ = "0.1.0"
 

@@ -36,6 +36,7 @@ __all__ = [
     "StoreReplacedError",
     "UnsafePathError",
     "UsageError",
+    "WriteFailedError",
 ]
 
 
@@ -207,6 +208,31 @@ class StoreReplacedError(StoreError):
 
 class IncompleteStoreError(StoreError):
     """The store's metadata is missing: a conversion stopped before it finished."""
+
+
+class WriteFailedError(StoreError):
+    """Writing a store failed part-way (a full disk, a file-size limit, an I/O error); what
+    was committed is kept. The writer names its store (``target``, ``collection``: as
+    ``open_store`` takes it) as the error leaves it, so that the command line says what the
+    store holds now and the command that finishes it, not advice that may not apply (a resume
+    with nothing to resume, or beside ``--overwrite``)."""
+
+    target: str | None = None
+    collection: str | None = None
+
+    def advice(self) -> tuple[str | Phrase, ...]:
+        return (
+            "free space (or fix the disk) and run ",
+            SAME_COMMAND,
+            " with ",
+            option("resume"),
+            ": what was committed is kept",
+        )
+
+    def name_store(self, target: str, collection: str | None) -> None:
+        """Name the store being written, where no writer named it yet."""
+        if self.target is None:
+            self.target, self.collection = target, collection
 
 
 class PickleNotAllowedError(StoreError):

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import click
 
 from .. import __version__
-from ..errors import FastdataError
+from ..errors import FastdataError, WriteFailedError
 
 __all__ = ["EXIT_CODE", "cli"]
 
@@ -40,6 +40,9 @@ class _Group(click.Group):
         except BrokenPipeError:  # (`fastdata verify STORE | head`): the exit code stays
             silence_stdout()
             ctx.exit(ctx.meta.get(EXIT_CODE, 0))
+        except WriteFailedError as exc:  # (what its store holds now, and what finishes it)
+            click.echo(f"Error: {_failed(exc)}", err=True)
+            ctx.exit(exc.exit_code)
         except FastdataError as exc:  # (its advice in the command line's words)
             click.echo(f"Error: {exc.render(cli=True)}", err=True)
             ctx.exit(exc.exit_code)
@@ -98,17 +101,47 @@ def _left(exc: KeyboardInterrupt) -> str:
     """What an interrupted write left, as the store it was writing says: nothing (it was
     stopped before it wrote), an interrupted run and the command that finishes it, or a store
     that reads as before with what is unfinished in it."""
-    from ..errors import IncompleteStoreError, Interrupted, StoreNotFoundError
-    from ..stores import open_store
+    from ..errors import Interrupted
 
     if not isinstance(exc, Interrupted):  # (stopped before it opened the store to write)
         return "nothing was written: run the same command again"
+    return _held(
+        exc.target,
+        exc.collection,
+        nothing="it was stopped before it wrote a record: nothing was kept; run the same "
+        "command again",
+        finished="nothing of this run is left unfinished",
+    )
+
+
+def _failed(exc: WriteFailedError) -> str:
+    """A write that failed part-way, and what its store holds now, as it says (the class's
+    advice, a resume, may not apply: nothing to resume, or a resume beside --overwrite)."""
+    if exc.target is None:  # (no writer named its store)
+        return exc.render(cli=True)
     try:
-        reader = open_store(exc.target, collection=exc.collection)
-    except StoreNotFoundError:
-        return (
-            "it was stopped before it wrote a record: nothing was kept; run the same command again"
+        said = _held(
+            exc.target,
+            exc.collection,
+            nothing="nothing was kept; run the same command again",
+            finished="it reads as before; nothing of this run was kept: run the same command again",
         )
+    except Exception:  # (a server away, the disk still failing: the class's advice)
+        return exc.render(cli=True)
+    return f"{exc.without_hint(cli=True)}; free space (or fix the disk): {said}"
+
+
+def _held(target: str, collection: str | None, *, nothing: str, finished: str) -> str:
+    """What the store a write stopped in holds now: ``nothing`` where there is no store, an
+    interrupted run and the command that finishes it, or a store that reads as before with
+    what is unfinished in it (``finished`` where nothing is)."""
+    from ..errors import IncompleteStoreError, StoreNotFoundError
+    from ..stores import open_store
+
+    try:
+        reader = open_store(target, collection=collection)
+    except StoreNotFoundError:
+        return nothing
     except IncompleteStoreError as found:
         return f"what was committed is kept: {found.render(cli=True)}"
     try:
@@ -118,7 +151,7 @@ def _left(exc: KeyboardInterrupt) -> str:
         reader.close()
     if unfinished:
         return f"{held}, read as before; " + "; ".join(unfinished)
-    return f"{held}; nothing of this run is left unfinished"
+    return f"{held}; {finished}"
 
 
 def _resumed() -> str:

@@ -21,6 +21,7 @@ from ..errors import (
     StoreExistsError,
     StoreNotFoundError,
     UsageError,
+    WriteFailedError,
 )
 from ..records import Progress, Record, SkippedFile, StoreMeta, new_store_id
 from .existing import APPEND, OVERWRITE, RESUME, Existing, exists_message, incomplete_error
@@ -191,7 +192,11 @@ class StoreWriter(abc.ABC):
             self._discard_aside()
         progress.store_id = new_store_id()
         self._skipped_saved = 0
-        self._open(progress, new=True)
+        try:
+            self._open(progress, new=True)
+        except WriteFailedError:  # (its progress not saved: nothing a resume could continue)
+            self.abandon()
+            raise
         return progress
 
     _appending = False
@@ -484,7 +489,13 @@ class StoreWriter(abc.ABC):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        try:
+            self.close()
+        except WriteFailedError as failed:
+            failed.name_store(*self.store_target)
+            raise
+        if isinstance(exc, WriteFailedError):
+            exc.name_store(*self.store_target)
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
             raise Interrupted(*self.store_target) from exc
 

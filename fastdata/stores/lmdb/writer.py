@@ -23,6 +23,7 @@ from ...errors import (
     StoreError,
     StoreExistsError,
     StoreLockedError,
+    WriteFailedError,
     option,
 )
 from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
@@ -503,14 +504,8 @@ class LMDBWriter(StoreWriter):
                 os.close(fd)  # releases the flock
 
 
-def _write_failed(where: str, exc: BaseException) -> StoreError:
-    return StoreError(
-        f"{where}: writing the store failed: {exc}; free space (or fix the disk) and run ",
-        SAME_COMMAND,
-        " with ",
-        option("resume"),
-        ": what was committed is kept",
-    )
+def _write_failed(where: str, exc: BaseException) -> WriteFailedError:
+    return WriteFailedError(f"{where}: writing the store failed: {exc}")
 
 
 def _fsync(path: str) -> None:

@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import (
-    SAME_COMMAND,
     Phrase,
     StoreDamagedError,
     StoreError,
-    option,
+    WriteFailedError,
 )
 from ...fields import canonical
 from ...records import (
@@ -378,12 +377,8 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors", [])
                 if any(e.get("code") != 11000 for e in errors):  # 11000: duplicate key
-                    raise StoreError(
-                        f"{self.location}: writing records failed: {errors[0].get('errmsg')}; "
-                        "fix the cause (free space on the server?) and run ",
-                        SAME_COMMAND,
-                        " with ",
-                        option("resume"),
+                    raise WriteFailedError(
+                        f"{self.location}: writing records failed: {errors[0].get('errmsg')}"
                     ) from None
 
         for group in insert_groups(docs):
