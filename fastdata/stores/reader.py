@@ -42,7 +42,7 @@ def scan_item(
         header = RecordHeader.from_json(head)
     except RecordError:
         try:  # again, to name the record (not formatted for every record read)
-            RecordHeader.from_json(head, f"{location}: record {i:010d}")
+            RecordHeader.from_json(head, f"{location}: record {i}")
         except RecordError as exc:
             return i, None, b"", exc.without_hint()
         raise  # (it cannot pass the second time)

@@ -283,7 +283,7 @@ class LMDBStore(LeasedReader):
         found = self._env().values(keys, lambda j: f"{self.path}: record {idx[j % n]}")
         if None in found:
             j = found.index(None)
-            where = f"{self.path}: record {record_key(idx[j % n]).decode()}"
+            where = f"{self.path}: record {idx[j % n]}"
             raise RecordError(
                 f"{where}{'' if j < n else ': its header'} is missing", store=self.command_target
             )
@@ -320,7 +320,7 @@ class LMDBStore(LeasedReader):
         out = []
         for j, i in enumerate(idx):
             data, head = found[j], found[n + j]
-            where = f"{self.path}: record {keys[j].decode()}"
+            where = f"{self.path}: record {i}"
             if data is None or head is None:
                 raise RecordError(
                     f"{where}{'' if data is None else ': its header'} is missing",
