@@ -1471,6 +1471,16 @@ def _leaf_of(data_file: Path, key: bytes) -> int:
     return page
 
 
+def printed_verify(said: str) -> subprocess.CompletedProcess:
+    """The first ``fastdata verify`` command ``said`` prints, run as printed (as a shell splits
+    it), which must not crash."""
+    printed = re.findall(r"`(fastdata verify [^`]*)`", said)
+    assert printed, said
+    verified = cli(*shlex.split(printed[0])[1:])
+    no_crash(verified)
+    return verified
+
+
 def _damage(store: Path, what: str) -> None:
     """One kind of damage that only a parse of bytes finds (a header, the metadata), which
     knows nothing of the store it was read from."""
@@ -1512,10 +1522,7 @@ def test_the_verify_a_damage_message_names_runs_as_printed(
     result = cli(*args)
     no_crash(result)
     assert result.returncode == 1, result.stderr
-    printed = re.findall(r"`(fastdata verify [^`]*)`", result.stderr)
-    assert printed, result.stderr
-    verified = cli(*shlex.split(printed[0])[1:])
-    no_crash(verified)
+    verified = printed_verify(result.stderr)
     assert verified.returncode == 1, verified.stderr  # (damage, not a usage error: 2)
     said = verified.stdout + verified.stderr
     assert "record 7" in said if "header" in what else "metadata" in said, said
@@ -1537,10 +1544,7 @@ def test_a_header_giving_a_size_past_int64_is_damage_an_append_names(
     no_crash(result)
     assert result.returncode == 1, result.stderr
     assert "record 7" in result.stderr, result.stderr
-    printed = re.findall(r"`(fastdata verify [^`]*)`", result.stderr)
-    assert printed, result.stderr
-    verified = cli(*shlex.split(printed[0])[1:])
-    no_crash(verified)
+    verified = printed_verify(result.stderr)
     assert verified.returncode == 1 and "record 7" in verified.stdout, verified.stdout
 
 
@@ -1563,10 +1567,7 @@ def test_a_writer_finding_damage_prints_commands_that_run(store: Path, tmp_path:
     )
     no_crash(appended)
     assert appended.returncode == 1, appended.stderr
-    printed = re.findall(r"`(fastdata verify [^`]*)`", appended.stderr)
-    assert printed, appended.stderr
-    verified = cli(*shlex.split(printed[0])[1:])
-    no_crash(verified)
+    verified = printed_verify(appended.stderr)
     assert verified.returncode == 1 and "metadata" in verified.stderr, verified.stderr
 
     put(dashed, b"__fastdata__", b"")  # (an interrupted conversion, its progress damaged)
