@@ -1631,3 +1631,29 @@ def test_the_export_verify_advises_leaves_out_a_record_whose_name_is_damaged(
     plain = cli("export", str(store), str(tmp_path / "plain"), "-q")
     assert plain.returncode == 1 and f"({name}) has a name that" in plain.stderr
     assert "--skip-damaged" in plain.stderr and f"fastdata verify {store}" in plain.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_name_that_climbs_out_is_damage_verify_names_though_the_index_agrees(
+    store: Path, tmp_path: Path, workers: str
+) -> None:
+    """A header whose name climbs out of the folder, with the index of names damaged to agree,
+    is a record verify names (it said "240 records OK" while export refused that record and
+    pointed to verify: a dead end); export's advice, run as printed, leaves it out."""
+    env = lmdb.open(str(store), readonly=True, lock=False)
+    with env.begin() as txn:
+        header = json.loads(txn.get(b"#0000000007"))
+        names = txn.get(b"__names__").split(b"\0")
+    env.close()
+    put(store, b"#0000000007", json.dumps({**header, "name": "../../x.jpg"}).encode())
+    names[7] = b"../../x.jpg"
+    put(store, b"__names__", b"\0".join(names))
+    verified = cli("verify", str(store), "--workers", workers)
+    no_crash(verified)
+    assert verified.returncode == 1, verified.stdout
+    assert "7 ../../x.jpg: its name is not a safe relative path" in verified.stdout
+    advised = re.findall(r"`(fastdata export [^`]*)`", verified.stdout)
+    assert advised, verified.stdout
+    exported = cli(*shlex.split(advised[0])[1:])
+    assert exported.returncode == 1 and "left out 1 damaged record(s)" in exported.stdout
+    assert not list(tmp_path.rglob("x.jpg"))

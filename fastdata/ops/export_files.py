@@ -6,6 +6,7 @@ partial under its own name, and what a killed export left behind removed by the 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from contextlib import suppress
 from pathlib import Path
@@ -16,6 +17,7 @@ from ..stores.files import open_regular
 from .reports import ExportReport
 
 __all__ = [
+    "any_unsafe",
     "Destination",
     "replace_file",
     "safe_destination",
@@ -38,13 +40,19 @@ def safe_destination(outdir: Path, name: str) -> Path:
 def safe_name(name: str) -> bool:
     """Whether ``name`` is a relative path that stays inside the folder it is written to: not
     empty nor absolute, no ``.`` or ``..`` parts, no NUL byte (nor a drive, on Windows)."""
-    return not (
-        not name
-        or name.startswith("/")
-        or "\x00" in name
-        or any(p in ("", ".", "..") for p in name.split("/"))
-        or (os.name == "nt" and ":" in name)  # a drive or a stream there; a plain name here
-    )
+    raw = name.encode("utf-8", "surrogatepass")  # (any string: only its slashes and dots count)
+    return b"\0" not in raw and not any_unsafe(raw) and not (os.name == "nt" and ":" in name)
+
+
+_UNSAFE = re.compile(rb"\A\Z|\A\0|\0\Z|\0\0|\A/|\0/|//|/\0|/\Z|(?:\A|[\0/])\.\.?(?=\Z|[\0/])")
+"""Among names joined by NULs: an empty one, one that begins or ends with ``/``, or one with an
+empty, ``.`` or ``..`` part."""
+
+
+def any_unsafe(joined: bytes) -> bool:
+    """Whether any of the names ``joined`` by NULs (as ``verify`` reads a block's) fails
+    :func:`safe_name` (a drive's colon aside: on Windows only, each name is asked alone)."""
+    return _UNSAFE.search(joined) is not None
 
 
 class Destination:

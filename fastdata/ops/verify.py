@@ -20,6 +20,7 @@ from ..images.decode import check_repaired, decode_check, image_size
 from ..packed import PackedStrings
 from ..records import RecordHeader, checksum, checksums, fields_problem, name_bytes, plain_headers
 from ..stores.reader import Foreign, ScanBlock, StoreReader
+from .export_files import any_unsafe, safe_name
 
 __all__ = ["Failure", "VerifyReport", "check_file", "verify_store"]
 
@@ -146,6 +147,8 @@ def _check_range(
     labels = reader.labels
     checked = reader.has_checksums
     schema = reader.meta.schema if checked else None
+    in_folders = reader.meta.layout != "manifest"  # (a manifest's names may be absolute:
+    # an export gives those a place of their own)
     failures = report.failures
     seen: list[tuple[int, str]] = []  # (records read one at a time since the last comparison,
     # and their names: compared every NAMES_EVERY records read, counting blocks, so that what
@@ -174,7 +177,9 @@ def _check_range(
         if index is not None:
             seen.append((i, h.name))
         count(1)
-        if len(data) != h.size:
+        if in_folders and not safe_name(h.name):
+            failures.append(Failure(i, h.name, "its name is not a safe relative path"))
+        elif len(data) != h.size:
             failures.append(Failure(i, h.name, f"size {len(data)}, expected {h.size}"))
         elif checksum(data) != h.crc32:
             failures.append(Failure(i, h.name, "checksum mismatch"))
@@ -201,7 +206,12 @@ def _check_range(
 
     for item in reader.scan_records(damage, batch_size, start=start, stop=stop):
         if isinstance(item, ScanBlock):
-            if decode or schema or not checked or not _block_passes(item, labels, index):
+            if (
+                decode
+                or schema
+                or not checked
+                or not _block_passes(item, labels, index, in_folders)
+            ):
                 for record in item.items():  # (one at a time: they say what is wrong)
                     one(*record)
             else:
@@ -218,11 +228,13 @@ def _check_range(
         _compare_names(index, seen, report)
 
 
-def _block_passes(block: ScanBlock, labels: Any, index: PackedStrings | None) -> bool:
+def _block_passes(
+    block: ScanBlock, labels: Any, index: PackedStrings | None, in_folders: bool
+) -> bool:
     """Whether every record in the block passes every check, all checked at once: headers as
     fastdata writes them without fields (:func:`~fastdata.records.plain_headers`), labels as
     the labels list gives them, sizes and checksums those of the bytes, names those of the
-    index."""
+    index (and, ``in_folders``, each a safe relative path)."""
     parsed = plain_headers(block.heads)
     if parsed is None:
         return False
@@ -234,6 +246,7 @@ def _block_passes(block: ScanBlock, labels: Any, index: PackedStrings | None) ->
         and np.array_equal(sizes, np.fromiter(map(len, data), np.int64, len(data)))
         and np.array_equal(crcs, checksums(data))
         and (index is None or names == index.joined(a, b))
+        and not (in_folders and any_unsafe(names))
         and all(scan_end(data[j]) == end for j, end in enumerate(ends.tolist()) if end >= 0)
     )
 
