@@ -128,7 +128,7 @@ def _failed(exc: WriteFailedError) -> str:
         )
     except Exception:  # (a server away, the disk still failing: the class's advice)
         return exc.render(cli=True)
-    return f"{exc.without_hint(cli=True)}; free space (or fix the disk): {said}"
+    return f"{exc.without_hint(cli=True)}. Free space (or fix the disk); then, {said}"
 
 
 def _held(target: str, collection: str | None, *, nothing: str, finished: str) -> str:
