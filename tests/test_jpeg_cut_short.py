@@ -335,6 +335,6 @@ def test_verify_names_a_progressive_jpeg_cut_between_scans_and_its_export_leaves
     advised = next(c for c in found.stdout.split("`") if c.startswith("fastdata export"))
     exported = cli(*shlex.split(advised)[1:])
     assert exported.returncode == 1, exported.stdout + exported.stderr
-    assert f"c/cut.jpg: {PROGRESSIVE_MISSING}" in exported.stdout  # left out, and said so
+    assert f"(c/cut.jpg): {PROGRESSIVE_MISSING}" in exported.stdout  # left out, and said so
     out = Path(shlex.split(advised)[3])
     assert sorted(p.name for p in out.rglob("*.jpg")) == ["no-eoi.jpg", "whole.jpg"]

@@ -376,7 +376,8 @@ def export(
         click.echo(f"kept {report.kept} files that were already complete")
     if report.damaged:
         listing(
-            f"left out {len(report.damaged)} damaged record(s) (their bytes, fields or pages; "
+            f"left out {len(report.damaged)} damaged record(s) (their bytes, fields, names or "
+            "pages; "
             f"`fastdata verify {reader.command_target}` says which):",
             report.damaged,
         )

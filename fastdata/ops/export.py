@@ -309,12 +309,13 @@ def _left_out(
     entry: str | None = None,
 ) -> None:
     """Record ``rec``, damaged (``what``: how), left out: with ``skip_damaged``, logged and
-    listed (``entry``: as what, its name by default) in the report's ``listed``; else its
-    error, which says how to export the rest."""
-    where = f"{reader.location}: record {rec.index} ({rec.header.name})"
+    listed in the report's ``listed`` (``record N (name)``, and ``entry`` after it where
+    given); else its error, which says how to export the rest."""
+    record = f"record {rec.index} ({rec.header.name})"
+    where = f"{reader.location}: {record}"
     if skip_damaged:
         log.warning("%s %s; skipped", where, what)
-        listed.append(rec.header.name if entry is None else entry)
+        listed.append(record if entry is None else f"{record}: {entry}")
         return None
     raise RecordError(
         f"{where} {what}; nothing was written for it: pass ",
@@ -361,8 +362,8 @@ def _decodes(
             check_scans(rec.data, rec.header.name)
         decode_check(rec.data, rec.header.name)
     except CorruptImageError as exc:
-        what, entry = f"does not decode ({exc.reason})", f"{rec.header.name}: {exc.reason}"
-        _left_out(reader, rec, what, skip_damaged, report.undecodable, entry)
+        what = f"does not decode ({exc.reason})"
+        _left_out(reader, rec, what, skip_damaged, report.undecodable, exc.reason)
         return None
     return data
 

@@ -111,10 +111,11 @@ class ExportReport:
     """Files that existed with the right bytes (``resume``) and were left as they were."""
     damaged: list[str] = field(default_factory=list)
     """Records left out because they fail their checksum or fields check, or their name is
-    one no conversion gives or an earlier record's (``skip_damaged``)."""
+    one no conversion gives or an earlier record's (``skip_damaged``), each as ``record N
+    (name)`` (``record N`` where its header cannot be read)."""
     undecodable: list[str] = field(default_factory=list)
     """Records left out because they do not decode (``decode`` and ``skip_damaged``), each as
-    ``name: why``."""
+    ``record N (name): why``."""
     repaired: bool = False
     manifest: str = ""
     """For a store converted from a manifest: the manifest written beside the images (JSON Lines,
