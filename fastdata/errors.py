@@ -93,20 +93,21 @@ class FastdataError(Exception):
     def render(self, *, cli: bool = False) -> str:
         """The message as the command line says it (``cli``) or as a Python caller reads it,
         with the class's hint after it (once: a message re-raised from a worker holds it)."""
-        text, hint = self.without_hint(cli=cli), _said(self.advice(), cli)
-        return f"{text}; {hint}" if hint and hint not in text else text
+        return _said(self.said(cli=cli), cli)
 
     def __str__(self) -> str:
         return self.render()
 
-    def said(self) -> tuple[str | Phrase, ...]:
-        """The message with its hint, as parts, for another message that quotes it: its options
-        and commands then said in that message's words (a ``str()`` says them to a Python
-        caller, on the command line too)."""
-        hint = self.advice()
-        if not hint or _said(hint, True) in _said(self.parts, True):
+    def said(self, *, cli: bool = True) -> tuple[str | Phrase, ...]:
+        """The message with its hint, as parts (the hint left out where the message holds it
+        already, in the words ``cli`` says): what :meth:`render` says, and what another message
+        that quotes this one takes, so that its options and commands are said in that message's
+        words (a ``str()`` says them to a Python caller, on the command line too)."""
+        advice = self.advice()
+        hint = _said(advice, cli)
+        if not hint or hint in _said(self.parts, cli):
             return self.parts
-        return (*self.parts, "; ", *hint)
+        return (*self.parts, "; ", *advice)
 
 
 def _said(parts: tuple[str | Phrase, ...], cli: bool) -> str:

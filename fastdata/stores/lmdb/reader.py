@@ -203,12 +203,7 @@ class LMDBStore(LeasedReader):
                     raw = buf[at : at + sizes[j]] if first < 0 else tree.value(run, j)
                     if raw is None:
                         break
-                    try:
-                        header = RecordHeader.from_json(raw, f"{self.path}: record {i}")
-                    except StoreDamagedError as exc:
-                        exc.in_store(self.command_target)
-                        raise
-                    yield header
+                    yield self._header(raw, i)
                     i += 1
                 else:
                     continue
@@ -300,14 +295,21 @@ class LMDBStore(LeasedReader):
         each one's scan end as its header gives it."""
         try:
             bad, ends = first_mismatch(heads, data, lambda j: f"{self.path}: record {idx[j]}")
-            if bad is not None:
-                j, why = bad
-                where = f"{self.path}: record {idx[j]}"
-                raise self.mismatch(idx[j], RecordHeader.from_json(heads[j], where).name, why)
         except StoreDamagedError as exc:
             exc.in_store(self.command_target)
             raise
+        if bad is not None:
+            j, why = bad
+            raise self.mismatch(idx[j], self._header(heads[j], idx[j]).name, why)
         return ends
+
+    def _header(self, raw: bytes | memoryview, index: int) -> RecordHeader:
+        """Record ``index``'s header, from its bytes; a damaged one names this store."""
+        try:
+            return RecordHeader.from_json(raw, f"{self.path}: record {index}")
+        except StoreDamagedError as exc:
+            exc.in_store(self.command_target)
+            raise
 
     def read_records(self, indices: Sequence[int]) -> list[Record]:
         idx = self.check_indices(indices)
@@ -320,17 +322,12 @@ class LMDBStore(LeasedReader):
         out = []
         for j, i in enumerate(idx):
             data, head = found[j], found[n + j]
-            where = f"{self.path}: record {i}"
             if data is None or head is None:
                 raise RecordError(
-                    f"{where}{'' if data is None else ': its header'} is missing",
+                    f"{self.path}: record {i}{'' if data is None else ': its header'} is missing",
                     store=self.command_target,
                 )
-            try:
-                out.append(Record(i, RecordHeader.from_json(head, where), data))
-            except StoreDamagedError as exc:
-                exc.in_store(self.command_target)
-                raise
+            out.append(Record(i, self._header(head, i), data))
         return out
 
     def read_named(self, indices: Sequence[int]) -> list[tuple[str, bytes, int]]:
