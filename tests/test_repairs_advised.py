@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ from fastdata.errors import RecordError
 from fastdata.images.decode import has_turbo
 
 from .conftest import jpeg_bytes, snapshot, write
-from .test_damaged_stores import flip_a_byte
 from .procs import REPO, cli
+from .test_damaged_stores import flip_a_byte
 
 # (damaged pixel data is found by libjpeg-turbo's strict decode; Pillow decodes it leniently)
 pytestmark = pytest.mark.skipif(not has_turbo(), reason="needs libjpeg-turbo (simplejpeg)")
@@ -244,3 +245,121 @@ def test_the_export_verify_advises_for_a_page_lmdb_calls_corrupted_leaves_out_th
     files = snapshot(Path(words[words.index("--skip-damaged") - 1]))
     assert sorted(files) == [f"c/{i:02d}.jpg" for i in range(12) if i != victim]
     assert files == {name: (source / name).read_bytes() for name in files}
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stopped_after(writer: type, commits: int, run: Callable[[], object]) -> None:
+    """``run`` a write that dies after ``commits`` committed batches of ``writer``."""
+    real, calls = writer.write, [0]
+
+    def write(self, records, progress):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] > commits:
+            raise _Stop()
+        real(self, records, progress)
+
+    writer.write = write  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(_Stop):
+            run()
+    finally:
+        writer.write = real  # type: ignore[attr-defined]
+
+
+def _with_unusable_files_first(root: Path, seeds: range) -> Path:
+    for i in seeds:  # ("0..." sorts before the images: left out in the first batches)
+        write(root / "cat" / f"{i}.jpg", jpeg_bytes(seed=i))
+        write(root / "cat" / f"0bad{i}.jpg", b"not an image")
+    return root
+
+
+def _damage_lmdb_skipped_entry(store: Path, n: int) -> None:
+    import lmdb
+
+    from fastdata.stores.lmdb.layout import skipped_key
+
+    env = lmdb.open(str(store), subdir=store.is_dir(), lock=False)
+    with env.begin(write=True) as txn:
+        assert txn.get(skipped_key(n)) is not None
+        txn.put(skipped_key(n), b"{not json")
+    env.close()
+
+
+def _finishes_as_printed(said: str, cwd: Path, store_words: str, images: int) -> None:
+    """The one command ``said`` advises runs as printed, and leaves a store that verifies with
+    ``images`` records (the files left out listed again)."""
+    assert "cannot resume" in said and "list of the files it left out is damaged" in said, said
+    (command,) = re.findall(r"`(fastdata [^`]+)`", said)
+    done = shell(command, cwd)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0bad" in done.stdout  # the files it left out, listed again
+    checked = verify_in(cwd, store_words)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{images} records OK" in checked.stdout
+
+
+def test_an_interrupted_conversion_whose_skipped_list_is_damaged_is_started_over_as_said(
+    tmp_path: Path,
+) -> None:
+    # info and verify said to resume; the resume said the store was damaged and to run verify,
+    # which said to resume: now each names the way out that works (--overwrite), at once
+    from fastdata.stores.lmdb.writer import LMDBWriter
+
+    source = _with_unusable_files_first(tmp_path / "src", range(6))
+    store = tmp_path / "s.lmdb"
+    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
+    _damage_lmdb_skipped_entry(store, 1)
+    resumed = cli("convert", str(source), str(store), "--resume")
+    assert resumed.returncode == 2 and "verify" not in resumed.stderr, resumed.stderr
+    assert "--overwrite instead of --resume" in resumed.stderr
+    plain = cli("convert", str(source), str(store))
+    assert plain.returncode == 2 and "cannot resume" in plain.stderr, plain.stderr
+    for verb in ("verify", "info"):
+        said = cli(verb, str(store))
+        assert said.returncode == 1
+        assert "--overwrite`" in said.stderr and "`fastdata verify" not in said.stderr, said.stderr
+    _finishes_as_printed(cli("info", str(store)).stderr, tmp_path, "s.lmdb", 6)
+
+
+def test_an_interrupted_append_whose_skipped_list_is_damaged_is_started_over_as_said(
+    tmp_path: Path,
+) -> None:
+    from fastdata.stores.lmdb.writer import LMDBWriter
+
+    source = _with_unusable_files_first(tmp_path / "src", range(3))
+    store = tmp_path / "s.lmdb"
+    convert(source, store)
+    _with_unusable_files_first(source, range(3, 9))
+    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, append=True, commit_records=2))
+    _damage_lmdb_skipped_entry(store, 3)  # (the first the append left out)
+    resumed = cli("convert", str(source), str(store), "--append", "--resume")
+    assert resumed.returncode == 2 and "run without --resume to discard it" in resumed.stderr
+    info = cli("info", str(store))
+    assert info.returncode == 0, info.stderr
+    assert "an append was interrupted" in info.stdout and "--resume" not in info.stdout
+    _finishes_as_printed(info.stdout, tmp_path, "s.lmdb", 9)
+
+
+@pytest.mark.mongo
+def test_an_interrupted_mongo_conversion_whose_skipped_list_is_damaged_is_started_over_as_said(
+    tmp_path: Path, mongo_uri: str
+) -> None:
+    from fastdata.stores.mongo.layout import skipped_ids
+    from fastdata.stores.mongo.writer import MongoWriter
+    from fastdata.stores.names import META_COLLECTION, progress_id
+
+    from .mongo_server import database
+
+    source = _with_unusable_files_first(tmp_path / "src", range(6))
+    _stopped_after(
+        MongoWriter, 2, lambda: convert(source, mongo_uri, collection="c", commit_records=2)
+    )
+    meta = database(mongo_uri)[META_COLLECTION]
+    store_id = meta.find_one({"_id": progress_id("c")})["store_id"]
+    assert meta.update_many(skipped_ids(store_id), {"$set": {"items": [7]}}).modified_count
+    said = cli("info", mongo_uri, "--collection", "c")
+    assert said.returncode == 1
+    _finishes_as_printed(said.stderr, tmp_path, f"'{mongo_uri}' --collection c", 6)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..errors import StoreError, option
+from ..errors import StoreDamagedError, StoreError, option
 from .meta import damaged_metadata
 
 
@@ -81,6 +81,9 @@ class Progress:
     """The run's fields as ``--fields`` declares them (its resume gives them again)."""
     sidecars: str = ""
     """The run's ``--sidecars``, comma-separated."""
+    unreadable: str = field(default="", compare=False)
+    """Why the run cannot be resumed though its progress reads ("": it can): its skipped list
+    is damaged. Never saved: found when the progress is read."""
 
     @property
     def next_index(self) -> int:
@@ -89,7 +92,7 @@ class Progress:
 
     def to_json(self) -> bytes:
         """The progress without its skipped list, which the backends save apart (see above)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skipped"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SAVED}
         d["skipped_count"] = len(self.skipped)
         return json.dumps(d).encode("ascii")
 
@@ -105,13 +108,20 @@ class Progress:
         try:
             d = json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)
             count = d.pop("skipped_count", None)
-            if "skipped" in d:  # saved inside the progress by earlier versions
-                d["skipped"] = [skipped_file(s, where) for s in d["skipped"]]
-            elif count is not None:
-                if type(count) is not int or count < 0:
-                    raise ValueError(f"'skipped_count' is {count!r}")
-                d["skipped"] = load_skipped(count) if load_skipped is not None else []
-            progress = cls(**d)
+            d.pop("unreadable", None)
+            unreadable = ""
+            try:
+                if "skipped" in d:  # saved inside the progress by earlier versions
+                    d["skipped"] = [skipped_file(s, where) for s in d["skipped"]]
+                elif count is not None:
+                    if type(count) is not int or count < 0:
+                        raise ValueError(f"'skipped_count' is {count!r}")
+                    d["skipped"] = load_skipped(count) if load_skipped is not None else []
+            except StoreDamagedError:  # (the rest reads: what the run did is known, but a
+                # resume would finish a store whose list of left-out files is wrong)
+                d["skipped"] = []
+                unreadable = "its saved list of the files it left out is damaged"
+            progress = cls(**d, unreadable=unreadable)
         except (ValueError, TypeError, AttributeError) as exc:
             raise StoreError(
                 f"{where}: unreadable conversion progress ({exc}); convert again with ",
@@ -158,11 +168,35 @@ class Progress:
         source = self.source if self.is_copy else shlex.quote(self.source)  # a copy's: words
         return f"fastdata {verb} {source} {destination}{flags} --resume"
 
+    def finish_command(self, destination: str) -> str:
+        """The command that completes what this run began in ``destination``: its resume, or,
+        where it cannot resume (see ``unreadable``), the run from its start (a conversion or
+        copy with ``--overwrite``; an append without ``--resume``, which discards the
+        interrupted one)."""
+        command = self.resume_command(destination)
+        if not self.unreadable:
+            return command
+        command = command.removesuffix(" --resume")
+        return command if self.base_id else f"{command} --overwrite"
+
+    def finish_advice(self, destination: str) -> str:
+        """What a message about this stopped run says to do: finish it with its resume, or why
+        it cannot resume and the command that starts it over."""
+        if self.unreadable:
+            return (
+                f"{self.unreadable}, so it cannot resume: start it over with "
+                f"`{self.finish_command(destination)}`"
+            )
+        return f"finish it with `{self.finish_command(destination)}`"
+
     def resumable_as_recorded(self, other: Progress) -> bool:
         """Whether the run this progress records may still be finished by its own resume
         command, although ``other`` differs from it: ``other`` names another source (the
         recorded one may be as it was), or differs only in an option, or it is a copy (of a
-        store named by its id). Not when the same source changed since."""
+        store named by its id). Not when the same source changed since, nor when its own
+        progress cannot be resumed (see ``unreadable``)."""
+        if self.unreadable:
+            return False
         if self.is_copy:  # a copy: of a store named elsewhere; not when that store changed
             return self.source != other.source
         return self.fingerprint == other.fingerprint or (
@@ -173,8 +207,11 @@ class Progress:
         """What differs between the conversion this progress records and ``other``, or None.
 
         A resume continues only the same conversion: same source folder (resolved), same file
-        list, same options (an option ``other`` leaves as None takes the recorded value).
+        list, same options (an option ``other`` leaves as None takes the recorded value), and
+        only one whose progress reads whole (see ``unreadable``).
         """
+        if self.unreadable:
+            return self.unreadable
         if self.is_copy or other.is_copy:  # a copy: the source store's id, wherever it is now
             if self.fingerprint != other.fingerprint:
                 if self.source == other.source:
@@ -199,6 +236,9 @@ class Progress:
             flag = "with" if self.verify_decode else "without"
             return f"it was started {flag} --verify-decode"
         return None
+
+
+_NOT_SAVED = frozenset({"skipped", "unreadable"})
 
 
 def skipped_file(item: Any, where: str) -> SkippedFile:

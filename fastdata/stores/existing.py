@@ -43,12 +43,11 @@ def incomplete_error(
     if aside is not None:
         return IncompleteStoreError(
             f"{location}: incomplete store: {stopped}, and a replacement (--overwrite) begun "
-            f"since stopped after {aside.next_sample} of {aside.total}; finish the replacement "
-            f"with `{aside.resume_command(target)}`"
+            f"since stopped after {aside.next_sample} of {aside.total}; of the replacement: "
+            f"{aside.finish_advice(target)}"
         )
     return IncompleteStoreError(
-        f"{location}: incomplete store: {stopped}; finish it with "
-        f"`{progress.resume_command(target)}`"
+        f"{location}: incomplete store: {stopped}; {progress.finish_advice(target)}"
     )
 
 
@@ -99,6 +98,13 @@ def exists_message(location: str, found: Existing, copy: bool) -> tuple[str | Ph
         )
     if found.meta is not None:
         return (f"{location}: a store exists already; pass ", OVERWRITE, " to replace it")
+    if found.progress is not None and found.progress.unreadable:
+        return (
+            f"{location}: holds an interrupted conversion that cannot resume "
+            f"({found.progress.unreadable}); pass ",
+            OVERWRITE,
+            " to start over",
+        )
     if found.progress is not None:
         return (
             f"{location}: holds an interrupted conversion; pass ",
@@ -125,7 +131,7 @@ def refuse_unfinished(writer: Any, found: Existing, doing: str) -> None:
         if found.progress is not None:
             raise StoreError(
                 f"{writer.location}: holds an interrupted conversion, not a complete store; "
-                f"finish it first with `{found.progress.resume_command(target)}`"
+                f"finish it first with `{found.progress.finish_command(target)}`"
             )
         if found.other:
             raise StoreError(f"{writer.location}: ", *found.other, "; not a fastdata store")
@@ -135,5 +141,5 @@ def refuse_unfinished(writer: Any, found: Existing, doing: str) -> None:
         what = "an append" if found.appending is not None else "a replacement"
         raise StoreError(
             f"{writer.location}: {what} of this store was interrupted; finish it first with "
-            f"`{unfinished.resume_command(target)}`, then go on {doing}"
+            f"`{unfinished.finish_command(target)}`, then go on {doing}"
         )

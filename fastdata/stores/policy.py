@@ -141,7 +141,7 @@ class StoreWriter(abc.ABC):
                 raise StoreExistsError(
                     f"{self.location}: an append to this store was interrupted (after "
                     f"{pending.next_sample} of {pending.total} samples); finish it with "
-                    f"`{pending.resume_command(self.command_target)}`"
+                    f"`{pending.finish_command(self.command_target)}`"
                 )
             if found.meta is not None:
                 if self._same_store(found.meta, progress):
@@ -249,7 +249,7 @@ class StoreWriter(abc.ABC):
             if found.progress is not None:
                 raise StoreExistsError(
                     f"{self.location}: holds an interrupted conversion, not a complete store; "
-                    f"finish it first with `{found.progress.resume_command(self.command_target)}`"
+                    f"finish it first with `{found.progress.finish_command(self.command_target)}`"
                 )
             if found.other:
                 raise StoreError(

@@ -93,7 +93,7 @@ def append_note(pending: Progress, target: str, *, replacing: bool) -> str:
     said = f"an append was interrupted after {pending.next_sample} of {pending.total} samples"
     if replacing:
         return f"{said}; the replacement above takes the store's place, this append with it"
-    return f"{said}; finish it with `{pending.resume_command(target)}`"
+    return f"{said}; {pending.finish_advice(target)}"
 
 
 class StoreReader(abc.ABC):

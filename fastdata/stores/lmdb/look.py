@@ -91,8 +91,7 @@ def interrupted_notes(path: str) -> list[str]:
         if building is not None:
             notes.append(
                 f"a replacement (--overwrite) was interrupted after {building.next_sample} "
-                f"of {building.total} samples; finish it with "
-                f"`{building.resume_command(target)}`"
+                f"of {building.total} samples; {building.finish_advice(target)}"
             )
         elif done is not None:
             notes.append(

@@ -21,7 +21,7 @@ from ..policy import incomplete_error
 from ..reader import StoreReader
 from .env import open_reader, reading
 from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY
-from .look import peek
+from .look import peek, read_skipped
 from .reader import LMDBStore
 
 
@@ -50,15 +50,18 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
                 f"fastdata convert again, from its image folder into {shlex.quote(path)}"
             )
 
-        def first_look(txn: Any) -> tuple[bool, bytes | None, bool]:
-            return (
-                txn.get(META_KEY) is not None,
-                lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress"),
-                txn.get(KEYS_KEY) is not None,
-            )
+        def first_look(txn: Any) -> tuple[bool, Progress | None, bool]:
+            has_meta = txn.get(META_KEY) is not None
+            raw = lease.value(txn.get(PROGRESS_KEY), f"{path}: the progress")
+            progress = None
+            if raw is not None and not has_meta:  # (with its skipped list: can it resume?)
+                progress = Progress.from_json(
+                    raw, path, lambda count: read_skipped(lease, txn, count, path)
+                )
+            return has_meta, progress, txn.get(KEYS_KEY) is not None
 
         with reading(path):  # (its pages checked, and read again where the store grew since
-            has_meta, raw_progress, has_keys = lease.read(first_look, path)  # it was mapped)
+            has_meta, progress, has_keys = lease.read(first_look, path)  # it was mapped)
         if has_meta:
             return LMDBStore(path, lease)
         if has_keys and allow_pickle:
@@ -67,8 +70,7 @@ def open_lmdb(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> St
         lease.release()
         raise
     lease.release()
-    if raw_progress is not None:
-        progress = Progress.from_json(raw_progress, path)
+    if progress is not None:
         owner = aside_owner(path)
         if owner is not None:  # (a replacement being built: its store's resume finishes it)
             where = f"{path} (the replacement of {owner} being built)"

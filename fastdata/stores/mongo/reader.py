@@ -131,8 +131,7 @@ class MongoStore(MongoTarget, StoreReader):
             replacement = saved(building)
             notes.append(
                 f"a replacement (--overwrite) was interrupted after {replacement.next_sample} "
-                f"of {replacement.total} samples; finish it with "
-                f"`{replacement.resume_command(target)}`"
+                f"of {replacement.total} samples; {replacement.finish_advice(target)}"
             )
         pending = docs.get(progress_id(coll))
         if pending is not None and (
@@ -160,8 +159,14 @@ class MongoStore(MongoTarget, StoreReader):
         return self._run("reading the skipped list", load)
 
     def _progress_of(self, doc: dict[str, Any]) -> Progress:
+        """A stopped run's saved progress, with its skipped list (whether it can resume)."""
         state = names_from_bson({k: v for k, v in doc.items() if k != "_id"})
-        return Progress.from_json(json.dumps(state, default=str), self.location)
+        db, store_id = self._conn.db(), str(state.get("store_id", ""))
+        return Progress.from_json(
+            json.dumps(state, default=str),
+            self.location,
+            lambda count: load_skipped(db, store_id, count, self.location),
+        )
 
     def _load_meta(self) -> tuple[StoreMeta, np.ndarray]:
         db = self._conn.db()
