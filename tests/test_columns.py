@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -295,6 +296,53 @@ def test_a_damaged_column_is_named_and_built_again_in_place(tmp_path: Path) -> N
     assert fresh[1][2]["score"] == LMDBStore(store).read_records([1])[0].header.fields["score"]
 
 
+@pytest.mark.parametrize(
+    ("damage", "holds"),
+    [("one name short", "19 names"), ("not names at all", "1 name "), ("empty", "0 names")],
+)
+@pytest.mark.parametrize("fields", [True, False])
+def test_an_index_of_names_not_one_name_a_record_is_named_and_built_again_as_printed(
+    tmp_path: Path, damage: str, holds: str, fields: bool
+) -> None:
+    """Reads and appends take each name from its header when the index does not hold one a
+    record: nothing reads wrong, but verify said the store was sound; now it names the index
+    and the command that builds it again (with the columns, which it keeps as they were)."""
+    if fields:
+        store = make_store(tmp_path, 20)
+    else:
+        for i in range(20):
+            write(tmp_path / "img" / "c" / f"{i}.jpg", jpeg_bytes(16, 16, seed=i))
+        store = tmp_path / "s.lmdb"
+        convert(tmp_path / "img", store)
+    index = LMDBStore(store).names_index()
+    assert index is not None and len(index) == 20
+    names = index.joined()
+    with lmdb.open(str(store), map_size=1 << 30) as env, env.begin(write=True) as txn:
+        whole = bytes(txn.get(b"__names__"))
+        damaged = {
+            "one name short": whole.rsplit(b"\0", 1)[0],
+            "not names at all": b"\xff" * 7,
+            "empty": b"",
+        }[damage]
+        txn.put(b"__names__", damaged)
+    checked = run_cli("verify", str(store))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert f"its index of names holds {holds}" in checked.stdout, checked.stdout
+    assert "every record is sound" in checked.stdout
+    printed = set(re.findall(r"`(fastdata [^`]+)`", checked.stdout))
+    assert len(printed) == 1, checked.stdout
+    rebuilt = run_cli(*shlex.split(printed.pop())[1:])
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "index of names" in rebuilt.stdout and "built and read back" in rebuilt.stdout
+    again = run_cli("verify", str(store))
+    assert again.returncode == 0, again.stdout + again.stderr
+    reader = LMDBStore(store)
+    rebuilt_index = reader.names_index()
+    assert rebuilt_index is not None and rebuilt_index.joined() == names
+    if fields:
+        assert reader.columns_cover() == 20 and not reader.columns_problems()
+
+
 def test_a_column_that_disagrees_with_its_headers_is_named_by_verify(tmp_path: Path) -> None:
     """A block whose checksum holds (rewritten whole, its index with it) but whose values are
     not the headers': verify compares them, the header being the source of truth."""
@@ -474,7 +522,9 @@ def test_the_columns_of_a_store_of_no_records_are_built(tmp_path: Path) -> None:
     copy_store(make_store(tmp_path, 5), empty, where={"_id": {"$lt": 0}})
     built = run_cli("columns", str(empty))
     assert built.returncode == 0, built.stderr
-    assert "columns of 10 fields over 0 records built and read back" in built.stdout
+    assert "columns of 10 fields and the index of names over 0 records built and read back" in (
+        built.stdout
+    )
     ds = LMDBImageDataset(empty, output="bytes", fields="*")
     assert len(ds) == 0 and ds.reader.matching({"fields.tags.1": 3}).tolist() == []
 

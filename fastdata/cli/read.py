@@ -142,10 +142,12 @@ def index(store: str, key: str, **options: Any) -> None:
 @cli.command()
 @click.argument("store")
 def columns(store: str) -> None:
-    """Build an LMDB STORE's columns again from its records, in place, while readers read on.
+    """Build an LMDB STORE's columns and index of names again from its records, in place,
+    while readers read on.
 
     A store keeps each field's values as columns beside its records (queries and batches of
-    fields read them); convert, append and copy write them. Run this for a store written
+    fields read them), and the names of its records as one index (appends and the names a
+    dataset lists read it); convert, append and copy write them. Run this for a store written
     before fastdata kept them, or where verify finds them damaged.
 
     \b
@@ -156,12 +158,16 @@ def columns(store: str) -> None:
 
     report = build_columns(store)
     if not report.fields:
-        click.echo(f"{report.location}: no fields, so no columns to build")
+        click.echo(
+            f"{report.location}: index of names of {report.count:,} records built and read "
+            f"back in {report.seconds:.1f} s (no fields, so no columns to build)"
+        )
         return
     size = sum(report.fields.values())
     click.echo(
-        f"{report.location}: columns of {len(report.fields)} fields over {report.count:,} "
-        f"records built and read back ({size / 2**20:.1f} MiB) in {report.seconds:.1f} s"
+        f"{report.location}: columns of {len(report.fields)} fields and the index of names over "
+        f"{report.count:,} records built and read back ({size / 2**20:.1f} MiB) in "
+        f"{report.seconds:.1f} s"
     )
 
 
@@ -233,12 +239,16 @@ def verify(store: str, decode: bool, workers: int | None, quiet: bool, **options
     if report.broken:
         listing(f"{report.location}: the store breaks its invariants:", report.broken[:20])
     if report.columns:
-        listing(f"{report.location}: its columns (fields kept for queries):", report.columns[:20])
+        listing(
+            f"{report.location}: what it keeps beside its records (fields kept as columns for "
+            "queries, the index of names):",
+            report.columns[:20],
+        )
         if not (report.broken or report.damaged_pages or report.failures):
             target = shlex.quote(os.path.abspath(store))
             click.echo(
-                f"{report.location}: every record is sound; build the columns again from them "
-                f"with `fastdata columns {target}`"
+                f"{report.location}: every record is sound; build what it keeps beside them "
+                f"again from them with `fastdata columns {target}`"
             )
             sys.exit(1)
     if report.damaged_pages:

@@ -1,6 +1,6 @@
-"""``fastdata columns``: build an LMDB store's columns (:mod:`fastdata.columns`) again from its
-records, in place: for a store written before fastdata kept them, or whose columns ``verify``
-found damaged."""
+"""``fastdata columns``: build an LMDB store's columns (:mod:`fastdata.columns`) and its index of
+names again from its records, in place: for a store written before fastdata kept them, or whose
+columns or index ``verify`` found damaged."""
 
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ class ColumnsReport:
 
 
 def build_columns(store: str | os.PathLike[str]) -> ColumnsReport:
-    """Build the columns of the LMDB store at ``store`` from its records' headers (the source of
-    truth), in place, while readers read on; then read every column back, each block checked
-    against its checksum, before reporting. A store without fields has none to build.
+    """Build the columns of the LMDB store at ``store`` and its index of names from its records'
+    headers (the source of truth), in place, while readers read on; then read every column
+    back, each block checked against its checksum, and the index, before reporting. A store
+    without fields has no columns to build (its index of names is built all the same).
 
     Raises:
         UsageError: a MongoDB store (its server runs queries: ``fastdata index``).
@@ -56,6 +57,8 @@ def build_columns(store: str | os.PathLike[str]) -> ColumnsReport:
         ) from None
     reader = LMDBStore(store)
     try:
+        if meta.count and reader.names_index() is None:
+            raise StoreError(f"{store}: the index of names did not read back whole")
         sizes = {}
         for field in meta.schema.fields:
             if not meta.count:  # (no records: no blocks, nothing to read back)

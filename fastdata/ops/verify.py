@@ -57,8 +57,9 @@ class VerifyReport:
     what it is: not damage, and not counted against :attr:`ok`."""
 
     columns: list[str] = field(default_factory=list)
-    """What is wrong with the store's columns (LMDB: its fields kept a second time for queries
-    and batches), each said with the command that builds them again from the records."""
+    """What is wrong with what the store keeps beside its records, built from them (LMDB: its
+    fields kept a second time as columns, for queries and batches, and its index of names),
+    each said with the command that builds them again from the records."""
 
     @property
     def ok(self) -> bool:

@@ -353,8 +353,9 @@ class StoreReader(abc.ABC):
         return None
 
     def columns_problems(self) -> list[str]:
-        """What is wrong with the store's columns (each said with the command that builds them
-        again); none where it keeps none."""
+        """What is wrong with what the store keeps beside its records, built from them: its
+        columns and its index of names (each said with the command that builds them again);
+        none where it keeps none."""
         return []
 
     def field_column(self, name: str, *, keep: bool = True) -> Column | None:

@@ -1,6 +1,7 @@
 """An LMDB store's columns (:mod:`fastdata.columns`): written by the writer as it finishes a
 store (built from the records' headers, the blocks an append left whole kept), read by a reader
-one field at a time, every block checked against the index it was read with."""
+one field at a time, every block checked against the index it was read with; and the index of
+names, which ``fastdata columns`` builds again with them."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...columns import BLOCK, Column, ColumnIndex, build_block
-from ...errors import StoreDamagedError, StoreError
+from ...errors import RecordError, StoreDamagedError, StoreError
 from ...fields import Schema
-from ...records.header import RecordHeader, checksum, decode_json
+from ...records.header import RecordHeader, checksum, decode_json, name_bytes
 from .layout import COLUMN_PREFIX, COLUMNS_KEY, column_key, header_key, keys_from
 from .lease import Lease
 
@@ -108,6 +109,52 @@ def _field_values(env: Any, schema: Schema, lo: int, hi: int, where: str) -> dic
                 f"{where}: record {i}: its header is missing; run `fastdata verify {_words(where)}`"
             )
     return out
+
+
+def index_of_names(env: Any, count: int, where: str) -> bytes:
+    """The index of names of a store of ``count`` records, built from their headers (the
+    source of truth): each record's name, joined by NULs (see ``name_bytes``).
+
+    Raises:
+        StoreError: a record whose header is missing or cannot be read (named).
+    """
+    names: list[bytes] = []
+    with env.begin(buffers=True) as txn:
+        cursor = txn.cursor()
+        if count and cursor.set_range(header_key(0)):
+            for key, raw in cursor.iternext():
+                i = len(names)
+                if i >= count or bytes(key) != header_key(i):
+                    break
+                try:
+                    names.append(name_bytes(RecordHeader.from_json(raw, where).name))
+                except (RecordError, UnicodeEncodeError):
+                    raise StoreError(
+                        f"{where}: record {i}: its header cannot be read; run "
+                        f"`fastdata verify {_words(where)}`"
+                    ) from None
+    if len(names) < count:
+        raise StoreError(
+            f"{where}: record {len(names)}: its header is missing; run "
+            f"`fastdata verify {_words(where)}`"
+        )
+    return b"\0".join(names)
+
+
+def names_problem(raw: bytes | None, count: int, target: str) -> list[str]:
+    """What is wrong with a store's index of names as a whole (``raw``; None: it has none, as
+    stores written before it existed), said with the command that builds it again: one that
+    does not hold a name for each of its ``count`` records (reads then take each name from
+    its record's header, and appends too, more slowly)."""
+    if raw is None:
+        return []
+    held = raw.count(b"\0") + 1 if raw else 0
+    if held == count:
+        return []
+    return [
+        f"its index of names holds {held} name{'' if held == 1 else 's'} for {count} records; "
+        f"build it again from the records with `fastdata columns {target}`"
+    ]
 
 
 def read_index(lease: Lease, where: str, target: str = "") -> tuple[bytes, ColumnIndex] | None:

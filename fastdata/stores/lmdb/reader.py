@@ -29,7 +29,7 @@ from ...records import (
 )
 from ..reader import Foreign, ScanBlock, ScanItem, scan_item
 from . import file as lmdb_file
-from .columns import columns_problems, read_column, read_index
+from .columns import columns_problems, names_problem, read_column, read_index
 from .env import data_path, open_reader
 from .layout import (
     LABELS_KEY,
@@ -146,7 +146,8 @@ class LMDBStore(LeasedReader):
             except RecordError:
                 return  # (a damaged header: the records' check names it)
 
-        return columns_problems(
+        names = names_problem(self._names_value(), len(self), self.command_target)
+        return names + columns_problems(
             lease,
             self.meta.schema,
             len(self),
@@ -228,13 +229,16 @@ class LMDBStore(LeasedReader):
         return names
 
     def names_index(self) -> PackedStrings | None:
+        names = PackedStrings.from_joined(self._names_value() or b"")
+        return names if len(names) == len(self) and len(self) else None
+
+    def _names_value(self) -> bytes | None:
+        """The index of names as stored (None: the store has none)."""
         lease = self._env()
         lease.ask_for([NAMES_KEY])
-        raw = lease.read(
+        return lease.read(
             lambda txn: lease.value(txn.get(NAMES_KEY), f"{self.path}: the names"), self.path
         )
-        names = PackedStrings.from_joined(raw or b"")
-        return names if len(names) == len(self) and len(self) else None
 
     def read_samples(
         self, indices: Sequence[int], *, check: bool = True

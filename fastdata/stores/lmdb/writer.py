@@ -42,7 +42,7 @@ from ..names import (
 from ..policy import Completion, Existing, StoreWriter
 from ..reader import StoreReader
 from . import file as lmdb_file
-from .columns import finish_columns
+from .columns import finish_columns, index_of_names
 from .env import bump_epoch, ensure_epoch, open_reader, open_writable, reading
 from .layout import (
     COLUMNS_KEY,
@@ -318,10 +318,11 @@ class LMDBWriter(StoreWriter):
         return LMDBStore(self.path)
 
     def build_columns(self) -> StoreMeta:
-        """Build the complete store's columns again from its records' headers, in place (a
-        store written before fastdata kept them, or whose columns are damaged), as an append
-        writes: readers read on, and see the new columns once they are whole. Its records,
-        metadata and id do not change. Use inside ``with``: the lock is released on leaving.
+        """Build the complete store's columns and its index of names again from its records'
+        headers, in place (a store written before fastdata kept them, or whose columns or index
+        is damaged), as an append writes: readers read on, and see the new columns once they
+        are whole. Its records, metadata and id do not change. Use inside ``with``: the lock is
+        released on leaving.
 
         Raises:
             StoreNotFoundError, StoreError: no complete store here, an interrupted conversion,
@@ -340,6 +341,7 @@ class LMDBWriter(StoreWriter):
         columns, stale = finish_columns(
             self._lease.env, self._commit, found.meta.schema, found.meta.count, target
         )
+        names = index_of_names(self._lease.env, found.meta.count, target)
         try:
             self._lease.env.sync(True)
         except lmdb.Error as exc:
@@ -349,6 +351,7 @@ class LMDBWriter(StoreWriter):
             for key in stale:
                 txn.delete(key)
             txn.cursor().putmulti(columns)
+            txn.put(NAMES_KEY, names)
 
         self._commit(fill)
         return found.meta
