@@ -816,18 +816,22 @@ def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(
 
 
 @pytest.mark.parametrize(
+    "step", [29, pytest.param(3, marks=pytest.mark.slow)]  # (two whole walks a damaged leaf)
+)
+@pytest.mark.parametrize(
     "field", ["odd lower", "offset at the page's end", "last key past the next page's first"]
 )
 def test_leaves_checked_side_by_side_name_each_damage_as_one_page_at_a_time(
-    tmp_path: Path, field: str
+    tmp_path: Path, field: str, step: int
 ) -> None:
     """Damage the random flips above rarely reach, to leaves of every place under their
-    branch (the last one's check reads nothing past its page)."""
+    branch (the last one's check reads nothing past its page): every ``step``-th leaf, and the
+    last three."""
     source = deep_tree(tmp_path / "deep")
     raw = source.read_bytes()
     damaged = tmp_path / "damaged.mdb"
     leaves = pages(source, lmdb_format.P_LEAF)
-    for page in leaves[::9] + leaves[-3:]:
+    for page in leaves[::step] + leaves[-3:]:
         data = bytearray(raw)
         base = page * 4096
         lower = struct.unpack_from("<H", data, base + 12)[0]
