@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -1661,3 +1662,37 @@ def test_a_name_that_climbs_out_is_damage_verify_names_though_the_index_agrees(
     exported = cli(*shlex.split(advised[0])[1:])
     assert exported.returncode == 1 and "left out 1 damaged record(s)" in exported.stdout
     assert not list(tmp_path.rglob("x.jpg"))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"max_file_bytes": "1 --overwrite"},
+        {"source": "-rf"},
+        {"source": "elsewhere/src"},
+        {"fingerprint": "store:x", "source": "x.lmdb --overwrite"},
+        {"fingerprint": "store:x", "source": "--collection c"},
+        {"verify_decode": "--overwrite"},
+        {"fields": ["--overwrite"]},
+    ],
+    ids=repr,
+)
+def test_a_progress_that_would_print_another_command_is_damage(
+    store: Path, tmp_path: Path, damage: dict[str, Any]
+) -> None:
+    """The command that resumes an interrupted run is printed from its saved progress: a
+    damaged one printed options of its own (``--max-file-size 1 --overwrite``, a source read
+    as an option) into the command the user is told to run."""
+    from fastdata.records import Progress
+
+    saved = json.loads(Progress(str(tmp_path / "src"), "f", 240, 120, 120).to_json())
+    env = lmdb.open(str(store), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.delete(b"__fastdata__")
+        txn.put(b"#progress", json.dumps({**saved, **damage}).encode())
+    env.close()
+    for args in (["info", str(store)], ["convert", str(tmp_path / "src"), str(store), "--resume"]):
+        said = cli(*args)
+        no_crash(said)
+        assert "damaged conversion progress" in said.stderr, said.stderr
+        assert "`" not in said.stderr and "convert again with --overwrite" in said.stderr

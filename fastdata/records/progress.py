@@ -134,17 +134,44 @@ class Progress:
             progress.total_bytes,
             progress.first_index,
         )
-        if (
-            not all(type(v) is int and v >= 0 for v in ints)
-            or not (progress.count <= progress.next_sample <= progress.total)
-            or not isinstance(progress.fields, str)
-            or not isinstance(progress.sidecars, str)
+        if not all(type(v) is int and v >= 0 for v in ints) or not (
+            progress.count <= progress.next_sample <= progress.total
         ):
             raise StoreError(
                 f"{where}: damaged conversion progress (counts out of range); convert again with ",
                 option("overwrite"),
             )
+        why = progress._not_a_command()
+        if why:
+            raise StoreError(
+                f"{where}: damaged conversion progress ({why}); convert again with ",
+                option("overwrite"),
+            )
         return progress
+
+    def _not_a_command(self) -> str:
+        """What in this progress would not give the command that resumes it ("": nothing):
+        the resume command is printed from it, and a damaged one could print another command
+        (an option in place of the source, a limit that is not a number)."""
+        texts = (self.source, self.fingerprint, self.fields, self.sidecars, self.base_id)
+        if not all(isinstance(v, str) for v in (*texts, self.boot_id, self.store_id)):
+            return "a text of the wrong type"
+        if type(self.max_file_bytes) is not int or self.max_file_bytes < 0:
+            return f"'max_file_bytes' is {self.max_file_bytes!r}"
+        decode = self.verify_decode  # (None: a run that left it to the store's default)
+        if not (decode is None or type(decode) is bool) or type(self.repairs) is not int:
+            return "a flag or count of the wrong type"
+        if not self.is_copy:
+            return "" if os.path.isabs(self.source) else f"the source {self.source!r} is no path"
+        try:  # a copy's: the source store as words, then the options that select from it
+            words = shlex.split(self.source)
+        except ValueError:
+            words = []
+        if not words or words[0].startswith("-") or len(words) % 2 == 0:
+            return f"the source {self.source!r} is no store"
+        if any(flag not in _COPY_OPTIONS for flag in words[1::2]):
+            return f"the source {self.source!r} is no store"
+        return ""
 
     @property
     def is_copy(self) -> bool:
@@ -239,6 +266,8 @@ class Progress:
 
 
 _NOT_SAVED = frozenset({"skipped", "unreadable"})
+_COPY_OPTIONS = frozenset({"--source-collection", "--where"})
+"""The options a copy's source words may hold after the store (see ``ops/copy.py``)."""
 
 
 def skipped_file(item: Any, where: str) -> SkippedFile:
