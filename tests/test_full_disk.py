@@ -97,3 +97,24 @@ def test_a_full_disk_keeps_the_store_and_names_a_command_that_runs(
     assert result.returncode == 0, f"{lines[0]}\n{result.stderr}"
     assert held(dst) == want
     assert cli("verify", str(dst)).returncode == 0
+
+
+@pytest.mark.parametrize("free_bytes", [0, 1 << 30])
+def test_an_io_error_on_a_full_file_system_is_said_to_be_a_full_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free_bytes: int
+) -> None:
+    """LMDB meets a full tmpfs mostly as an I/O error: the line said "Input/output error",
+    which sends the user to look for a failing disk rather than free space."""
+    import os
+
+    import lmdb
+
+    from fastdata.stores.lmdb import writer
+
+    real = os.statvfs
+    full = os.statvfs_result((4096, 4096, 100, 0, free_bytes // 4096, 10, 0, 0, 0, 255))
+    store = tmp_path / "new" / "s.lmdb"  # (not there yet: its folder's file system is asked)
+    monkeypatch.setattr(os, "statvfs", lambda p: full if p == str(tmp_path) else real(p))
+    said = str(writer._write_failed(str(store), lmdb.Error("mdb_txn_commit: Input/output error")))
+    assert said.startswith(f"{store}: writing the store failed: mdb_txn_commit: Input/output")
+    assert ("has no space left" in said) == (free_bytes == 0), said

@@ -508,7 +508,25 @@ class LMDBWriter(StoreWriter):
 
 
 def _write_failed(where: str, exc: BaseException) -> WriteFailedError:
-    return WriteFailedError(f"{where}: writing the store failed: {exc}")
+    """A failed write, said with the cause a full disk hides: LMDB meets some (a full tmpfs,
+    mostly) as an I/O error, whose text would send the user to check the disk for faults."""
+    said = str(exc)
+    if "No space left" not in said and _no_space_left(where):
+        said += " (the file system holding the store has no space left)"
+    return WriteFailedError(f"{where}: writing the store failed: {said}")
+
+
+def _no_space_left(path: str) -> bool:
+    """Whether the file system holding ``path`` (or its nearest folder that exists) is full:
+    less free than one LMDB page."""
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < 4096
 
 
 def _fsync(path: str) -> None:
