@@ -109,7 +109,7 @@ def test_an_io_error_on_a_full_file_system_is_said_to_be_a_full_one(
 
     import lmdb
 
-    from fastdata.stores.lmdb import writer
+    from fastdata.stores.lmdb import writer  # (its _write_failed asks stores.files)
 
     real = os.statvfs
     full = os.statvfs_result((4096, 4096, 100, 0, free_bytes // 4096, 10, 0, 0, 0, 255))

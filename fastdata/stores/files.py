@@ -5,6 +5,8 @@ Anyone can put something else under such a name: a link (written through, it wou
 file it names), a FIFO (opening one for reading waits for a writer, forever), a folder. So each
 is opened without following a link at its last component and without blocking, and ``fstat``
 must find a regular file before anything is read or written.
+
+Also what a writer asks of the file system itself: whether it is full, and a flush to disk.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import stat
 
 from ..sources.reading import file_kind
 
-__all__ = ["not_its_own", "open_regular", "unused_name"]
+__all__ = ["fsync_file", "no_space_left", "not_its_own", "open_regular", "unused_name"]
 
 
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int | str:
@@ -68,3 +70,25 @@ def unused_name(path: str) -> str:
         n += 1
         found = f"{stem}-{n}{ext}"
     return found
+
+
+def no_space_left(path: str) -> bool:
+    """Whether the file system holding ``path`` (or its nearest folder that exists) is full:
+    less free than one page (4 KiB)."""
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < 4096
+
+
+def fsync_file(path: str) -> None:
+    """Flush the file at ``path`` to its disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

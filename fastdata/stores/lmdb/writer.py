@@ -27,7 +27,7 @@ from ...errors import (
     option,
 )
 from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
-from ..files import open_regular
+from ..files import fsync_file, no_space_left, open_regular
 from ..locks import boot_id, describe_holder, holder
 from ..names import (
     DATA_FILE,
@@ -360,11 +360,11 @@ class LMDBWriter(StoreWriter):
         self._close_env()
         source = data_file(self._aside_path)
         try:
-            _fsync(source)
+            fsync_file(source)
             # One rename: a reader opening the store gets the old file or the new one, whole;
             # readers that have the old one mapped keep reading it.
             os.replace(source, data_file(self.path))
-            _fsync(self.path)
+            fsync_file(self.path)
         except OSError as exc:
             raise StoreError(
                 f"{self.path}: could not move the new store into place: {exc.strerror or exc}; "
@@ -511,27 +511,6 @@ def _write_failed(where: str, exc: BaseException) -> WriteFailedError:
     """A failed write, said with the cause a full disk hides: LMDB meets some (a full tmpfs,
     mostly) as an I/O error, whose text would send the user to check the disk for faults."""
     said = str(exc)
-    if "No space left" not in said and _no_space_left(where):
+    if "No space left" not in said and no_space_left(where):
         said += " (the file system holding the store has no space left)"
     return WriteFailedError(f"{where}: writing the store failed: {said}")
-
-
-def _no_space_left(path: str) -> bool:
-    """Whether the file system holding ``path`` (or its nearest folder that exists) is full:
-    less free than one LMDB page."""
-    folder = os.path.abspath(path)
-    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
-    try:
-        found = os.statvfs(folder)
-    except OSError:
-        return False
-    return found.f_bavail * found.f_frsize < 4096
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
