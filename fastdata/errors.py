@@ -105,9 +105,14 @@ class FastdataError(Exception):
         words (a ``str()`` says them to a Python caller, on the command line too)."""
         advice = self.advice()
         hint = _said(advice, cli)
-        if not hint or hint in _said(self.parts, cli):
+        if not hint or self._holds_hint(_said(self.parts, cli), hint):
             return self.parts
         return (*self.parts, "; ", *advice)
+
+    def _holds_hint(self, message: str, hint: str) -> bool:
+        """Whether ``message`` says the class's hint already (one re-raised from a worker
+        holds the hint it was rendered with)."""
+        return hint in message
 
 
 def _said(parts: tuple[str | Phrase, ...], cli: bool) -> str:
@@ -264,14 +269,19 @@ class StoreDamagedError(StoreError):
             self.store = store
 
     def advice(self) -> tuple[str | Phrase, ...]:
-        command = f"`fastdata verify {self.store}`" if self.store else "`fastdata verify` on it"
-        return (
-            f"the store is damaged: run {command}, which names every damaged record and the "
-            "repair that works",
-        )
+        command = f"{_DAMAGED_LEAD} {self.store}`" if self.store else f"{_DAMAGED_LEAD}` on it"
+        return (f"{command}, which names every damaged record and the repair that works",)
+
+    def _holds_hint(self, message: str, hint: str) -> bool:
+        # (torch's DataLoader raises a worker's error again from its text alone: the store the
+        # hint named is in the text, not in this error, whose own hint would name none)
+        return _DAMAGED_LEAD in message
 
     def __reduce__(self) -> tuple[Any, ...]:  # (``store`` is a keyword: kept across processes)
         return _rebuilt, (type(self), self.parts, self.store)
+
+
+_DAMAGED_LEAD = "the store is damaged: run `fastdata verify"
 
 
 def _rebuilt(

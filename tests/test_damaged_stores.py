@@ -20,6 +20,7 @@ import lmdb
 import pytest
 
 from fastdata import convert
+from fastdata.errors import StoreDamagedError
 from fastdata.stores.lmdb.pages import advice, check_file
 from fastdata.stores.lmdb.pages import format as lmdb_format
 from fastdata.stores.lmdb.pages import tree as lmdb_tree
@@ -1696,3 +1697,28 @@ def test_a_progress_that_would_print_another_command_is_damage(
         no_crash(said)
         assert "damaged conversion progress" in said.stderr, said.stderr
         assert "`" not in said.stderr and "convert again with --overwrite" in said.stderr
+
+
+def test_a_damaged_record_read_in_a_worker_says_its_hint_once_naming_the_store(
+    store: Path,
+) -> None:
+    """torch's DataLoader raises a worker's error again from its text alone: the error it
+    rebuilt added a second hint, without the store, after the one the text held."""
+    from torch.utils.data import DataLoader
+
+    from fastdata import LMDBImageDataset
+
+    flip_a_byte(store, b"0000000005")
+    loader = DataLoader(
+        LMDBImageDataset(store, output="bytes"),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=lambda batch: batch,
+        multiprocessing_context="fork",
+    )
+    with pytest.raises(StoreDamagedError) as raised:
+        for _ in loader:
+            pass
+    said = str(raised.value)
+    assert said.count("the store is damaged") == 1, said
+    assert f"`fastdata verify {store}`" in said, said
