@@ -177,6 +177,11 @@ class Progress:
     def is_copy(self) -> bool:
         return self.fingerprint.startswith("store:")
 
+    @property
+    def done(self) -> str:
+        """How far the run got, as messages say it: ``120 of 240 images`` (a copy's: records)."""
+        return f"{self.next_sample} of {self.total} {'records' if self.is_copy else 'images'}"
+
     def options(self) -> list[str]:
         """The run's options, as the command-line flags that give them."""
         return [

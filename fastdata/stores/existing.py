@@ -29,21 +29,21 @@ def incomplete_error(
     what a resume continues (the run in place can no longer be finished: the replacement takes
     its place), so its command is the one named. ``writing``: the writer that holds the
     store's lock now (its description), whose run is not stopped but going on."""
-    what, unit = ("copy", "records") if progress.is_copy else ("conversion", "images")
+    what = "copy" if progress.is_copy else "conversion"
     if progress.base_id:
         what = "append"
     if writing:
         run = aside if aside is not None else progress
         return IncompleteStoreError(
             f"{location}: being written now ({writing}): its {what} has written "
-            f"{run.next_sample} of {run.total} {unit} so far; open it when that {what} has "
+            f"{run.done} so far; open it when that {what} has "
             "finished"
         )
-    stopped = f"its {what} stopped after {progress.next_sample} of {progress.total} {unit}"
+    stopped = f"its {what} stopped after {progress.done}"
     if aside is not None:
         return IncompleteStoreError(
             f"{location}: incomplete store: {stopped}, and a replacement (--overwrite) begun "
-            f"since stopped after {aside.next_sample} of {aside.total}; of the replacement: "
+            f"since stopped after {aside.done}; of the replacement: "
             f"{aside.finish_advice(target)}"
         )
     return IncompleteStoreError(

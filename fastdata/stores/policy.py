@@ -140,7 +140,7 @@ class StoreWriter(abc.ABC):
                 pending = found.appending
                 raise StoreExistsError(
                     f"{self.location}: an append to this store was interrupted (after "
-                    f"{pending.next_sample} of {pending.total} samples); finish it with "
+                    f"{pending.done}); finish it with "
                     f"`{pending.finish_command(self.command_target)}`"
                 )
             if found.meta is not None:
@@ -291,7 +291,7 @@ class StoreWriter(abc.ABC):
                     " to discard it (its records were never part of the store)",
                 )
             self.discarded = (
-                f"an interrupted append ({pending.next_sample} of {pending.total} samples; "
+                f"an interrupted append ({pending.done}; "
                 f"{why}): its records were never part of the store"
             )
             log.warning("%s: discarding %s", self.location, self.discarded)

@@ -90,8 +90,8 @@ def interrupted_notes(path: str) -> list[str]:
             done = building = None
         if building is not None:
             notes.append(
-                f"a replacement (--overwrite) was interrupted after {building.next_sample} "
-                f"of {building.total} samples; {building.finish_advice(target)}"
+                f"a replacement (--overwrite) was interrupted after {building.done}; "
+                f"{building.finish_advice(target)}"
             )
         elif done is not None:
             notes.append(

@@ -130,8 +130,8 @@ class MongoStore(MongoTarget, StoreReader):
         if building is not None:
             replacement = saved(building)
             notes.append(
-                f"a replacement (--overwrite) was interrupted after {replacement.next_sample} "
-                f"of {replacement.total} samples; {replacement.finish_advice(target)}"
+                f"a replacement (--overwrite) was interrupted after {replacement.done}; "
+                f"{replacement.finish_advice(target)}"
             )
         pending = docs.get(progress_id(coll))
         if pending is not None and (
