@@ -52,8 +52,10 @@ class Damage:
         low = self.low.decode("ascii", "replace") if self.low is not None else "the first key"
         if self.low is not None and self.high == self.low + b"\0":  # (one value's own pages)
             return f"page {self.page} (the value of key {low}): {self.what}"
-        high = self.high.decode("ascii", "replace") if self.high is not None else "the last key"
-        return f"page {self.page} (keys {low} to {high}): {self.what}"
+        if self.high is None:
+            return f"page {self.page} (keys {low} to the last key): {self.what}"
+        high = self.high.decode("ascii", "replace")
+        return f"page {self.page} (keys {low} up to but not including {high}): {self.what}"
 
 
 class Leaves:
