@@ -166,7 +166,7 @@ def convert(
             fields=fields,
             sidecars=sidecars,
         )
-    _render_convert(report)
+    _render_convert(report, measured=workers is None)
 
 
 @cli.command()
@@ -252,7 +252,7 @@ def _counted(what: str, count: int, names: list[str]) -> None:
     click.echo(line)
 
 
-def _render_convert(report: ConvertReport) -> None:
+def _render_convert(report: ConvertReport, *, measured: bool) -> None:
     """What a conversion or an append did, as the CLI prints it."""
     n = len(report.classes)
     classes = f"{n} class{'es' * (n != 1)}" if report.labelled else "no classes (targets -1)"
@@ -332,7 +332,8 @@ def _render_convert(report: ConvertReport) -> None:
         )
     if report.reader_threads:
         counts = sorted(set(report.reader_threads))
-        click.echo(f"reader threads: {'/'.join(map(str, counts))}")
+        how = " (the fastest of the counts measured; --workers N fixes it)" if measured else ""
+        click.echo(f"reader threads: {'/'.join(map(str, counts))}{how}")
     repaired = report.repaired_now if report.appended else report.repaired
     title = "repaired in this append" if report.appended else "repaired"
     _counted(f"{title} (end-of-image marker appended)", repaired, report.repaired_names)
