@@ -363,3 +363,108 @@ def test_an_interrupted_mongo_conversion_whose_skipped_list_is_damaged_is_starte
     said = cli("info", mongo_uri, "--collection", "c")
     assert said.returncode == 1
     _finishes_as_printed(said.stderr, tmp_path, f"'{mongo_uri}' --collection c", 6)
+
+
+def _edit_lmdb_progress(store: Path, edit: Callable[[dict], object]) -> None:
+    import json
+
+    import lmdb
+
+    env = lmdb.open(str(store), subdir=store.is_dir(), lock=False)
+    with env.begin(write=True) as txn:
+        saved = json.loads(bytes(txn.get(b"#progress")))
+        edit(saved)
+        txn.put(b"#progress", json.dumps(saved).encode())
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p.update(skipped_count=0),  # the list's entries no longer counted
+        lambda p: p.update(next_sample=p["next_sample"] + 1),
+        lambda p: p.update(count=p["count"] - 1),
+        lambda p: p.update(first_index=5),  # (a conversion's first record is record 0)
+    ],
+    ids=["skipped-count", "next-sample", "count", "first-index"],
+)
+def test_an_interrupted_conversion_whose_counts_do_not_add_up_is_started_over_as_said(
+    tmp_path: Path, damage: Callable[[dict], object]
+) -> None:
+    # info and verify said to resume; the resume stored the rest and then refused to finish
+    # ("a fault in fastdata"), and info and verify said to resume again: a dead end
+    from fastdata.stores.lmdb.writer import LMDBWriter
+
+    source = _with_unusable_files_first(tmp_path / "src", range(6))
+    store = tmp_path / "s.lmdb"
+    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
+    _edit_lmdb_progress(store, damage)
+    said = cli("info", str(store))
+    assert said.returncode == 1 and "Traceback" not in said.stderr, said.stderr
+    assert "--resume`" not in said.stderr and "fault in fastdata" not in said.stderr, said.stderr
+    # the command that starts it over, or (where the progress no longer says its source) the
+    # option that does
+    printed = re.findall(r"`(fastdata [^`]+)`", said.stderr)
+    assert printed or "convert again with --overwrite" in said.stderr, said.stderr
+    command = printed[0] if printed else f"fastdata convert {source} {store} --overwrite"
+    assert command.endswith("--overwrite")
+    resumed = cli("convert", str(source), str(store), "--resume")
+    assert resumed.returncode == 2 and "fault in fastdata" not in resumed.stderr, resumed.stderr
+    done = shell(command, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checked = verify_in(tmp_path, "s.lmdb")
+    assert checked.returncode == 0 and "6 records OK" in checked.stdout, checked.stdout
+
+
+def test_an_interrupted_conversion_whose_skipped_list_names_a_file_twice_is_started_over(
+    tmp_path: Path,
+) -> None:
+    import lmdb
+
+    from fastdata.stores.lmdb.layout import skipped_key
+    from fastdata.stores.lmdb.writer import LMDBWriter
+
+    source = _with_unusable_files_first(tmp_path / "src", range(6))
+    store = tmp_path / "s.lmdb"
+    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
+    env = lmdb.open(str(store), lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(skipped_key(1), txn.get(skipped_key(0)))
+    env.close()
+    said = cli("verify", str(store))
+    assert said.returncode == 1 and "names a file twice" in said.stderr, said.stderr
+    (command,) = re.findall(r"`(fastdata [^`]+)`", said.stderr)
+    assert command.endswith("--overwrite")
+    assert shell(command, tmp_path).returncode == 0
+    assert "6 records OK" in verify_in(tmp_path, "s.lmdb").stdout
+
+
+@pytest.mark.parametrize("damage", ["negative-repairs", "nested-deep"])
+def test_a_damaged_progress_is_never_resumed_into_a_store_verify_fails(
+    tmp_path: Path, damage: str
+) -> None:
+    # repairs=-5 resumed to "repaired: -5", exit 0, and a store whose metadata verify called
+    # damaged; JSON nested past Python's recursion limit printed a traceback
+    import lmdb
+
+    from fastdata.stores.lmdb.writer import LMDBWriter
+
+    source = _with_unusable_files_first(tmp_path / "src", range(6))
+    store = tmp_path / "s.lmdb"
+    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
+    if damage == "negative-repairs":
+        _edit_lmdb_progress(store, lambda p: p.update(repairs=-5))
+    else:
+        env = lmdb.open(str(store), lock=False)
+        with env.begin(write=True) as txn:
+            txn.put(b"#progress", b"[" * 100_000 + b"]" * 100_000)
+        env.close()
+    for verb in ("info", "verify"):
+        said = cli(verb, str(store))
+        assert said.returncode == 1 and "Traceback" not in said.stderr, said.stderr
+        assert "damaged conversion progress" in said.stderr or "unreadable" in said.stderr
+    resumed = cli("convert", str(source), str(store), "--resume")
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stderr, resumed.stdout
+    over = cli("convert", str(source), str(store), "--overwrite")
+    assert over.returncode == 0, over.stderr
+    assert "6 records OK" in verify_in(tmp_path, "s.lmdb").stdout

@@ -110,6 +110,7 @@ class Progress:
             count = d.pop("skipped_count", None)
             d.pop("unreadable", None)
             unreadable = ""
+            listed = len(d["skipped"]) if isinstance(d.get("skipped"), list) else count
             try:
                 if "skipped" in d:  # saved inside the progress by earlier versions
                     d["skipped"] = [skipped_file(s, where) for s in d["skipped"]]
@@ -122,6 +123,11 @@ class Progress:
                 d["skipped"] = []
                 unreadable = "its saved list of the files it left out is damaged"
             progress = cls(**d, unreadable=unreadable)
+        except RecursionError:  # (JSON nested deeper than the parser goes: no progress of ours)
+            raise StoreError(
+                f"{where}: unreadable conversion progress (nested too deep); convert again with ",
+                option("overwrite"),
+            ) from None
         except (ValueError, TypeError, AttributeError) as exc:
             raise StoreError(
                 f"{where}: unreadable conversion progress ({exc}); convert again with ",
@@ -131,15 +137,31 @@ class Progress:
             progress.total,
             progress.next_sample,
             progress.count,
+            progress.repairs,
             progress.total_bytes,
             progress.first_index,
         )
-        if not all(type(v) is int and v >= 0 for v in ints) or not (
-            progress.count <= progress.next_sample <= progress.total
+        if (
+            not all(type(v) is int and v >= 0 for v in ints)
+            or not progress.count <= progress.next_sample <= progress.total
+            or (progress.first_index and not progress.base_id)  # (only an append's is not 0)
         ):
             raise StoreError(
                 f"{where}: damaged conversion progress (counts out of range); convert again with ",
                 option("overwrite"),
+            )
+        if len({s.name for s in progress.skipped}) != len(progress.skipped):
+            progress.unreadable = "its saved list of the files it left out names a file twice"
+        # each file handled was stored or left out (the list also holds those left out before
+        # the run began): fewer says the counts or the list lost some
+        if (
+            not progress.unreadable
+            and type(listed) is int
+            and progress.count + listed < progress.next_sample
+        ):
+            progress.unreadable = (
+                f"its saved counts do not add up ({progress.count} stored and {listed} "
+                f"left out of {progress.next_sample} handled)"
             )
         why = progress._not_a_command()
         if why:
