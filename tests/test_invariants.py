@@ -4,6 +4,7 @@ command a message prints runs as printed."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 from pathlib import Path
@@ -147,10 +148,12 @@ def test_verify_names_a_broken_invariant(good_folder: Path, tmp_path: Path) -> N
     dst = tmp_path / "s.lmdb"
     convert(good_folder, dst)
     env = lmdb.open(str(dst))
-    with env.begin(write=True) as txn:  # record 2's name given to record 3 as well
-        names = txn.get(b"__names__").split(b"\0")
+    with env.begin(write=True) as txn:  # record 2's name given to record 3 as well, in its
+        names = txn.get(b"__names__").split(b"\0")  # header and in the index of names
         names[3] = names[2]
         txn.put(b"__names__", b"\0".join(names))
+        header = json.loads(txn.get(b"#0000000003"))
+        txn.put(b"#0000000003", json.dumps({**header, "name": names[2].decode()}).encode())
     env.close()
     result = cli("verify", str(dst))
     assert result.returncode == 1

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptImageError, SourceError, option
+from ..errors import CorruptImageError, SourceError, StoreError, option
 from ..images.validate import validate_image
 from ..packed import PackedStrings
 from ..records import Progress, SkippedFile, StoreMeta, checksum, name_bytes
@@ -285,6 +285,8 @@ class _Look:
         root = os.fspath(scan.root)
         source = scan.samples.packed_names
         held = stored.find(source)
+        self.gone_at = np.flatnonzero(source.find(stored) < 0)
+        self._trust_names()
         self.sizes = self.reader.record_sizes() if check_changed and (held >= 0).any() else None
         self.starts, self.times = self.base.written_at()
         self.check_content = check_content
@@ -404,9 +406,30 @@ class _Look:
                 unusable.append(item)
         return unusable
 
+    def _trust_names(self) -> None:
+        """Check the store's names, as its index gives them, against its records' headers
+        where the append acts on them without reading the image: a name the source lacks
+        (an index that lost a name lists another there, and the image it lost would be stored
+        again) and a name listed twice. The rest agree with the source, name by name.
+
+        Raises:
+            StoreError: they differ; the message names the command that builds the index again.
+        """
+        hashes = self.stored.hashes()
+        values, counts = np.unique(hashes, return_counts=True)
+        twice = np.flatnonzero(np.isin(hashes, values[counts > 1]))
+        said = self.reader.names_disagree(np.union1d(self.gone_at, twice))
+        if said:
+            target = self.reader.command_target
+            raise StoreError(
+                f"{self.reader.location}: its index of names does not agree with its records' "
+                f"headers ({said}), and an append would store an image it holds again; build "
+                f"the index again from the headers with `fastdata columns {target}`, then append"
+            )
+
     def plan(self, verify_decode: bool) -> AppendPlan:
         scan, base, stored, classes = self.scan, self.base, self.stored, self.classes
-        gone_at = np.flatnonzero(scan.samples.packed_names.find(stored) < 0)
+        gone_at = self.gone_at
         gone = [n.decode("utf-8", "surrogateescape") for n in stored.take(gone_at[:SHOWN])]
         new_samples = self.todo.build()
         unusable = self._unusable()

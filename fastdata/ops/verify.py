@@ -128,6 +128,10 @@ def verify_store(
     report.foreign = [text for text in ordered if isinstance(unique[text], Foreign)]
     if progress is not None:
         progress(total, total)
+    if report.columns:  # (records whose header the index of names disagrees with: the
+        # invariants of names hold or not for the headers' names, the source of truth)
+        whole = VerifyReport(reader.location)
+        _check_invariants(reader, whole, StoreReader.record_names(reader))
     if report.damaged_pages:  # (what kept the records from being counted: named above)
         whole.broken = [said for said in whole.broken if not said.startswith(UNCOUNTED)]
     report.broken.extend(whole.broken)
@@ -276,8 +280,8 @@ def _compare_names(index: PackedStrings, seen: list[tuple[int, str]], report: Ve
             same = index[i] == name_bytes(name)
         except UnicodeEncodeError:
             same, name = False, ascii(name)
-        if not same:
-            report.broken.append(
+        if not same:  # (the headers are the source of truth: the index is built from them)
+            report.columns.append(
                 f"each record's name is the one the index of names gives: record {i} is "
                 f"{name}, the index says {index[i].decode('utf-8', 'surrogateescape')}"
             )
@@ -385,6 +389,7 @@ def _check_in_processes(
         report.decoded += part.decoded
         report.failures.extend(part.failures)
         report.broken.extend(part.broken)
+        report.columns.extend(part.columns)
         damage.extend(part_damage)
     return found
 

@@ -315,6 +315,13 @@ class StoreReader(abc.ABC):
         compares a source with); backends with an index of names read it at once."""
         return PackedStrings([name_bytes(h.name) for h in self.iter_headers()])
 
+    def names_disagree(self, indices: np.ndarray) -> str:
+        """Where the names :meth:`record_names` gives for records ``indices`` are not those
+        their headers hold (the first one, said; "" where they agree): a backend whose
+        names come from an index kept beside the records checks them against the headers.
+        Others read the headers themselves: they always agree."""
+        return ""
+
     def record_sizes(self) -> np.ndarray:
         """The size of the source file of every record (its stored size, less a repair), in
         index order, as one int64 array (what an append compares a source file with)."""

@@ -25,6 +25,7 @@ from ...records import (
     StoreMeta,
     check_labels,
     first_mismatch,
+    name_bytes,
     skipped_file,
 )
 from ..reader import Foreign, ScanBlock, ScanItem, scan_item
@@ -231,6 +232,25 @@ class LMDBStore(LeasedReader):
     def names_index(self) -> PackedStrings | None:
         names = PackedStrings.from_joined(self._names_value() or b"")
         return names if len(names) == len(self) and len(self) else None
+
+    def names_disagree(self, indices: np.ndarray) -> str:
+        index = self.names_index()
+        if index is None:  # (the names are read from the headers)
+            return ""
+        lease = self._env()
+        for lo in range(0, len(indices), 4096):
+            part: list[int] = indices[lo : lo + 4096].tolist()
+
+            def where(j: int, part: list[int] = part) -> str:
+                return f"{self.path}: record {part[j]}"
+
+            heads = lease.values([header_key(i) for i in part], where)
+            for i, head in zip(part, heads, strict=True):
+                name = self._header(head, i).name if head is not None else None
+                if name is None or index[i] != name_bytes(name):
+                    said = index[i].decode("utf-8", "surrogateescape")
+                    return f"record {i} is {name}, the index says {said}"
+        return ""
 
     def _names_value(self) -> bytes | None:
         """The index of names as stored (None: the store has none)."""
