@@ -1024,9 +1024,9 @@ def test_values_on_pages_of_their_own_are_read_in_stretches_and_checked_as_one_a
 
 
 def test_a_check_in_blocks_reports_in_the_order_of_one_record_at_a_time(tmp_path: Path) -> None:
-    """A name that differs from the index early and a label that differs from the labels list
-    more than 4,096 records later: listed in the order the records come, as when every record
-    is read one at a time."""
+    """Names that differ from the index early and more than 4,096 records later (compared a
+    block at a time), and a label that differs from the labels list between them: each listed
+    in the order the records come, as when every record is read one at a time."""
     from fastdata import open_store
     from fastdata.ops.verify import verify_store
 
@@ -1037,11 +1037,15 @@ def test_a_check_in_blocks_reports_in_the_order_of_one_record_at_a_time(tmp_path
         head["label"] = 7
         txn.put(b"#0000004500", json.dumps(head, separators=(",", ":")).encode())
         names = txn.get(b"__names__")
-        at = names.index(b"c/0063.jpg")
-        txn.put(b"__names__", names[:at] + b"c/X063.jpg" + names[at + 10 :])
+        for name in (b"c/0063.jpg", b"c/4900.jpg"):
+            at = names.index(name)
+            names = names[:at] + name.replace(b"/", b"/X")[:10] + names[at + 10 :]
+        txn.put(b"__names__", names)
     env.close()
-    broken = verify_store(open_store(store), workers=1).broken
-    assert len(broken) == 2 and "record 63" in broken[0] and "record 4500" in broken[1], broken
+    report = verify_store(open_store(store), workers=1)
+    assert len(report.broken) == 1 and "record 4500" in report.broken[0], report.broken
+    index = report.columns
+    assert len(index) == 2 and "record 63 " in index[0] and "record 4900" in index[1], index
 
 
 def one_node(data_file: Path, page: int) -> None:

@@ -131,7 +131,7 @@ def verify_store(
     if report.columns:  # (records whose header the index of names disagrees with: the
         # invariants of names hold or not for the headers' names, the source of truth)
         whole = VerifyReport(reader.location)
-        _check_invariants(reader, whole, StoreReader.record_names(reader))
+        _check_invariants(reader, whole, None, from_headers=True)
     if report.damaged_pages:  # (what kept the records from being counted: named above)
         whole.broken = [said for said in whole.broken if not said.startswith(UNCOUNTED)]
     report.broken.extend(whole.broken)
@@ -433,14 +433,24 @@ def _child(
 
 
 def _check_invariants(
-    reader: StoreReader, report: VerifyReport, index: PackedStrings | None
+    reader: StoreReader,
+    report: VerifyReport,
+    index: PackedStrings | None,
+    *,
+    from_headers: bool = False,
 ) -> None:
     """The invariants of the whole store (names, skipped list, counts), named when broken;
-    ``index``: the store's index of names, read already (None: the names are read here)."""
+    ``index``: the store's index of names, read already (None: the names are read here, from
+    the records' headers where ``from_headers``: an index that disagrees with them)."""
     from ..stores.invariants import invariant_failures
 
     try:
-        names = index if index is not None else reader.record_names()
+        if from_headers:  # (a name no file could have is one name all the same)
+            names = PackedStrings(
+                [h.name.encode("utf-8", "surrogatepass") for h in reader.iter_headers()]
+            )
+        else:
+            names = index if index is not None else reader.record_names()
         skipped = reader.skipped_files()
     except FastdataError as exc:
         report.broken.append(f"its names and skipped list cannot be read: {exc.without_hint()}")

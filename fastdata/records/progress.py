@@ -141,15 +141,16 @@ class Progress:
             progress.total_bytes,
             progress.first_index,
         )
-        if (
-            not all(type(v) is int and v >= 0 for v in ints)
-            or not progress.count <= progress.next_sample <= progress.total
-            or (progress.first_index and not progress.base_id)  # (only an append's is not 0)
+        if not all(type(v) is int and v >= 0 for v in ints) or not (
+            progress.count <= progress.next_sample <= progress.total
         ):
             raise StoreError(
                 f"{where}: damaged conversion progress (counts out of range); convert again with ",
                 option("overwrite"),
             )
+        if progress.first_index and not progress.base_id:  # (a store of the first format
+            # has no id for an append to name: such an append starts over)
+            progress.unreadable = f"its first record is {progress.first_index}, not 0"
         if len({s.name for s in progress.skipped}) != len(progress.skipped):
             progress.unreadable = "its saved list of the files it left out names a file twice"
         # each file handled was stored or left out (the list also holds those left out before
