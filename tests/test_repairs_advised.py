@@ -4,6 +4,7 @@ MongoDB; and it never advises a conversion that would give a store other than th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -434,6 +435,34 @@ def test_an_interrupted_conversion_whose_skipped_list_names_a_file_twice_is_star
     said = cli("verify", str(store))
     assert said.returncode == 1 and "names a file twice" in said.stderr, said.stderr
     (command,) = re.findall(r"`(fastdata [^`]+)`", said.stderr)
+    assert command.endswith("--overwrite")
+    assert shell(command, tmp_path).returncode == 0
+    assert "6 records OK" in verify_in(tmp_path, "s.lmdb").stdout
+
+
+def test_an_interrupted_conversion_whose_skipped_list_names_a_file_it_never_handled_starts_over(
+    tmp_path: Path,
+) -> None:
+    # the store's names and labels are the scan's less the list: the resume stored the rest,
+    # then refused to finish as "a fault in fastdata"
+    import lmdb
+
+    from fastdata.stores.lmdb.layout import skipped_key
+    from fastdata.stores.lmdb.writer import LMDBWriter
+
+    source = _with_unusable_files_first(tmp_path / "src", range(6))
+    store = tmp_path / "s.lmdb"
+    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
+    env = lmdb.open(str(store), lock=False)
+    with env.begin(write=True) as txn:
+        entry = json.loads(txn.get(skipped_key(0)))
+        txn.put(skipped_key(0), json.dumps({**entry, "name": "cat/elsewhere.jpg"}).encode())
+    env.close()
+    resumed = cli("convert", str(source), str(store), "--resume")
+    assert resumed.returncode == 1, resumed.stderr
+    assert "names cat/elsewhere.jpg, which it did not handle" in resumed.stderr, resumed.stderr
+    assert "fault in fastdata" not in resumed.stderr
+    (command,) = re.findall(r"`(fastdata [^`]+)`", resumed.stderr)
     assert command.endswith("--overwrite")
     assert shell(command, tmp_path).returncode == 0
     assert "6 records OK" in verify_in(tmp_path, "s.lmdb").stdout

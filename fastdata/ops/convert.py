@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptImageError, SourceError, UsageError, option
+from ..errors import CorruptImageError, SourceError, StoreError, UsageError, option
 from ..loaders.malloc import tune_malloc, tuned_malloc
 from ..packed import PackedStrings
 from ..records import Progress, Record, SkippedFile, StoreMeta, name_bytes
@@ -296,6 +296,34 @@ class _Run:
         if self.resumed:
             flags = " ".join(state.options()) or "no options"
             log.info("%s: resuming with %s", self.writer.location, flags)
+            if self.plan is None:
+                self._check_skipped(state)
+
+    def _check_skipped(self, state: Progress) -> None:
+        """A resumed conversion's skipped list names only files it handled: those the scan
+        found unusable and among the first samples it went through, as many of those as it
+        did not store. The store's names and labels are the scan's less that list: one that
+        damage changed since would finish a store of other names.
+
+        Raises:
+            StoreError: it names another file, or too many or too few.
+        """
+        handled = self.scan.samples[: state.next_sample].packed_names
+        unusable = {name_bytes(s.name) for s in self.scan.unusable}
+        listed = [name_bytes(s.name) for s in state.skipped if name_bytes(s.name) not in unusable]
+        found = handled.find(PackedStrings(listed)) if listed else np.empty(0, dtype=np.int64)
+        left_out = state.next_sample - state.count
+        stray = [n for n, at in zip(listed, found.tolist(), strict=True) if at < 0][:1]
+        if stray or len(listed) != left_out:
+            state.unreadable = "its saved list of the files it left out names " + (
+                f"{stray[0].decode('utf-8', 'surrogateescape')}, which it did not handle"
+                if stray
+                else f"{len(listed)} of the {left_out} images it did not store"
+            )
+            raise StoreError(
+                f"{self.writer.location}: cannot resume the conversion it holds: "
+                f"{state.finish_advice(self.writer.command_target)}"
+            )
 
     def store_all(self) -> None:
         """Read, validate and store every sample left, committing in batches."""
