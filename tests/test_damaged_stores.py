@@ -771,7 +771,7 @@ def deep_tree(path: Path) -> Path:
 
 @pytest.mark.parametrize(
     "trials",
-    [30, pytest.param(300, marks=pytest.mark.slow)],  # (a walk of one page at a time
+    [15, pytest.param(300, marks=pytest.mark.slow)],  # (a walk of one page at a time
 )  # checks each page as an array of one: seconds per hundred trials)
 def test_leaves_checked_side_by_side_find_what_one_page_at_a_time_finds(
     tmp_path: Path, trials: int
@@ -961,7 +961,7 @@ def _paired_records(source: Path, folder: Path) -> tuple[list[object], list[str]
         return out, [str(d) for d in tree.found]
 
 
-@pytest.mark.parametrize("trials", [20, pytest.param(60, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("trials", [10, pytest.param(60, marks=pytest.mark.slow)])
 def test_values_on_pages_of_their_own_are_read_in_stretches_and_checked_as_one_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trials: int
 ) -> None:
