@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -417,9 +418,9 @@ def test_an_interrupted_conversion_whose_counts_do_not_add_up_is_started_over_as
     assert checked.returncode == 0 and "6 records OK" in checked.stdout, checked.stdout
 
 
-def test_an_interrupted_conversion_whose_skipped_list_names_a_file_twice_is_started_over(
-    tmp_path: Path,
-) -> None:
+def _stopped_with_skipped_entry(tmp_path: Path, n: int, entry: Callable[[bytes], Any]) -> Path:
+    """A conversion of ``tmp_path/src`` into ``s.lmdb`` stopped after two batches, its skipped
+    entry ``n`` then replaced by ``entry(first entry)``."""
     import lmdb
 
     from fastdata.stores.lmdb.layout import skipped_key
@@ -430,8 +431,16 @@ def test_an_interrupted_conversion_whose_skipped_list_names_a_file_twice_is_star
     _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
     env = lmdb.open(str(store), lock=False)
     with env.begin(write=True) as txn:
-        txn.put(skipped_key(1), txn.get(skipped_key(0)))
+        value = entry(txn.get(skipped_key(0)))
+        txn.put(skipped_key(n), value.encode() if isinstance(value, str) else value)
     env.close()
+    return store
+
+
+def test_an_interrupted_conversion_whose_skipped_list_names_a_file_twice_is_started_over(
+    tmp_path: Path,
+) -> None:
+    store = _stopped_with_skipped_entry(tmp_path, 1, lambda first: first)
     said = cli("verify", str(store))
     assert said.returncode == 1 and "names a file twice" in said.stderr, said.stderr
     (command,) = re.findall(r"`(fastdata [^`]+)`", said.stderr)
@@ -445,20 +454,10 @@ def test_an_interrupted_conversion_whose_skipped_list_names_a_file_it_never_hand
 ) -> None:
     # the store's names and labels are the scan's less the list: the resume stored the rest,
     # then refused to finish as "a fault in fastdata"
-    import lmdb
-
-    from fastdata.stores.lmdb.layout import skipped_key
-    from fastdata.stores.lmdb.writer import LMDBWriter
-
-    source = _with_unusable_files_first(tmp_path / "src", range(6))
-    store = tmp_path / "s.lmdb"
-    _stopped_after(LMDBWriter, 2, lambda: convert(source, store, commit_records=2))
-    env = lmdb.open(str(store), lock=False)
-    with env.begin(write=True) as txn:
-        entry = json.loads(txn.get(skipped_key(0)))
-        txn.put(skipped_key(0), json.dumps({**entry, "name": "cat/elsewhere.jpg"}).encode())
-    env.close()
-    resumed = cli("convert", str(source), str(store), "--resume")
+    store = _stopped_with_skipped_entry(
+        tmp_path, 0, lambda first: json.dumps({**json.loads(first), "name": "cat/elsewhere.jpg"})
+    )
+    resumed = cli("convert", str(tmp_path / "src"), str(store), "--resume")
     assert resumed.returncode == 1, resumed.stderr
     assert "names cat/elsewhere.jpg, which it did not handle" in resumed.stderr, resumed.stderr
     assert "fault in fastdata" not in resumed.stderr
