@@ -28,7 +28,7 @@ from fastdata.sample_fields import FieldBatch
 from fastdata.stores.lmdb import columns as lmdb_columns
 from fastdata.stores.lmdb.reader import LMDBStore
 
-from .conftest import jpeg_bytes, write
+from .conftest import jpeg_bytes, tiny_store, write
 
 FIELDS = (
     "caption:str,meta:json,score:float,n:int,flag:bool,quad:float[4],pair:bool[2],"
@@ -307,13 +307,7 @@ def test_an_index_of_names_not_one_name_a_record_is_named_and_built_again_as_pri
     """Reads and appends take each name from its header when the index does not hold one a
     record: nothing reads wrong, but verify said the store was sound; now it names the index
     and the command that builds it again (with the columns, which it keeps as they were)."""
-    if fields:
-        store = make_store(tmp_path, 20)
-    else:
-        for i in range(20):
-            write(tmp_path / "img" / "c" / f"{i}.jpg", jpeg_bytes(16, 16, seed=i))
-        store = tmp_path / "s.lmdb"
-        convert(tmp_path / "img", store)
+    store = make_store(tmp_path, 20) if fields else tiny_store(tmp_path, 20)
     index = LMDBStore(store).names_index()
     assert index is not None and len(index) == 20
     names = index.joined()
@@ -343,14 +337,6 @@ def test_an_index_of_names_not_one_name_a_record_is_named_and_built_again_as_pri
         assert reader.columns_cover() == 20 and not reader.columns_problems()
 
 
-def _images_store(tmp_path: Path, n: int) -> Path:
-    for i in range(n):
-        write(tmp_path / "img" / "c" / f"{i}.jpg", jpeg_bytes(16, 16, seed=i))
-    store = tmp_path / "s.lmdb"
-    convert(tmp_path / "img", store)
-    return store
-
-
 def _index_renamed(store: Path, old: bytes, new: bytes) -> None:
     with lmdb.open(str(store), map_size=1 << 30) as env, env.begin(write=True) as txn:
         names = bytes(txn.get(b"__names__")).split(b"\0")
@@ -364,28 +350,28 @@ def _printed(said: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "new", [b"c/gone.jpg", b"c/2.jpg"], ids=["a name not in the source", "another record's"]
+    "new", [b"c/gone.jpg", b"c/0002.jpg"], ids=["a name not in the source", "another record's"]
 )
 def test_an_append_over_an_index_of_names_that_lost_a_name_stores_nothing_twice(
     tmp_path: Path, new: bytes
 ) -> None:
     """The append took the index's names for the store's: a name the index lost was "not in
     the store", and its image was stored a second time (exit 0, and verify failed after)."""
-    store = _images_store(tmp_path, 8)
-    _index_renamed(store, b"c/1.jpg", new)
-    write(tmp_path / "img" / "c" / "8.jpg", jpeg_bytes(16, 16, seed=8))
+    store = tiny_store(tmp_path, 8)
+    _index_renamed(store, b"c/0001.jpg", new)
+    write(tmp_path / "src" / "c" / "0008.jpg", jpeg_bytes(16, 16, seed=8))
     before = (store / "data.mdb").read_bytes()
-    appended = run_cli("convert", str(tmp_path / "img"), str(store), "--append")
+    appended = run_cli("convert", str(tmp_path / "src"), str(store), "--append")
     assert appended.returncode == 1 and "Traceback" not in appended.stderr, appended.stderr
-    assert "record 1 is c/1.jpg, the index says" in appended.stderr, appended.stderr
+    assert "record 1 is c/0001.jpg, the index says" in appended.stderr, appended.stderr
     assert (store / "data.mdb").read_bytes() == before
     rebuilt = run_cli(*_printed(appended.stderr))
     assert rebuilt.returncode == 0, rebuilt.stderr
-    again = run_cli("convert", str(tmp_path / "img"), str(store), "--append")
+    again = run_cli("convert", str(tmp_path / "src"), str(store), "--append")
     assert again.returncode == 0, again.stderr
     assert run_cli("verify", str(store)).returncode == 0
     names = sorted(r.header.name for r in LMDBStore(store).read_records(range(9)))
-    assert len(LMDBStore(store)) == 9 and names == sorted(f"c/{i}.jpg" for i in range(9))
+    assert len(LMDBStore(store)) == 9 and names == sorted(f"c/{i:04d}.jpg" for i in range(9))
 
 
 def test_an_index_of_names_that_disagrees_with_the_headers_is_built_again_by_columns(
@@ -393,12 +379,12 @@ def test_an_index_of_names_that_disagrees_with_the_headers_is_built_again_by_col
 ) -> None:
     """The headers are the source of truth (the index is built from them): verify names the
     index, not the store's invariants on the index's names, and the repair is the index's."""
-    store = _images_store(tmp_path, 8)
-    _index_renamed(store, b"c/1.jpg", b"c/2.jpg")  # (c/2.jpg twice in the index)
+    store = tiny_store(tmp_path, 8)
+    _index_renamed(store, b"c/0001.jpg", b"c/0002.jpg")  # (c/0002.jpg twice in the index)
     checked = run_cli("verify", str(store))
     assert checked.returncode == 1, checked.stderr
     assert "breaks its invariants" not in checked.stdout, checked.stdout
-    assert "record 1 is c/1.jpg, the index says c/2.jpg" in checked.stdout
+    assert "record 1 is c/0001.jpg, the index says c/0002.jpg" in checked.stdout
     assert "--overwrite" not in checked.stdout and "export" not in checked.stdout
     assert run_cli(*_printed(checked.stdout)).returncode == 0
     assert run_cli("verify", str(store)).returncode == 0
