@@ -173,3 +173,33 @@ def test_stores_keep_an_index_of_their_names(source: Path, tmp_path: Path) -> No
         with env.begin() as txn:
             assert txn.get(b"__names__").split(b"\0") == want
         env.close()
+
+
+def test_a_resumed_copy_names_its_records_by_their_headers_not_a_damaged_index(
+    tmp_path: Path,
+) -> None:
+    """A resumed copy took the names of the records copied before from the source's index of
+    names: with two of them swapped there, the copy finished (exit 0) with an index that
+    disagrees with its records' headers, a store verify calls damaged."""
+    from fastdata.records import name_bytes
+
+    for i in range(24):
+        write(tmp_path / "f" / "c" / f"{i:02d}.jpg", jpeg_bytes(16, 16, seed=i))
+    src = tmp_path / "s.lmdb"
+    convert(tmp_path / "f", src)
+    dst = str(tmp_path / "d.lmdb")
+    killed = run_script(KILLED_COPY, src, dst, 2)  # (16 records copied)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with lmdb.open(str(src), map_size=1 << 30) as env, env.begin(write=True) as txn:
+        names = bytes(txn.get(b"__names__")).split(b"\0")
+        names[1], names[2] = names[2], names[1]  # (records copied before the kill)
+        txn.put(b"__names__", b"\0".join(names))
+    done = cli("copy", str(src), dst, "--resume", "-q")
+    assert done.returncode == 0, done.stderr
+    checked = cli("verify", dst)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    reader = open_store(dst)
+    want = [name_bytes(h.name) for h in reader.iter_headers()]
+    assert list(reader.record_names()) == want
+    assert sorted(want) == sorted(name_bytes(f"c/{i:02d}.jpg") for i in range(24))
+    reader.close()

@@ -245,7 +245,9 @@ def copy_store(
             return CopyReport(reader.location, writer.location, meta.count, meta.total_bytes, 0.0)
         resumed_from = state.next_sample
         batch = Batch(writer, state, 4 * batch_size, COPY_COMMIT_BYTES)
-        names = bytearray(reader.record_names().joined(0, resumed_from))
+        # (the names of the records copied before: from their headers, the source of truth;
+        # the source's index of names may disagree with them, and the copy's would then too)
+        names = bytearray(b"\0".join(name_bytes(h.name) for h in reader.iter_headers(resumed_from)))
         for records in _batches(reader, state.next_sample, batch_size):
             for rec in records:
                 if rec.index:
