@@ -206,3 +206,35 @@ def test_a_resume_or_a_second_conversion_of_a_folder_that_grew_names_append(
         assert refused.returncode == 2 and "--append" in refused.stderr, refused.stderr
     assert cli("convert", str(src), str(dst), "--append").returncode == 0
     assert len(open_store(dst)) == 7
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"total": "abc"}, {"source": "--help"}, {"count": 40}, {"fields": 5}],
+    ids=repr,
+)
+def test_info_on_a_mongo_store_reads_an_interrupted_appends_progress_checked(
+    tmp_path: Path, mongo_uri: str, damage: dict[str, object]
+) -> None:
+    """What info says of an interrupted append into MongoDB was read from its progress
+    document unchecked: a count that is no number was a traceback, a source read as an option
+    printed `fastdata convert --help ... --resume` (it shows the help), and counts that do not
+    add up or a field list of the wrong type printed a resume that refuses. Now it is checked
+    as the resume and an LMDB store check it: damaged progress, said with no command."""
+    from .mongo_server import database
+
+    src = _src(tmp_path / "src")
+    convert(src, mongo_uri, collection="imgs")
+    for i in range(6):
+        write(src / "eel" / f"{i}.jpg", jpeg_bytes(seed=500 + i))
+    killed = run_script(KILLED_CONVERT, src, mongo_uri, 1, "-c", "imgs", "--append")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    meta = database(mongo_uri)["__fastdata__"]
+    meta.update_one({"_id": "imgs:writer"}, {"$set": {"expires": 0}})
+    assert meta.update_one({"_id": "imgs:progress"}, {"$set": damage}).matched_count == 1
+    said = cli("info", mongo_uri, "-c", "imgs")
+    assert "Traceback" not in said.stderr, said.stderr
+    assert said.returncode == 1 and "damaged conversion progress" in said.stderr, said.stdout
+    assert "`" not in said.stdout + said.stderr
+    resumed = cli("convert", str(src), mongo_uri, "-c", "imgs", "--append", "--resume")
+    assert "damaged conversion progress" in resumed.stderr  # (the same word for the same state)

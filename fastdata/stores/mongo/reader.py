@@ -112,23 +112,10 @@ class MongoStore(MongoTarget, StoreReader):
         docs = self._run("looking for unfinished writes", look)
         target = command_words(self.uri, coll)
 
-        def saved(doc: dict[str, Any]) -> Progress:
-            return Progress(
-                source=str(doc.get("source")),
-                fingerprint=str(doc.get("fingerprint", "")),
-                total=int(doc.get("total") or 0),
-                next_sample=int(doc.get("next_sample") or 0),
-                verify_decode=bool(doc.get("verify_decode")),
-                base_id=str(doc.get("base_id", "")),
-                max_file_bytes=_count(doc.get("max_file_bytes")),
-                fields=str(doc.get("fields") or ""),
-                sidecars=str(doc.get("sidecars") or ""),
-            )
-
         notes = []
         building = docs.get(progress_id(aside))
         if building is not None:
-            replacement = saved(building)
+            replacement = self._progress_of(building)
             notes.append(
                 f"a replacement (--overwrite) was interrupted after {replacement.done}; "
                 f"{replacement.finish_advice(target)}"
@@ -137,7 +124,7 @@ class MongoStore(MongoTarget, StoreReader):
         if pending is not None and (
             pending.get("base_id", "") == self._id and pending.get("first_index", 0) == meta.count
         ):
-            notes.append(append_note(saved(pending), target, replacing=bool(notes)))
+            notes.append(append_note(self._progress_of(pending), target, replacing=bool(notes)))
         return notes
 
     def skipped_files(self) -> list[SkippedFile]:
@@ -459,8 +446,3 @@ class MongoStore(MongoTarget, StoreReader):
         except StoreDamagedError as exc:
             exc.in_store(self.command_target)
             raise
-
-
-def _count(value: Any) -> int:
-    """A saved count, or 0 where the document holds something else."""
-    return value if type(value) is int and value > 0 else 0
