@@ -1678,6 +1678,8 @@ def test_a_name_that_climbs_out_is_damage_verify_names_though_the_index_agrees(
         {"source": "elsewhere/src"},
         {"fingerprint": "store:x", "source": "x.lmdb --overwrite"},
         {"fingerprint": "store:x", "source": "--collection c"},
+        {"fingerprint": "store:x", "source": "other.lmdb"},
+        {"fingerprint": "store:x", "source": "other.lmdb --source-collection c"},
         {"verify_decode": "--overwrite"},
         {"fields": ["--overwrite"]},
     ],

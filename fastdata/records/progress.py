@@ -190,7 +190,7 @@ class Progress:
             words = shlex.split(self.source)
         except ValueError:
             words = []
-        if not words or words[0].startswith("-") or len(words) % 2 == 0:
+        if not words or len(words) % 2 == 0 or not _a_store(words[0]):
             return f"the source {self.source!r} is no store"
         if any(flag not in _COPY_OPTIONS for flag in words[1::2]):
             return f"the source {self.source!r} is no store"
@@ -296,6 +296,12 @@ class Progress:
 _NOT_SAVED = frozenset({"skipped", "unreadable"})
 _COPY_OPTIONS = frozenset({"--source-collection", "--where"})
 """The options a copy's source words may hold after the store (see ``ops/copy.py``)."""
+
+
+def _a_store(word: str) -> bool:
+    """Whether ``word`` names a store as a copy saves its source: a resolved path (a relative
+    one would name another store in each folder the command is run from) or a MongoDB URI."""
+    return os.path.isabs(word) or word.startswith(("mongodb://", "mongodb+srv://"))
 
 
 def skipped_file(item: Any, where: str) -> SkippedFile:
