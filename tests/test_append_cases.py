@@ -208,33 +208,54 @@ def test_a_resume_or_a_second_conversion_of_a_folder_that_grew_names_append(
     assert len(open_store(dst)) == 7
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "damage",
-    [{"total": "abc"}, {"source": "--help"}, {"count": 40}, {"fields": 5}],
+    [{"total": "abc"}, {"source": "--help"}, {"count": 40}, {"fields": 5}, "not JSON"],
     ids=repr,
 )
-def test_info_on_a_mongo_store_reads_an_interrupted_appends_progress_checked(
-    tmp_path: Path, mongo_uri: str, damage: dict[str, object]
+def test_an_interrupted_append_whose_progress_is_damaged_is_discarded_by_the_next_append(
+    backend: str, tmp_path: Path, mongo_uri: str, damage: dict[str, object] | str
 ) -> None:
-    """What info says of an interrupted append into MongoDB was read from its progress
-    document unchecked: a count that is no number was a traceback, a source read as an option
-    printed `fastdata convert --help ... --resume` (it shows the help), and counts that do not
-    add up or a field list of the wrong type printed a resume that refuses. Now it is checked
-    as the resume and an LMDB store check it: damaged progress, said with no command."""
+    """An append into a complete store killed part-way, its saved progress then damaged:
+    MongoDB's info printed a traceback or a command from it (`fastdata convert --help ...`),
+    and both backends then refused info, the append and its resume with "convert again with
+    --overwrite", which names no source and would replace the store with the appended folder
+    alone. Now the store reads as it was, info says the append cannot resume, and the append
+    run again discards what the interrupted one wrote."""
+    import json
+
+    import lmdb
+
     from .mongo_server import database
 
     src = _src(tmp_path / "src")
-    convert(src, mongo_uri, collection="imgs")
+    dst, kw = _target(backend, tmp_path, mongo_uri)
+    convert(src, dst, **kw)
     for i in range(6):
         write(src / "eel" / f"{i}.jpg", jpeg_bytes(seed=500 + i))
-    killed = run_script(KILLED_CONVERT, src, mongo_uri, 1, "-c", "imgs", "--append")
+    words = [dst, *(["-c", "imgs"] if kw else [])]
+    killed = run_script(KILLED_CONVERT, src, dst, 1, *words[1:], "--append")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    meta = database(mongo_uri)["__fastdata__"]
-    meta.update_one({"_id": "imgs:writer"}, {"$set": {"expires": 0}})
-    assert meta.update_one({"_id": "imgs:progress"}, {"$set": damage}).matched_count == 1
-    said = cli("info", mongo_uri, "-c", "imgs")
-    assert "Traceback" not in said.stderr, said.stderr
-    assert said.returncode == 1 and "damaged conversion progress" in said.stderr, said.stdout
-    assert "`" not in said.stdout + said.stderr
-    resumed = cli("convert", str(src), mongo_uri, "-c", "imgs", "--append", "--resume")
-    assert "damaged conversion progress" in resumed.stderr  # (the same word for the same state)
+    if backend == "mongo":
+        meta = database(mongo_uri)["__fastdata__"]
+        meta.update_one({"_id": "imgs:writer"}, {"$set": {"expires": 0}})
+        change = damage if isinstance(damage, dict) else {"source": {"x": 1}}
+        assert meta.update_one({"_id": "imgs:progress"}, {"$set": change}).matched_count
+    else:
+        with lmdb.open(dst, lock=False) as env, env.begin(write=True) as txn:
+            saved = json.loads(txn.get(b"#progress"))
+            raw = json.dumps({**saved, **damage}) if isinstance(damage, dict) else "{not"
+            txn.put(b"#progress", raw.encode())
+    said = cli("info", *words)
+    assert said.returncode == 0, said.stderr
+    assert "an append was interrupted; its saved progress is damaged" in said.stdout
+    assert "`" not in said.stdout.split("note:")[1] and "images:     6" in said.stdout
+    resumed = cli("convert", str(src), *words, "--append", "--resume")
+    assert resumed.returncode == 2 and "run without --resume" in resumed.stderr, resumed.stderr
+    appended = cli("convert", str(src), *words, "--append")
+    assert appended.returncode == 0, appended.stderr
+    checked = cli("verify", *words)
+    assert checked.returncode == 0 and "12 records OK" in checked.stdout, checked.stdout
+    assert "another tool" not in checked.stdout
+    assert len(open_store(dst, **kw)) == 12

@@ -85,6 +85,14 @@ class Progress:
     """Why the run cannot be resumed though its progress reads ("": it can): its skipped list
     is damaged. Never saved: found when the progress is read."""
 
+    @classmethod
+    def of_a_damaged_append(cls, count: int, base_id: str) -> Progress:
+        """What stands for the progress of an append to a complete store (of ``count``
+        records, id ``base_id``) that did not finish and whose saved progress is damaged: one
+        that cannot resume, and that a plain append discards (it has no source)."""
+        damaged = "its saved progress is damaged"
+        return cls("", "", 0, first_index=count, base_id=base_id, unreadable=damaged)
+
     @property
     def next_index(self) -> int:
         """The index of the next record to write."""
@@ -237,6 +245,11 @@ class Progress:
     def finish_advice(self, destination: str) -> str:
         """What a message about this stopped run says to do: finish it with its resume, or why
         it cannot resume and the command that starts it over."""
+        if self.unreadable and not self.source:  # (an append whose progress says nothing)
+            return (
+                f"{self.unreadable}, so it cannot resume: run the append again, without "
+                "--resume, which first discards what it wrote"
+            )
         if self.unreadable:
             return (
                 f"{self.unreadable}, so it cannot resume: start it over with "

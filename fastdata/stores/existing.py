@@ -140,6 +140,6 @@ def refuse_unfinished(writer: Any, found: Existing, doing: str) -> None:
     if unfinished is not None:
         what = "an append" if found.appending is not None else "a replacement"
         raise StoreError(
-            f"{writer.location}: {what} of this store was interrupted; finish it first with "
-            f"`{unfinished.finish_command(target)}`, then go on {doing}"
+            f"{writer.location}: {what} of this store was interrupted; first, "
+            f"{unfinished.finish_advice(target)}; then go on {doing}"
         )

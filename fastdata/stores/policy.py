@@ -139,9 +139,8 @@ class StoreWriter(abc.ABC):
             if found.appending is not None:
                 pending = found.appending
                 raise StoreExistsError(
-                    f"{self.location}: an append to this store was interrupted (after "
-                    f"{pending.done}); finish it with "
-                    f"`{pending.finish_command(self.command_target)}`"
+                    f"{self.location}: an append to this store was interrupted; "
+                    f"{pending.finish_advice(self.command_target)}"
                 )
             if found.meta is not None:
                 if self._same_store(found.meta, progress):
@@ -291,7 +290,7 @@ class StoreWriter(abc.ABC):
                     " to discard it (its records were never part of the store)",
                 )
             self.discarded = (
-                f"an interrupted append ({pending.done}; "
+                f"an interrupted append ({pending.done + '; ' if pending.source else ''}"
                 f"{why}): its records were never part of the store"
             )
             log.warning("%s: discarding %s", self.location, self.discarded)

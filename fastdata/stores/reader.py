@@ -90,7 +90,7 @@ def append_note(pending: Progress, target: str, *, replacing: bool) -> str:
     """What ``info`` says of an interrupted append (``target``: the store as command-line
     words): the command that finishes it, unless a replacement of the store is under way, which
     takes the store's place (the append's records with it) and which a writer finishes first."""
-    said = f"an append was interrupted after {pending.done}"
+    said = "an append was interrupted" + (f" after {pending.done}" if pending.source else "")
     if replacing:
         return f"{said}; the replacement above takes the store's place, this append with it"
     return f"{said}; {pending.finish_advice(target)}"

@@ -212,6 +212,24 @@ def _skipped_keys(txn: Any) -> int:
     return len(keys_from(txn, SKIPPED_PREFIX))
 
 
+def keys_past(txn: Any, count: int, skipped: int) -> list[bytes]:
+    """The keys of the records and headers from index ``count`` on, and of the skipped entries
+    from ``skipped`` on: what an append to a store of ``count`` records wrote."""
+    out = []
+    for low, prefix in ((record_key(count), b""), (header_key(count), b"#")):
+        cursor = txn.cursor()
+        if cursor.set_range(low):
+            for raw in cursor.iternext(keys=True, values=False):
+                key = bytes(raw)
+                digits = key[len(prefix) :]
+                if not key.startswith(prefix) or len(digits) != 10 or not digits.isdigit():
+                    break
+                out.append(key)
+    start = skipped_key(skipped)
+    out += [k for k in keys_from(txn, SKIPPED_PREFIX) if k >= start]
+    return out
+
+
 def keys_from(txn: Any, prefix: bytes) -> list[bytes]:
     """The keys that begin with ``prefix``, in order."""
     cursor = txn.cursor()

@@ -54,7 +54,9 @@ class LeasedReader(StoreReader):
         entries = int(lease.env.stat()["entries"])
         count, skipped = self.meta.count, self.meta.skipped_count
         _, pending, _ = peek(self.path)  # (its records and skipped entries are fastdata's)
-        if pending is not None:
+        if pending is not None and not pending.source:  # (an append whose progress is
+            count = skipped = 10**10  # damaged: whatever lies past the store is its own)
+        elif pending is not None:
             count, skipped = max(count, pending.next_index), max(skipped, len(pending.skipped))
         found = lease.read(lambda txn: miscounted(txn, entries, self.meta.count), self.path)
         keys = lease.read(lambda txn: foreign_keys(txn, entries, count, skipped), self.path)

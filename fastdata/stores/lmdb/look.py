@@ -13,7 +13,7 @@ from typing import Any
 from ...errors import StoreDamagedError, StoreError
 from ...records import Progress, SkippedFile, StoreMeta, skipped_file
 from .env import open_reader, reading
-from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY, skipped_key
+from .layout import KEYS_KEY, META_KEY, PROGRESS_KEY, header_key, record_key, skipped_key
 from .lease import Lease
 
 __all__ = ["appends_to", "interrupted_notes", "peek", "read_skipped"]
@@ -37,7 +37,13 @@ def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
             if raw_progress is not None:
                 # a complete store keeps the progress of its last run: it matters only when it
                 # is an append to this very store that did not finish
-                progress = Progress.from_json(raw_progress, path)
+                try:
+                    progress = Progress.from_json(raw_progress, path)
+                except StoreError:
+                    if meta is None:
+                        raise
+                    progress = _damaged_append(txn, meta)
+                    return meta, progress, has_keys
                 if meta is None or appends_to(progress, meta):
                     progress = Progress.from_json(
                         raw_progress, path, lambda n: read_skipped(lease, txn, n, path)
@@ -50,6 +56,15 @@ def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
     finally:
         lease.release()
     return meta, progress, has_keys
+
+
+def _damaged_append(txn: Any, meta: StoreMeta) -> Progress | None:
+    """A damaged progress beside the complete store ``meta``: the last run's, which no longer
+    matters (None), or, where a record past the store's last is there, an append's that did
+    not finish."""
+    if txn.get(record_key(meta.count)) is None and txn.get(header_key(meta.count)) is None:
+        return None
+    return Progress.of_a_damaged_append(meta.count, meta.id)
 
 
 def appends_to(progress: Progress, meta: StoreMeta) -> bool:

@@ -124,7 +124,11 @@ class MongoStore(MongoTarget, StoreReader):
         if pending is not None and (
             pending.get("base_id", "") == self._id and pending.get("first_index", 0) == meta.count
         ):
-            notes.append(append_note(self._progress_of(pending), target, replacing=bool(notes)))
+            try:
+                appending = self._progress_of(pending)
+            except StoreError:  # (the base id and count read: an append of this store)
+                appending = Progress.of_a_damaged_append(meta.count, meta.id)
+            notes.append(append_note(appending, target, replacing=bool(notes)))
         return notes
 
     def skipped_files(self) -> list[SkippedFile]:

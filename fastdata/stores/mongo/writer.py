@@ -149,7 +149,10 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
                 and saved.get("base_id", "") == meta.id
                 and 0 < saved.get("first_index", 0) == meta.count
             ):
-                appending = self._progress(saved)
+                try:
+                    appending = self._progress(saved)
+                except StoreError:  # (the base id and count read: an append of this store)
+                    appending = Progress.of_a_damaged_append(meta.count, meta.id)
         elif progress_id(coll) in docs:
             progress = self._progress(docs[progress_id(coll)])
         elif has_docs:
