@@ -234,8 +234,8 @@ class LMDBStore(LeasedReader):
         return names if len(names) == len(self) and len(self) else None
 
     def names_disagree(self, indices: np.ndarray) -> str:
-        index = self.names_index()
-        if index is None:  # (the names are read from the headers)
+        index = self.names_index() if len(indices) else None
+        if index is None:  # (none to check, or the names are read from the headers)
             return ""
         lease = self._env()
         for lo in range(0, len(indices), 4096):
