@@ -449,18 +449,26 @@ def test_an_interrupted_conversion_whose_skipped_list_names_a_file_twice_is_star
     assert "6 records OK" in verify_in(tmp_path, "s.lmdb").stdout
 
 
-def test_an_interrupted_conversion_whose_skipped_list_names_a_file_it_never_handled_starts_over(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("cat/elsewhere.jpg", "names cat/elsewhere.jpg, which it did not handle"),
+        ("cat/0.jpg", "names files it stored"),
+    ],
+    ids=["a file it never handled", "a file it stored"],
+)
+def test_an_interrupted_conversion_whose_skipped_list_names_another_file_starts_over(
+    tmp_path: Path, name: str, said: str
 ) -> None:
     # the store's names and labels are the scan's less the list: the resume stored the rest,
-    # then refused to finish as "a fault in fastdata"
+    # then refused to finish as "a fault in fastdata", or finished with the index of names of
+    # other files than its records
     store = _stopped_with_skipped_entry(
-        tmp_path, 0, lambda first: json.dumps({**json.loads(first), "name": "cat/elsewhere.jpg"})
+        tmp_path, 0, lambda first: json.dumps({**json.loads(first), "name": name})
     )
     resumed = cli("convert", str(tmp_path / "src"), str(store), "--resume")
     assert resumed.returncode == 1, resumed.stderr
-    assert "names cat/elsewhere.jpg, which it did not handle" in resumed.stderr, resumed.stderr
-    assert "fault in fastdata" not in resumed.stderr
+    assert said in resumed.stderr and "fault in fastdata" not in resumed.stderr, resumed.stderr
     (command,) = re.findall(r"`(fastdata [^`]+)`", resumed.stderr)
     assert command.endswith("--overwrite")
     assert shell(command, tmp_path).returncode == 0

@@ -302,11 +302,12 @@ class _Run:
     def _check_skipped(self, state: Progress) -> None:
         """A resumed conversion's skipped list names only files it handled: those the scan
         found unusable and among the first samples it went through, as many of those as it
-        did not store. The store's names and labels are the scan's less that list: one that
-        damage changed since would finish a store of other names.
+        did not store, and the rest of those are the records it wrote (their headers read
+        back). The store's names and labels are the scan's less that list: one that damage
+        changed since would finish a store of other names.
 
         Raises:
-            StoreError: it names another file, or too many or too few.
+            StoreError: it names another file, too many or too few, or a file it stored.
         """
         handled = self.scan.samples[: state.next_sample].packed_names
         unusable = {name_bytes(s.name) for s in self.scan.unusable}
@@ -314,12 +315,18 @@ class _Run:
         found = handled.find(PackedStrings(listed)) if listed else np.empty(0, dtype=np.int64)
         left_out = state.next_sample - state.count
         stray = [n for n, at in zip(listed, found.tolist(), strict=True) if at < 0][:1]
-        if stray or len(listed) != left_out:
-            state.unreadable = "its saved list of the files it left out names " + (
-                f"{stray[0].decode('utf-8', 'surrogateescape')}, which it did not handle"
-                if stray
-                else f"{len(listed)} of the {left_out} images it did not store"
-            )
+        why = ""
+        if stray:
+            why = f"{stray[0].decode('utf-8', 'surrogateescape')}, which it did not handle"
+        elif len(listed) != left_out:
+            why = f"{len(listed)} of the {left_out} images it did not store"
+        else:
+            out = set(listed)
+            kept = b"\0".join(n for n in handled.slice_list(0, len(handled)) if n not in out)
+            if kept != self.writer.written_names(state.count).joined():
+                why = "files it stored (its records' headers say which)"
+        if why:
+            state.unreadable = f"its saved list of the files it left out names {why}"
             raise StoreError(
                 f"{self.writer.location}: cannot resume the conversion it holds: "
                 f"{state.finish_advice(self.writer.command_target)}"

@@ -30,6 +30,7 @@ from .invariants import invariant_failures
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..packed import PackedStrings
     from .reader import StoreReader
 
 # (Existing and incomplete_error live in .existing; the LMDB backend imports them from here)
@@ -434,6 +435,15 @@ class StoreWriter(abc.ABC):
 
     def open_reader(self) -> StoreReader:
         """A reader of the complete store at this writer's location (before it is written)."""
+        raise NotImplementedError
+
+    def written_names(self, count: int) -> PackedStrings:
+        """The names the headers of this run's first ``count`` records hold (a resumed run's,
+        read back from the store it is writing; ``name_bytes``-encoded).
+
+        Raises:
+            StoreError: one is missing or cannot be read.
+        """
         raise NotImplementedError
 
     @abc.abstractmethod

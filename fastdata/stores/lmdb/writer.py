@@ -26,6 +26,7 @@ from ...errors import (
     WriteFailedError,
     option,
 )
+from ...packed import PackedStrings
 from ...records import LABEL_DTYPE, Progress, Record, StoreMeta
 from ..files import fsync_file, no_space_left, open_regular
 from ..locks import boot_id, describe_holder, holder
@@ -313,6 +314,10 @@ class LMDBWriter(StoreWriter):
 
     def open_reader(self) -> StoreReader:
         return LMDBStore(self.path)
+
+    def written_names(self, count: int) -> PackedStrings:
+        assert self._lease is not None and not self.appending, "a resumed conversion's"
+        return PackedStrings.from_joined(index_of_names(self._lease.env, count, self._target()))
 
     def build_columns(self) -> StoreMeta:
         """Build the complete store's columns and its index of names again from its records'

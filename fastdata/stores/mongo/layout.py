@@ -89,6 +89,13 @@ def load_skipped(db: Any, store_id: str, count: int, where: str) -> list[Skipped
     ]
 
 
+def record_names_in(coll: Any, count: int) -> list[Any]:
+    """The names of records ``0 .. count-1`` of collection ``coll``, in one query that returns
+    no image bytes (None, or what else a document holds, where it holds no name)."""
+    found = {d["_id"]: d.get("name") for d in coll.find({"_id": {"$lt": count}}, {"name": 1})}
+    return [names_from_bson({"name": found.get(i)})["name"] for i in range(count)]
+
+
 def doc_id(doc: dict[str, Any]) -> Any:
     return doc["_id"]
 

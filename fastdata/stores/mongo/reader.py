@@ -39,6 +39,7 @@ from .layout import (
     doc_id,
     load_skipped,
     names_from_bson,
+    record_names_in,
     skipped_ids,
 )
 
@@ -370,15 +371,12 @@ class MongoStore(MongoTarget, StoreReader):
     def record_names(self) -> PackedStrings:
         """The names alone, in one query that returns no image bytes."""
         n = len(self)
-
-        def query() -> dict[int, Any]:
-            docs = self._conn.db()[self.collection].find({"_id": {"$lt": n}}, {"name": 1})
-            return {d["_id"]: d.get("name") for d in docs}
-
-        found = self._run("reading the record names", query)
+        found = self._run(
+            "reading the record names",
+            lambda: record_names_in(self._conn.db()[self.collection], n),
+        )
         names = []
-        for i in range(n):
-            name = names_from_bson({"name": found.get(i)})["name"]
+        for i, name in enumerate(found):
             if not isinstance(name, str):
                 raise RecordError(
                     f"{self.location}: record {i} has no name", store=self.command_target

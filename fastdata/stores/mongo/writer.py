@@ -18,14 +18,17 @@ from ...errors import (
     StoreDamagedError,
     StoreError,
     WriteFailedError,
+    option,
 )
 from ...fields import canonical
+from ...packed import PackedStrings
 from ...records import (
     LABEL_DTYPE,
     Progress,
     Record,
     SkippedFile,
     StoreMeta,
+    name_bytes,
 )
 from .. import names
 from ..existing import Existing
@@ -42,6 +45,7 @@ from .layout import (
     insert_groups,
     load_skipped,
     names_from_bson,
+    record_names_in,
     skipped_chunks,
     skipped_ids,
     to_bson,
@@ -253,6 +257,18 @@ class MongoWriter(MongoTarget, Claimed, StoreWriter):
             db[META_COLLECTION].delete_one({"_id": progress_id(self.collection)})
 
         self._run("discarding the interrupted append", discard)
+
+    def written_names(self, count: int) -> PackedStrings:
+        found = self._run(
+            "reading back the records' names",
+            lambda: record_names_in(self._conn.db()[self._name()], count),
+        )
+        if not all(isinstance(name, str) for name in found):
+            i = next(i for i, name in enumerate(found) if not isinstance(name, str))
+            raise StoreError(
+                f"{self.location}: record {i} has no name; convert again with ", option("overwrite")
+            )
+        return PackedStrings([name_bytes(name) for name in found])
 
     def open_reader(self) -> StoreReader:
         return MongoStore(
