@@ -299,13 +299,20 @@ class LMDBWriter(StoreWriter):
             lease.release()
 
     def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
-        # every record, header and skipped entry past the store, whatever the progress says
-        # (one whose saved progress is damaged says nothing)
         self._lease = open_writable(self.path, self._map_size, durable=True)
         self._pin_readers()
+        keys = [
+            key
+            for i in range(base.count, pending.next_index)
+            for key in (record_key(i), header_key(i))
+        ]
+        keys += [skipped_key(n) for n in range(base.skipped_count, len(pending.skipped))]
 
         def fill(txn: Any) -> None:
-            for key in keys_past(txn, base.count, base.skipped_count):
+            # an append whose saved progress is damaged says nothing of what it wrote: every
+            # record, header and skipped entry past the store is its
+            past = keys if pending.source else keys_past(txn, base.count, base.skipped_count)
+            for key in past:
                 txn.delete(key)
             txn.delete(PROGRESS_KEY)
 
