@@ -1007,8 +1007,9 @@ def test_values_on_pages_of_their_own_are_read_in_stretches_and_checked_as_one_a
                     at = rng.choice(overflow) * 4096 + rng.choice([0, 1, 10, 12, 13])
                 else:  # a leaf's node: its size or its overflow page
                     page = rng.choice(leaves) * 4096
-                    count = (struct.unpack_from("<H", data, page + 12)[0] - 16) // 2
-                    node = struct.unpack_from("<H", data, page + 16 + 2 * rng.randrange(count))[0]
+                    # (the page as written: a flip earlier in this trial may have hit its bounds)
+                    count = (struct.unpack_from("<H", raw, page + 12)[0] - 16) // 2
+                    node = struct.unpack_from("<H", raw, page + 16 + 2 * rng.randrange(count))[0]
                     at = page + node + rng.choice([0, 1, 19, 20])
                 data[min(at, len(data) - 1)] ^= 1 << rng.randrange(8)
             damaged.write_bytes(bytes(data))
