@@ -264,3 +264,56 @@ def test_an_interrupted_append_whose_progress_is_damaged_is_discarded_by_the_nex
     assert checked.returncode == 0 and "12 records OK" in checked.stdout, checked.stdout
     assert "another tool" not in checked.stdout
     assert len(open_store(dst, **kw)) == 12
+
+
+def _killed_append(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A store of 6 images, an append of 6 more killed after its first batch (2 records), and
+    the names and bytes of the store's images before it."""
+    import hashlib
+
+    src = _src(tmp_path / "src")
+    dst = tmp_path / "s.lmdb"
+    convert(src, dst)
+    store = open_store(dst)
+    before = {n: hashlib.sha1(d).hexdigest() for n, d, _ in store.read_named(range(6))}
+    store.close()
+    for i in range(6):
+        write(src / "eel" / f"{i}.jpg", jpeg_bytes(seed=500 + i))
+    killed = run_script(KILLED_CONVERT, src, dst, 1, "--append")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return src, dst, before
+
+
+def _progress(dst: Path, change: dict[str, object] | str) -> None:
+    import json
+
+    import lmdb
+
+    with lmdb.open(str(dst), lock=False) as env, env.begin(write=True) as txn:
+        saved = json.loads(txn.get(b"#progress"))
+        raw = json.dumps({**saved, **change}) if isinstance(change, dict) else change
+        txn.put(b"#progress", raw.encode())
+
+
+def test_the_discard_of_a_damaged_append_leaves_another_tools_keys_past_a_gap(
+    tmp_path: Path,
+) -> None:
+    """Another tool's keys shaped like a record and its header (``0000000099``) past an
+    interrupted append whose progress is damaged: the plain append deleted them with the
+    append's records (every such key past the store). An append writes its indices one after
+    another: only those up to the first gap are discarded now, and the append then refuses
+    the other tool's key, as it does without an interrupted append."""
+    import lmdb
+
+    src, dst, _ = _killed_append(tmp_path)
+    with lmdb.open(str(dst), lock=False) as env, env.begin(write=True) as txn:
+        txn.put(b"0000000099", b"another tool's")
+        txn.put(b"#0000000099", b"and its header")
+    _progress(dst, "{not JSON")
+    appended = cli("convert", str(src), str(dst), "--append")
+    assert "Traceback" not in appended.stderr
+    assert appended.returncode == 0 or "'0000000099'" in appended.stderr, appended.stderr
+    with lmdb.open(str(dst), lock=False, readonly=True) as env, env.begin() as txn:
+        assert txn.get(b"0000000099") == b"another tool's"
+        assert txn.get(b"#0000000099") == b"and its header"
+    assert len(open_store(dst)) in (6, 12)

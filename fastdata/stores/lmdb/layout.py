@@ -212,22 +212,27 @@ def _skipped_keys(txn: Any) -> int:
     return len(keys_from(txn, SKIPPED_PREFIX))
 
 
+def appended_run(txn: Any, count: int, skipped: int) -> tuple[int, int]:
+    """Where what an append to a store of ``count`` records and ``skipped`` skipped entries
+    wrote ends: the first index from ``count`` on with neither a record nor a header, and the
+    first skipped entry from ``skipped`` on that is not there. An append writes its indices
+    one after another, so a key past a gap (``0000000099`` of another tool) is not its."""
+    end = count
+    while txn.get(record_key(end)) is not None or txn.get(header_key(end)) is not None:
+        end += 1
+    ends = skipped
+    while txn.get(skipped_key(ends)) is not None:
+        ends += 1
+    return end, ends
+
+
 def keys_past(txn: Any, count: int, skipped: int) -> list[bytes]:
     """The keys of the records and headers from index ``count`` on, and of the skipped entries
-    from ``skipped`` on: what an append to a store of ``count`` records wrote."""
-    out = []
-    for low, prefix in ((record_key(count), b""), (header_key(count), b"#")):
-        cursor = txn.cursor()
-        if cursor.set_range(low):
-            for raw in cursor.iternext(keys=True, values=False):
-                key = bytes(raw)
-                digits = key[len(prefix) :]
-                if not key.startswith(prefix) or len(digits) != 10 or not digits.isdigit():
-                    break
-                out.append(key)
-    start = skipped_key(skipped)
-    out += [k for k in keys_from(txn, SKIPPED_PREFIX) if k >= start]
-    return out
+    from ``skipped`` on, up to the first gap (:func:`appended_run`): what an append to a store
+    of ``count`` records wrote."""
+    end, ends = appended_run(txn, count, skipped)
+    out = [key for i in range(count, end) for key in (record_key(i), header_key(i))]
+    return out + [skipped_key(n) for n in range(skipped, ends)]
 
 
 def keys_from(txn: Any, prefix: bytes) -> list[bytes]:

@@ -11,7 +11,14 @@ from typing import Any
 
 from ..reader import StoreReader
 from .env import data_path, open_reader
-from .layout import FOREIGN_KEYS_NAMED, foreign_keys, miscounted, records_problem, said_foreign
+from .layout import (
+    FOREIGN_KEYS_NAMED,
+    appended_run,
+    foreign_keys,
+    miscounted,
+    records_problem,
+    said_foreign,
+)
 from .lease import Lease
 from .look import interrupted_notes, peek
 from .pages import Tree
@@ -55,7 +62,8 @@ class LeasedReader(StoreReader):
         count, skipped = self.meta.count, self.meta.skipped_count
         _, pending, _ = peek(self.path)  # (its records and skipped entries are fastdata's)
         if pending is not None and not pending.source:  # (an append whose progress is
-            count = skipped = 10**10  # damaged: whatever lies past the store is its own)
+            # damaged: the indices past the store up to the first gap are its own)
+            count, skipped = lease.read(lambda txn: appended_run(txn, count, skipped), self.path)
         elif pending is not None:
             count, skipped = max(count, pending.next_index), max(skipped, len(pending.skipped))
         found = lease.read(lambda txn: miscounted(txn, entries, self.meta.count), self.path)

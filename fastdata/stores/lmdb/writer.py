@@ -309,9 +309,11 @@ class LMDBWriter(StoreWriter):
         keys += [skipped_key(n) for n in range(base.skipped_count, len(pending.skipped))]
 
         def fill(txn: Any) -> None:
-            # an append whose saved progress is damaged says nothing of what it wrote: every
-            # record, header and skipped entry past the store is its
-            past = keys if pending.source else keys_past(txn, base.count, base.skipped_count)
+            # an append whose saved progress is damaged, or whose skipped list is, says nothing
+            # (or not all) of what it wrote: the records, headers and skipped entries past the
+            # store up to the first gap are its (another tool's past a gap stay)
+            named = pending.source and not pending.unreadable
+            past = keys if named else keys_past(txn, base.count, base.skipped_count)
             for key in past:
                 txn.delete(key)
             txn.delete(PROGRESS_KEY)
