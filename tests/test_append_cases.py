@@ -295,6 +295,33 @@ def _progress(dst: Path, change: dict[str, object] | str) -> None:
         txn.put(b"#progress", raw.encode())
 
 
+@pytest.mark.parametrize("counts", [0, 4], ids=["fewer", "more"])
+def test_an_interrupted_append_whose_counts_disagree_with_its_records_is_discarded(
+    tmp_path: Path, counts: int
+) -> None:
+    """An interrupted append's progress changed to count fewer or more records than it wrote
+    (it wrote 2): info printed its resume, which refused with "holds the key '0000000006',
+    which fastdata did not write" (fewer: the append's own record) or "a fault in fastdata"
+    (more: a gap), and the plain append resumed it the same way, so the store could not grow.
+    Now such progress is damaged: the resume refuses, the plain append discards what the
+    interrupted one wrote and finishes a store that verifies with every image once."""
+    import hashlib
+
+    src, dst, before = _killed_append(tmp_path)
+    _progress(dst, {"count": counts, "next_sample": counts})
+    said = cli("info", str(dst))
+    assert said.returncode == 0 and "its saved progress is damaged" in said.stdout, said.stdout
+    resumed = cli("convert", str(src), str(dst), "--append", "--resume")
+    assert resumed.returncode == 2 and "run without --resume" in resumed.stderr, resumed.stderr
+    appended = cli("convert", str(src), str(dst), "--append")
+    assert appended.returncode == 0, appended.stderr
+    checked = cli("verify", str(dst))
+    assert checked.returncode == 0 and "12 records OK" in checked.stdout, checked.stdout
+    store = open_store(dst)
+    after = {n: hashlib.sha1(d).hexdigest() for n, d, _ in store.read_named(range(len(store)))}
+    assert len(after) == 12 and all(after[n] == h for n, h in before.items())
+
+
 def test_the_discard_of_a_damaged_append_leaves_another_tools_keys_past_a_gap(
     tmp_path: Path,
 ) -> None:

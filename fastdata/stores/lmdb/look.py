@@ -44,6 +44,12 @@ def peek(path: str) -> tuple[StoreMeta | None, Progress | None, bool | None]:
                         raise
                     progress = _damaged_append(txn, meta)
                     return meta, progress, has_keys
+                if (
+                    meta is not None
+                    and appends_to(progress, meta)
+                    and not _records_agree(txn, progress)
+                ):
+                    return meta, _damaged_append(txn, meta), has_keys
                 if meta is None or appends_to(progress, meta):
                     progress = Progress.from_json(
                         raw_progress, path, lambda n: read_skipped(lease, txn, n, path)
@@ -65,6 +71,16 @@ def _damaged_append(txn: Any, meta: StoreMeta) -> Progress | None:
     if txn.get(record_key(meta.count)) is None and txn.get(header_key(meta.count)) is None:
         return None
     return Progress.of_a_damaged_append(meta.count, meta.id)
+
+
+def _records_agree(txn: Any, progress: Progress) -> bool:
+    """Whether the records an unfinished append wrote are those its progress counts: its last
+    is there, and none after it (counts changed since say another run than the one that wrote
+    them, whose resume would leave a gap or write over records)."""
+    end = progress.next_index
+    if progress.count and txn.get(record_key(end - 1)) is None:
+        return False
+    return txn.get(record_key(end)) is None and txn.get(header_key(end)) is None
 
 
 def appends_to(progress: Progress, meta: StoreMeta) -> bool:
