@@ -74,13 +74,11 @@ def _damaged_append(txn: Any, meta: StoreMeta) -> Progress | None:
 
 
 def _records_agree(txn: Any, progress: Progress) -> bool:
-    """Whether the records an unfinished append wrote are those its progress counts: its last
-    is there, and none after it (counts changed since say another run than the one that wrote
-    them, whose resume would leave a gap or write over records)."""
-    end = progress.next_index
-    if progress.count and txn.get(record_key(end - 1)) is None:
-        return False
-    return txn.get(record_key(end)) is None and txn.get(header_key(end)) is None
+    """Whether the last record an unfinished append's progress counts is there (counts raised
+    since say another run than the one that wrote them, whose resume would leave a gap). A
+    record past it may be another program's, written into the store meanwhile: the resume
+    names it, and nothing discards it."""
+    return not progress.count or txn.get(record_key(progress.next_index - 1)) is not None
 
 
 def appends_to(progress: Progress, meta: StoreMeta) -> bool:
