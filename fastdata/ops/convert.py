@@ -311,7 +311,7 @@ class _Run:
         """
         handled = self.scan.samples[: state.next_sample].packed_names
         unusable = {name_bytes(s.name) for s in self.scan.unusable}
-        listed = [name_bytes(s.name) for s in state.skipped if name_bytes(s.name) not in unusable]
+        listed = [n for n in (name_bytes(s.name) for s in state.skipped) if n not in unusable]
         found = handled.find(PackedStrings(listed)) if listed else np.empty(0, dtype=np.int64)
         left_out = state.next_sample - state.count
         stray = [n for n, at in zip(listed, found.tolist(), strict=True) if at < 0][:1]

@@ -105,13 +105,15 @@ def verify_store(
     except FastdataError:  # (the check of the invariants names it)
         index = None
     damage: list[Any] = []
+    of_names = 0  # (how many of the whole store's broken invariants are its names' and list's)
 
     def whole_store() -> VerifyReport:
         """The invariants of the whole store it breaks (``broken``), and what it holds that
         fastdata did not write (``foreign``)."""
+        nonlocal of_names
         found = VerifyReport(reader.location)
         if reader.has_checksums:
-            _check_invariants(reader, found, index)
+            of_names = _check_invariants(reader, found, index)
         return found
 
     if n > 1:  # (the whole store is checked here meanwhile)
@@ -130,8 +132,7 @@ def verify_store(
         progress(total, total)
     if report.columns:  # (records whose header the index of names disagrees with: the
         # invariants of names hold or not for the headers' names, the source of truth)
-        whole = VerifyReport(reader.location)
-        _check_invariants(reader, whole, None, from_headers=True)
+        whole.broken[:of_names] = _invariants_of_names(reader, None, from_headers=True)
     if report.damaged_pages:  # (what kept the records from being counted: named above)
         whole.broken = [said for said in whole.broken if not said.startswith(UNCOUNTED)]
     report.broken.extend(whole.broken)
@@ -433,15 +434,42 @@ def _child(
 
 
 def _check_invariants(
-    reader: StoreReader,
-    report: VerifyReport,
-    index: PackedStrings | None,
-    *,
-    from_headers: bool = False,
-) -> None:
+    reader: StoreReader, report: VerifyReport, index: PackedStrings | None
+) -> int:
     """The invariants of the whole store (names, skipped list, counts), named when broken;
-    ``index``: the store's index of names, read already (None: the names are read here, from
-    the records' headers where ``from_headers``: an index that disagrees with them)."""
+    ``index``: the store's index of names, read already (None: the names are read here).
+    Returns how many of those named come first and are of the names and the skipped list."""
+    of_names = _invariants_of_names(reader, index)
+    report.broken.extend(of_names)
+    if of_names and of_names[0].startswith(_UNREAD):  # (the rest is not checked then)
+        return len(of_names)
+    try:
+        held = reader.record_check()
+    except FastdataError as exc:
+        report.broken.append(f"{UNCOUNTED}{exc.without_hint()}")
+        return len(of_names)
+    if held is not None:
+        report.broken.append(f"the records are 0 .. count-1, each once: {held}")
+    try:
+        report.columns.extend(reader.columns_problems())
+    except FastdataError as exc:
+        report.columns.append(f"its columns cannot be read: {exc.without_hint(cli=True)}")
+    try:
+        report.foreign.extend(reader.foreign_content())
+    except FastdataError as exc:
+        report.broken.append(f"its keys cannot be counted: {exc.without_hint()}")
+    return len(of_names)
+
+
+_UNREAD = "its names and skipped list cannot be read: "
+
+
+def _invariants_of_names(
+    reader: StoreReader, index: PackedStrings | None, *, from_headers: bool = False
+) -> list[str]:
+    """The invariants of the store's names and skipped list it breaks, each named: over
+    ``index`` (its index of names, read already; None: read here), or over the records'
+    headers where ``from_headers`` (an index that disagrees with them)."""
     from ..stores.invariants import invariant_failures
 
     try:
@@ -453,24 +481,8 @@ def _check_invariants(
             names = index if index is not None else reader.record_names()
         skipped = reader.skipped_files()
     except FastdataError as exc:
-        report.broken.append(f"its names and skipped list cannot be read: {exc.without_hint()}")
-        return
-    report.broken.extend(invariant_failures(reader.meta, reader.labels, names, skipped))
-    try:
-        held = reader.record_check()
-    except FastdataError as exc:
-        report.broken.append(f"{UNCOUNTED}{exc.without_hint()}")
-        return
-    if held is not None:
-        report.broken.append(f"the records are 0 .. count-1, each once: {held}")
-    try:
-        report.columns.extend(reader.columns_problems())
-    except FastdataError as exc:
-        report.columns.append(f"its columns cannot be read: {exc.without_hint(cli=True)}")
-    try:
-        report.foreign.extend(reader.foreign_content())
-    except FastdataError as exc:
-        report.broken.append(f"its keys cannot be counted: {exc.without_hint()}")
+        return [f"{_UNREAD}{exc.without_hint()}"]
+    return invariant_failures(reader.meta, reader.labels, names, skipped)
 
 
 def check_file(path: str) -> list[str]:

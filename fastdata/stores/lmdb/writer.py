@@ -301,19 +301,20 @@ class LMDBWriter(StoreWriter):
     def _discard_append(self, base: StoreMeta, pending: Progress) -> None:
         self._lease = open_writable(self.path, self._map_size, durable=True)
         self._pin_readers()
-        keys = [
-            key
-            for i in range(base.count, pending.next_index)
-            for key in (record_key(i), header_key(i))
-        ]
-        keys += [skipped_key(n) for n in range(base.skipped_count, len(pending.skipped))]
 
         def fill(txn: Any) -> None:
             # an append whose saved progress is damaged, or whose skipped list is, says nothing
             # (or not all) of what it wrote: the records, headers and skipped entries past the
             # store up to the first gap are its (another tool's past a gap stay)
-            named = pending.source and not pending.unreadable
-            past = keys if named else keys_past(txn, base.count, base.skipped_count)
+            if pending.source and not pending.unreadable:
+                past = [
+                    key
+                    for i in range(base.count, pending.next_index)
+                    for key in (record_key(i), header_key(i))
+                ]
+                past += [skipped_key(n) for n in range(base.skipped_count, len(pending.skipped))]
+            else:
+                past = keys_past(txn, base.count, base.skipped_count)
             for key in past:
                 txn.delete(key)
             txn.delete(PROGRESS_KEY)
